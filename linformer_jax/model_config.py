@@ -1,0 +1,130 @@
+"""The model's hyper-parameters, validated once, from `config.model`.
+
+`ModelConfig.from_config(config.model)` turns the `ml_collections.ConfigDict`
+into a frozen dataclass (hashable, so Flax modules can hold it) and raises a
+`ValueError` naming the field, its value and what is allowed for anything the
+model could not honour. Nothing is silently truncated or rounded.
+"""
+
+import dataclasses
+from typing import Any, Mapping, Tuple, Union
+
+import jax.numpy as jnp
+
+ATTENTION_TYPES = ('full', 'linformer')
+SHARING_MODES = ('none', 'headwise', 'kv', 'layerwise')
+PROJECTION_TYPES = ('linear', 'mean', 'max', 'conv', 'random')
+# Projections that compress with a window of max_len / projected_len positions.
+WINDOWED_PROJECTIONS = ('mean', 'max', 'conv')
+# Projections that hold a matrix E (and F) of shape [max_len, projected_len].
+MATRIX_PROJECTIONS = ('linear', 'random')
+DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+
+
+def _field_error(field: str, value: Any, allowed: str) -> ValueError:
+  return ValueError(f'config.model.{field}={value!r} is not allowed: {allowed}.')
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Hyper-parameters of the encoder; see configs/ for a comment per field."""
+  vocab_size: int
+  max_len: int
+  num_layers: int = 12
+  num_heads: int = 12
+  hidden_dim: int = 768
+  mlp_dim: int = 3072
+  attention: str = 'linformer'
+  projected_len: Union[int, Tuple[int, ...]] = 128
+  sharing: str = 'layerwise'
+  projection: str = 'linear'
+  dropout_rate: float = 0.1
+  pre_layer_norm: bool = False
+  dtype: str = 'float32'
+
+  def __post_init__(self):
+    if isinstance(self.projected_len, list):
+      object.__setattr__(self, 'projected_len', tuple(self.projected_len))
+    self._validate()
+
+  @classmethod
+  def from_config(cls, model_config: Mapping[str, Any]) -> 'ModelConfig':
+    """Builds the dataclass from `config.model`, rejecting unknown fields."""
+    values = dict(model_config)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+      raise ValueError(
+          f'Unknown field(s) config.model.{", config.model.".join(unknown)}; '
+          f'known fields are: {", ".join(sorted(known))}.')
+    return cls(**values)
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_dim // self.num_heads
+
+  @property
+  def compute_dtype(self):
+    return DTYPES[self.dtype]
+
+  def projected_len_for_layer(self, layer: int) -> int:
+    """The projected length k of one layer (k may differ per layer)."""
+    if isinstance(self.projected_len, tuple):
+      return self.projected_len[layer]
+    return self.projected_len
+
+  def window_for_layer(self, layer: int) -> int:
+    """Pooling/convolution window n / k of one layer."""
+    return self.max_len // self.projected_len_for_layer(layer)
+
+  def _validate(self) -> None:
+    for field in ('vocab_size', 'max_len', 'num_layers', 'num_heads',
+                  'hidden_dim', 'mlp_dim'):
+      value = getattr(self, field)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise _field_error(field, value, 'use a positive integer')
+    if self.hidden_dim % self.num_heads:
+      raise _field_error(
+          'hidden_dim', self.hidden_dim,
+          f'it must be divisible by num_heads={self.num_heads}')
+    if self.attention not in ATTENTION_TYPES:
+      raise _field_error('attention', self.attention, f'use one of {ATTENTION_TYPES}')
+    if self.sharing not in SHARING_MODES:
+      raise _field_error('sharing', self.sharing, f'use one of {SHARING_MODES}')
+    if self.projection not in PROJECTION_TYPES:
+      raise _field_error('projection', self.projection,
+                         f'use one of {PROJECTION_TYPES}')
+    if self.dtype not in DTYPES:
+      raise _field_error('dtype', self.dtype, f'use one of {tuple(DTYPES)}')
+    if not 0.0 <= self.dropout_rate < 1.0:
+      raise _field_error('dropout_rate', self.dropout_rate, 'use a value in [0, 1)')
+    self._validate_projected_len()
+
+  def _validate_projected_len(self) -> None:
+    per_layer = self.projected_len
+    if isinstance(per_layer, tuple):
+      if len(per_layer) != self.num_layers:
+        raise _field_error(
+            'projected_len', per_layer,
+            f'give one int or exactly num_layers={self.num_layers} ints')
+      if (self.sharing in ('layerwise', 'kv') and self.attention == 'linformer'
+          and len(set(per_layer)) > 1):
+        raise _field_error(
+            'projected_len', per_layer,
+            f"sharing='{self.sharing}' needs one k for every layer; use "
+            "sharing='none' or 'headwise' for a different k per layer")
+    else:
+      per_layer = (per_layer,)
+    for k in per_layer:
+      if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise _field_error('projected_len', self.projected_len,
+                           'use positive integers')
+      if k > self.max_len:
+        raise _field_error(
+            'projected_len', self.projected_len,
+            f'k must be at most max_len={self.max_len}')
+      if self.projection in WINDOWED_PROJECTIONS and self.max_len % k:
+        raise _field_error(
+            'projected_len', self.projected_len,
+            f"projection='{self.projection}' needs max_len={self.max_len} to be "
+            f'a multiple of k (window = stride = n/k); {self.max_len} % {k} != 0')

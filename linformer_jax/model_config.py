@@ -2,7 +2,7 @@
 
 `ModelConfig.from_config(config.model)` turns the `ml_collections.ConfigDict`
 into a frozen dataclass (hashable, so Flax modules can hold it) and raises a
-`ValueError` naming the field, its value and what is allowed for anything the
+`ConfigError` (a ValueError) naming the field, its value and what is allowed for anything the
 model could not honour. Nothing is silently truncated or rounded.
 """
 
@@ -10,6 +10,8 @@ import dataclasses
 from typing import Any, Mapping, Tuple, Union
 
 import jax.numpy as jnp
+
+from linformer_jax.errors import ConfigError
 
 ATTENTION_TYPES = ('full', 'linformer')
 SHARING_MODES = ('none', 'headwise', 'kv', 'layerwise')
@@ -21,8 +23,8 @@ MATRIX_PROJECTIONS = ('linear', 'random')
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
 
-def _field_error(field: str, value: Any, allowed: str) -> ValueError:
-  return ValueError(f'config.model.{field}={value!r} is not allowed: {allowed}.')
+def _field_error(field: str, value: Any, allowed: str) -> ConfigError:
+  return ConfigError(f'config.model.{field}={value!r} is not allowed: {allowed}.')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +56,7 @@ class ModelConfig:
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
     if unknown:
-      raise ValueError(
+      raise ConfigError(
           f'Unknown field(s) config.model.{", config.model.".join(unknown)}; '
           f'known fields are: {", ".join(sorted(known))}.')
     return cls(**values)

@@ -1,0 +1,29 @@
+"""Masked-LM pretraining on the 64 Project Gutenberg novels in ../shared/data.
+
+Splits follow ../shared/data/README.md (whole books never cross splits):
+
+  python -m linformer_jax.train --config configs/gutenberg.py --workdir runs/gutenberg \
+      --config.data.path=../shared/data/gutenberg
+
+At this small CPU scale it prints a validation perplexity in the README's
+"Results" table.
+"""
+
+from configs import default
+
+
+def get_config():
+  config = default.get_config()
+  config.data.source = 'text_files'
+  config.data.path = '../shared/data/gutenberg'  # folder of pg*.txt books
+  config.data.split_files = {
+      'validation': ['pg345.txt', 'pg174.txt', 'pg42.txt'],
+      'test': ['pg768.txt', 'pg8374.txt', 'pg2496.txt'],
+  }
+  config.data.max_eval_batches = 50
+  config.model.max_len = 256
+  config.model.projected_len = 64
+  config.total_steps = 2000
+  config.eval_every = 500
+  config.checkpoint_every = 500
+  return config

@@ -1,0 +1,36 @@
+"""The paper's pretraining setting: a RoBERTa-base sized Linformer, n=512, k=128.
+
+12 layers, 768 wide, 12 heads, layerwise sharing; for a GPU or TPU. Point it at
+a large corpus, e.g. a TFDS dataset the machine has prepared:
+
+  python -m linformer_jax.train --config configs/roberta_base.py --workdir runs/base \
+      --config.data.source=tfds --config.data.tfds_name=wiki40b/en
+
+It prints progress and, every eval_every steps, the validation masked-LM
+perplexity, the quantity of the paper's Figure 3 (which trains far longer, at
+a far larger batch, than this config's default budget).
+"""
+
+from configs import default
+
+
+def get_config():
+  config = default.get_config()
+  config.total_steps = 250_000
+  config.batch_size = 256
+  config.eval_batch_size = 256
+  config.learning_rate = 6e-4
+  config.warmup_steps = 10_000
+  config.log_every = 100
+  config.eval_every = 5000
+  config.checkpoint_every = 5000
+  config.data.vocab_size = 32000
+  config.data.max_eval_batches = 100
+  config.model.max_len = 512
+  config.model.projected_len = 128
+  config.model.num_layers = 12
+  config.model.num_heads = 12
+  config.model.hidden_dim = 768
+  config.model.mlp_dim = 3072
+  config.model.dtype = 'bfloat16'
+  return config

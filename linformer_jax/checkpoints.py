@@ -1,0 +1,301 @@
+"""Checkpoints of a training run, written and read with orbax.
+
+This is the project's only module that imports orbax. A checkpoint of one step
+holds three items:
+
+* `state`: the train state (parameters, optimizer state, step, constants), a
+  pytree of arrays restored onto whatever shardings the caller asks for, so a
+  run can resume on a different device mesh than the one that saved it;
+* `data_state`: the training data iterator's position, stored as JSON;
+* `config`: the run's config, stored as JSON so that a workdir can be checked
+  against the requested model before anything else is built.
+
+Every method must be called on all processes: orbax coordinates the hosts and
+writes shared files once.
+"""
+
+import json
+import os
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import jax
+import orbax.checkpoint as ocp
+
+from linformer_jax.errors import ConfigError
+
+PyTree = Any
+DataState = Union[bytes, Dict[str, Any]]
+
+_STATE = 'state'
+_DATA_STATE = 'data_state'
+_CONFIG = 'config'
+# The keys of the JSON object that wraps the data state; they record whether
+# the iterator gave bytes (grain's JSON-encoded state) or a dict.
+_UTF8_BYTES = 'utf8_bytes'
+_DICT = 'dict'
+
+_OTHER_WORKDIR_ADVICE = ('the workdir holds a run with a different model '
+                         'config; use another --workdir')
+_INIT_FROM_ADVICE = ('config.init_from points to a run with a different model '
+                     'config; make the model configs match or drop init_from')
+
+
+def _handler_registry() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
+  """The orbax handler of each item.
+
+  Registered up front, rather than learned from the first save, so that a
+  store opened on an existing directory can read metadata and restore before
+  it has saved anything. `PyTreeRestore` serves partial restores (params only).
+  """
+  registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
+  for args_type in (ocp.args.StandardSave, ocp.args.StandardRestore,
+                    ocp.args.PyTreeRestore):
+    registry.add(_STATE, args_type)
+  for item in (_DATA_STATE, _CONFIG):
+    registry.add(item, ocp.args.JsonSave)
+    registry.add(item, ocp.args.JsonRestore)
+  return registry
+
+
+def _json_copy(value: Any, what: str) -> Any:
+  """A JSON round-trip copy of `value`.
+
+  Orbax serializes JSON items in a background thread, where an error would
+  only be logged and the step silently lost; converting here fails at the
+  call instead, and the copy cannot change if the caller mutates the original
+  while the save is in flight.
+  """
+  try:
+    return json.loads(json.dumps(value))
+  except (TypeError, ValueError) as e:
+    raise TypeError(f'The {what} of a checkpoint must be JSON-serializable: {e}') from e
+
+
+def _encode_data_state(data_state: DataState) -> Dict[str, Any]:
+  if isinstance(data_state, bytes):
+    # Grain's iterator states are JSON text encoded as UTF-8.
+    return {_UTF8_BYTES: data_state.decode('utf-8')}
+  return {_DICT: _json_copy(data_state, 'data_state')}
+
+
+def _decode_data_state(stored: Dict[str, Any]) -> DataState:
+  if _UTF8_BYTES in stored:
+    return stored[_UTF8_BYTES].encode('utf-8')
+  return stored[_DICT]
+
+
+def _leaf_name(path: Tuple[str, ...]) -> str:
+  return '/'.join(path)
+
+
+def _check_matches(stored_tree: PyTree, abstract: PyTree, *, prefix: Tuple[str, ...],
+                   directory: str, step: int, advice: str) -> None:
+  """Raises ConfigError unless the checkpoint's arrays fit `abstract`.
+
+  Orbax's own errors for a mismatch name neither the leaf nor the cause, so
+  shapes and structure are compared here, before anything is read.
+
+  Args:
+    stored_tree: the checkpoint's tree of array metadata (from orbax).
+    abstract: the requested tree of `jax.ShapeDtypeStruct` with shardings.
+    prefix: the path of `abstract` inside the stored tree.
+    directory: the checkpoint directory, for the messages.
+    step: the checkpoint's step, for the messages.
+    advice: what the user should change, ending every message.
+  """
+  stored = {path: meta for path, meta in ocp.tree.to_flat_dict(stored_tree).items()
+            if path[:len(prefix)] == prefix}
+  wanted = {}
+  for keypath, leaf in jax.tree_util.tree_flatten_with_path(abstract)[0]:
+    path = prefix + ocp.tree.str_keypath(keypath)
+    if getattr(leaf, 'sharding', None) is None:
+      raise ValueError(f'abstract leaf {_leaf_name(path)!r} has no sharding; pass '
+                       'jax.ShapeDtypeStruct leaves with sharding= set.')
+    wanted[path] = leaf
+  where = f'the checkpoint of step {step} in {directory}'
+  for path, leaf in wanted.items():
+    if path not in stored:
+      raise ConfigError(f'{where} has no array {_leaf_name(path)!r} (expected shape '
+                        f'{tuple(leaf.shape)}): {advice}.')
+    stored_shape = tuple(stored[path].shape)
+    if stored_shape != tuple(leaf.shape):
+      raise ConfigError(f'{where} holds {_leaf_name(path)!r} with shape {stored_shape}, '
+                        f'but shape {tuple(leaf.shape)} was expected: {advice}.')
+  unexpected = sorted(set(stored) - set(wanted))
+  if unexpected:
+    raise ConfigError(f'{where} holds array {_leaf_name(unexpected[0])!r} that the '
+                      f'model does not have: {advice}.')
+
+
+def _step_to_read(manager: ocp.CheckpointManager, step: Optional[int]) -> int:
+  """`step`, or the newest step when None; ConfigError if it is not there."""
+  steps = manager.all_steps()
+  if step is None:
+    if not steps:
+      raise ConfigError(f'{manager.directory} holds no checkpoint.')
+    return max(steps)
+  if step not in steps:
+    raise ConfigError(f'{manager.directory} holds no checkpoint of step {step}; '
+                      f'it holds steps {sorted(steps)}.')
+  return step
+
+
+def _state_metadata(manager: ocp.CheckpointManager, step: int) -> PyTree:
+  return manager.item_metadata(step)[_STATE].tree
+
+
+class CheckpointStore:
+  """The checkpoints of one run: the newest `keep` steps in `directory`.
+
+  Nothing is created on disk until the first save, so opening a store on a
+  workdir (to look for a checkpoint) leaves it untouched.
+  """
+
+  def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True):
+    """Opens (without creating) the checkpoint directory of a run.
+
+    Args:
+      directory: the run's checkpoint directory, `WORKDIR/checkpoints`.
+      keep: how many of the newest checkpoints to keep (at least 1).
+      async_save: write checkpoints in a background thread; `save` returns
+        once the arrays are copied to host memory.
+    """
+    if keep < 1:
+      raise ValueError(f'keep={keep}: a checkpoint store must keep at least 1 checkpoint.')
+    self.directory = os.fspath(directory)
+    options = ocp.CheckpointManagerOptions(
+        create=False,
+        preservation_policy=ocp.checkpoint_managers.LatestN(n=keep),
+        enable_async_checkpointing=async_save)
+    self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                          handler_registry=_handler_registry())
+
+  def __enter__(self) -> 'CheckpointStore':
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.close()
+
+  def latest_step(self) -> Optional[int]:
+    """The newest step saved (possibly still being written), or None."""
+    return self._manager.latest_step()
+
+  def all_steps(self) -> List[int]:
+    """The kept steps in increasing order, including one still being written."""
+    return sorted(self._manager.all_steps())
+
+  def save(self, step: int, *, state: PyTree, data_state: DataState,
+           config: Dict[str, Any], force: bool = False) -> bool:
+    """Saves a checkpoint of `step` unless one exists; returns whether it did.
+
+    With asynchronous saving this returns once the arrays are on the host, so
+    the caller may update or donate `state` right away; `wait` blocks until
+    the checkpoint is on disk.
+
+    Args:
+      step: the training step.
+      state: pytree of jax arrays (the train state).
+      data_state: the data iterator's state: bytes of UTF-8 text (grain's
+        `get_state()`) or a JSON-serializable dict.
+      config: the run's config as a JSON-serializable dict.
+      force: save even if orbax's save policy would skip this step (it skips
+        steps not newer than the latest one).
+    """
+    step = int(step)
+    # Orbax raises for a step that exists, even one still being written; a
+    # second save of a step (e.g. the final one after a periodic one) is a no-op.
+    if step in self._manager.all_steps():
+      return False
+    items = ocp.args.Composite(**{
+        _STATE: ocp.args.StandardSave(state),
+        _DATA_STATE: ocp.args.JsonSave(_encode_data_state(data_state)),
+        _CONFIG: ocp.args.JsonSave(_json_copy(config, 'config')),
+    })
+    return self._manager.save(step, args=items, force=force)
+
+  def restore(self, step: Optional[int] = None, *, abstract_state: PyTree
+              ) -> Tuple[int, PyTree, DataState, Dict[str, Any]]:
+    """Restores a checkpoint onto the shardings of `abstract_state`.
+
+    Args:
+      step: the step to restore; the newest one when None.
+      abstract_state: the train state's structure as `jax.ShapeDtypeStruct`
+        leaves with `sharding` set; the restored arrays get these shapes,
+        dtypes and shardings, and the same pytree types.
+
+    Returns:
+      (step, state, data_state, config), data_state in the type it was saved.
+
+    Raises:
+      ConfigError (a ValueError): no such checkpoint, or its arrays do not fit
+        abstract_state (the one-line message names the first leaf that
+        differs, both shapes and what to change).
+    """
+    self.wait()
+    step = _step_to_read(self._manager, step)
+    _check_matches(_state_metadata(self._manager, step), abstract_state, prefix=(),
+                   directory=self.directory, step=step, advice=_OTHER_WORKDIR_ADVICE)
+    restored = self._manager.restore(step, args=ocp.args.Composite(**{
+        _STATE: ocp.args.StandardRestore(abstract_state),
+        _DATA_STATE: ocp.args.JsonRestore(),
+        _CONFIG: ocp.args.JsonRestore(),
+    }))
+    return (step, restored[_STATE], _decode_data_state(restored[_DATA_STATE]),
+            restored[_CONFIG])
+
+  def restore_config(self, step: Optional[int] = None) -> Dict[str, Any]:
+    """The config saved with a checkpoint (the newest when step is None)."""
+    self.wait()
+    step = _step_to_read(self._manager, step)
+    restored = self._manager.restore(
+        step, args=ocp.args.Composite(**{_CONFIG: ocp.args.JsonRestore()}))
+    return restored[_CONFIG]
+
+  @staticmethod
+  def restore_params(directory_or_workdir: str, abstract_params: PyTree,
+                     step: Optional[int] = None) -> PyTree:
+    """Reads only the parameters of another run's checkpoint (for init_from).
+
+    Args:
+      directory_or_workdir: the other run's workdir or its checkpoint
+        directory.
+      abstract_params: the parameters' structure as `jax.ShapeDtypeStruct`
+        leaves with `sharding` set.
+      step: the step to read; the newest one when None.
+
+    Returns:
+      The parameters, placed on the shardings of abstract_params.
+
+    Raises:
+      ConfigError (a ValueError): no checkpoint there, or its parameters do
+        not fit abstract_params.
+    """
+    directory = os.fspath(directory_or_workdir)
+    if os.path.isdir(os.path.join(directory, 'checkpoints')):
+      directory = os.path.join(directory, 'checkpoints')
+    manager = ocp.CheckpointManager(
+        directory, options=ocp.CheckpointManagerOptions(read_only=True),
+        handler_registry=_handler_registry())
+    try:
+      step = _step_to_read(manager, step)
+      _check_matches(_state_metadata(manager, step), abstract_params,
+                     prefix=('params',), directory=directory, step=step,
+                     advice=_INIT_FROM_ADVICE)
+      target = {'params': abstract_params}
+      restored = manager.restore(step, args=ocp.args.Composite(**{
+          _STATE: ocp.args.PyTreeRestore(
+              item=target,
+              restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+              partial_restore=True),
+      }))
+    finally:
+      manager.close()
+    return restored[_STATE]['params']
+
+  def wait(self) -> None:
+    """Blocks until pending asynchronous saves are on disk."""
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    """Waits for pending saves and releases orbax's resources."""
+    self._manager.close()

@@ -1,0 +1,53 @@
+"""What the command-line entry points share: config flags and one-line errors.
+
+A mistake in what the user asked for (an unknown config key, a bad value, a
+missing data path, a workdir holding a different model) ends the program with a
+one-line message saying what to change and exit code 2, before anything in the
+workdir is written.
+"""
+
+import sys
+from typing import Callable, List
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from linformer_jax.errors import ConfigError
+
+USAGE_ERROR_EXIT_CODE = 2
+
+
+def define_config_flags() -> None:
+  """Defines --config (a Python config file, overridable per field) and --workdir."""
+  config_flags.DEFINE_config_file(
+      'config', None, 'Config file, e.g. configs/default.py; any field can be '
+      'overridden as --config.model.projected_len=64.', lock_config=True)
+  flags.DEFINE_string('workdir', None, 'Directory of the run: checkpoints, '
+                      'metrics, TensorBoard events, results.')
+  flags.mark_flags_as_required(['config', 'workdir'])
+
+
+def fail(message: str) -> None:
+  """Prints a one-line error and exits with the usage-error code."""
+  print(f'error: {" ".join(str(message).split())}', file=sys.stderr, flush=True)
+  sys.exit(USAGE_ERROR_EXIT_CODE)
+
+
+def _parse_flags(argv: List[str]) -> List[str]:
+  try:
+    return flags.FLAGS(argv)
+  except (flags.Error, KeyError, TypeError, ValueError, AttributeError) as error:
+    fail(f'{error} (see --helpfull, or the comments in the config file)')
+
+
+def run(main: Callable[[List[str]], None]) -> None:
+  """Runs main like absl.app.run, with bad input reported as exit code 2."""
+
+  def guarded_main(argv):
+    try:
+      main(argv)
+    except ConfigError as error:
+      fail(error)
+
+  app.run(guarded_main, flags_parser=_parse_flags)

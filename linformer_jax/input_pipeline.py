@@ -1,0 +1,373 @@
+"""Masked-LM input pipeline: packing, RoBERTa dynamic masking, grain loaders.
+
+Documents are tokenized and packed as in RoBERTa's FULL-SENTENCES setting: the
+token streams of all documents, separated by eos, are cut into chunks of
+seq_len - 2 tokens, and every sequence is `[bos] + chunk + [eos]`. Only the last
+sequence of a split is padded (after its eos), so almost no position is wasted.
+
+Masking is redone every time a sequence is read (dynamic masking): 15% of the
+text tokens are chosen as loss positions; of those 80% become <mask>, 10% a
+random text token and 10% stay unchanged. It runs as a grain `RandomMap`
+whose generator grain derives from the seed and the record's position in the
+stream, so the same seed gives the same batches, every epoch is masked
+differently, and an iterator restored from `get_state()` continues exactly.
+
+Every batch is a dict of numpy arrays of shape [batch, seq_len]:
+  inputs        int32, tokens after masking (the model's input)
+  targets       int32, the original tokens
+  weights       float32, 1.0 at the loss positions, else 0.0
+  padding_mask  bool, True for real tokens (bos and eos included)
+"""
+
+import hashlib
+import json
+import math
+import os
+import pathlib
+import sys
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence
+
+import grain
+import numpy as np
+
+from linformer_jax import corpus
+from linformer_jax import tokenizer as tokenizer_lib
+from linformer_jax.errors import ConfigError
+
+Batch = Dict[str, np.ndarray]
+# RoBERTa's split of the chosen positions: replaced by <mask>, by a random
+# token, or left unchanged (the rest).
+MASK_TOKEN_SHARE = 0.8
+RANDOM_TOKEN_SHARE = 0.1
+# Evaluation masks with this seed whatever config.seed is, so that runs with
+# different seeds are scored on the same masked positions.
+EVAL_MASKING_SEED = 0
+
+
+def pack_documents(token_lists: Sequence[Sequence[int]], seq_len: int, *,
+                   bos_id: int, eos_id: int, pad_id: int) -> np.ndarray:
+  """Packs tokenized documents into an int32 array [num_sequences, seq_len].
+
+  Concatenating the rows without their first token, their last eos and any
+  padding gives back the documents joined by eos, token for token.
+  """
+  if seq_len < 3:
+    raise ConfigError(f'config.model.max_len={seq_len} is too short: a sequence '
+                     'needs bos, eos and at least one token (use >= 3).')
+  pieces = []
+  for index, tokens in enumerate(token_lists):
+    if index:
+      pieces.append(np.array([eos_id], np.int32))
+    pieces.append(np.asarray(tokens, np.int32))
+  stream = np.concatenate(pieces) if pieces else np.zeros([0], np.int32)
+  if not stream.size:
+    raise ConfigError('The documents hold no tokens; check config.data.source '
+                      'and its path or dataset.')
+  chunk = seq_len - 2
+  num_sequences = math.ceil(stream.size / chunk)
+  sequences = np.full([num_sequences, seq_len], pad_id, np.int32)
+  sequences[:, 0] = bos_id
+  full_rows = stream.size // chunk
+  sequences[:full_rows, 1:-1] = stream[:full_rows * chunk].reshape(full_rows, chunk)
+  sequences[:full_rows, -1] = eos_id
+  rest = stream[full_rows * chunk:]
+  if rest.size:
+    sequences[-1, 1:1 + rest.size] = rest
+    sequences[-1, 1 + rest.size] = eos_id
+  return sequences
+
+
+class PackedSequences(grain.sources.RandomAccessDataSource):
+  """A grain data source over the rows of a packed [num_sequences, seq_len] array.
+
+  Its repr holds a digest of the tokens: grain stores the repr in iterator
+  states and refuses to restore one onto different data.
+  """
+
+  def __init__(self, sequences: np.ndarray):
+    sequences = np.asarray(sequences)
+    if sequences.ndim != 2 or not np.issubdtype(sequences.dtype, np.integer):
+      raise ValueError('Packed sequences must be an integer array [num, seq_len]; '
+                       f'got {sequences.dtype} {sequences.shape}.')
+    self._sequences = sequences.astype(np.int32, copy=False)
+    self._digest = hashlib.sha256(
+        np.ascontiguousarray(self._sequences).tobytes()).hexdigest()[:16]
+
+  def __len__(self) -> int:
+    return len(self._sequences)
+
+  def __getitem__(self, index: int) -> np.ndarray:
+    return self._sequences[index]
+
+  def __repr__(self) -> str:
+    return f'PackedSequences(shape={self._sequences.shape}, sha={self._digest})'
+
+
+def mask_tokens(tokens: np.ndarray, rng: np.random.Generator, *, mask_rate: float,
+                mask_id: int, pad_id: int, is_special: np.ndarray,
+                replacement_ids: np.ndarray) -> Batch:
+  """RoBERTa masking of one sequence; returns one example of a batch dict.
+
+  `is_special` is a bool per vocabulary id (True: never chosen); random
+  replacements are drawn uniformly from `replacement_ids`.
+  """
+  tokens = np.asarray(tokens, np.int32)
+  candidates = np.flatnonzero(~is_special[tokens])
+  # Randomized rounding (as fairseq): the expected count is exactly
+  # mask_rate * candidates, also for short sequences.
+  num_chosen = int(mask_rate * candidates.size + rng.random())
+  chosen = rng.choice(candidates, size=num_chosen, replace=False)
+  action = rng.random(num_chosen)
+  inputs = tokens.copy()
+  inputs[chosen[action < MASK_TOKEN_SHARE]] = mask_id
+  randomized = chosen[(action >= MASK_TOKEN_SHARE)
+                      & (action < MASK_TOKEN_SHARE + RANDOM_TOKEN_SHARE)]
+  inputs[randomized] = rng.choice(replacement_ids, size=randomized.size)
+  weights = np.zeros(tokens.shape, np.float32)
+  weights[chosen] = 1.0
+  return {'inputs': inputs, 'targets': tokens, 'weights': weights,
+          'padding_mask': tokens != pad_id}
+
+
+class DynamicMasking(grain.transforms.RandomMap):
+  """`mask_tokens` as a grain transform; holds only ids, so it pickles cheaply."""
+
+  def __init__(self, tokenizer: tokenizer_lib.Tokenizer, mask_rate: float):
+    if not 0.0 < mask_rate < 1.0:
+      raise ConfigError(f'config.data.mask_rate={mask_rate!r} is not allowed; use a '
+                       'fraction in (0, 1), e.g. 0.15.')
+    self._mask_rate = float(mask_rate)
+    self._mask_id = tokenizer.mask_id
+    self._pad_id = tokenizer.pad_id
+    # A lookup table, not np.isin: this runs for every sequence read.
+    self._is_special = np.zeros([tokenizer.vocab_size], bool)
+    self._is_special[list(tokenizer.special_ids)] = True
+    self._replacement_ids = np.flatnonzero(~self._is_special).astype(np.int32)
+
+  def random_map(self, element: np.ndarray, rng: np.random.Generator) -> Batch:
+    return mask_tokens(element, rng, mask_rate=self._mask_rate,
+                       mask_id=self._mask_id, pad_id=self._pad_id,
+                       is_special=self._is_special,
+                       replacement_ids=self._replacement_ids)
+
+
+def _check_int(field: str, value: Any, minimum: int, maximum: int = sys.maxsize) -> int:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not (
+      minimum <= value <= maximum):
+    raise ConfigError(f'{field}={value!r} is not allowed; use an int in '
+                     f'[{minimum}, {maximum}].')
+  return int(value)
+
+
+def create_train_iterator(packed_sequences: np.ndarray, *, batch_size: int,
+                          seed: int, mask_rate: float,
+                          tokenizer: tokenizer_lib.Tokenizer,
+                          process_index: int = 0, process_count: int = 1,
+                          worker_count: int = 0) -> grain.DataLoaderIterator:
+  """An endless iterator of masked training batches for this process.
+
+  The records are split into process_count equal shards (the remainder is
+  dropped) and this process reads shard process_index, reshuffled every epoch.
+
+  Args:
+    packed_sequences: [num_sequences, seq_len] from `pack_documents`.
+    batch_size: examples per batch on this process.
+    seed: shuffling and masking seed, an int in [0, 2**32 - 1].
+    mask_rate: fraction of text tokens chosen as loss positions.
+    tokenizer: gives the special ids and the vocabulary size.
+    process_index, process_count: this process's shard and the shard count.
+    worker_count: grain worker processes (0 = in this process; >0 needs a
+      `__main__` guard and parsed absl flags in the program).
+
+  Returns:
+    A `grain.DataLoaderIterator`; `get_state()` returns bytes and
+    `set_state(state)` continues from them (same data, seed, batch size,
+    shards and worker_count).
+  """
+  source = PackedSequences(packed_sequences)
+  batch_size = _check_int('config.batch_size (per process)', batch_size, 1)
+  seed = _check_int('config.seed', seed, 0, 2**32 - 1)
+  process_count = _check_int('process_count', process_count, 1)
+  process_index = _check_int('process_index', process_index, 0, process_count - 1)
+  worker_count = _check_int('config.data.worker_count', worker_count, 0)
+  if len(source) < process_count:
+    raise ConfigError(f'The training split has {len(source)} sequences, fewer than '
+                     f'the {process_count} processes; use more data (config.data).')
+  shard = grain.sharding.ShardOptions(shard_index=process_index,
+                                      shard_count=process_count,
+                                      drop_remainder=True)
+  sampler = grain.samplers.IndexSampler(
+      num_records=len(source), shard_options=shard, shuffle=True,
+      num_epochs=None, seed=seed)
+  loader = grain.DataLoader(
+      data_source=source, sampler=sampler, shard_options=shard,
+      operations=[DynamicMasking(tokenizer, mask_rate),
+                  grain.transforms.Batch(batch_size, drop_remainder=True)],
+      worker_count=worker_count,
+      # Reading a row of an in-memory array needs no threads; grain's default
+      # 16 reader threads made batches 2-3x slower on 2 cores (GIL contention).
+      read_options=grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+  return iter(loader)
+
+
+def _empty_rows(count: int, seq_len: int, pad_id: int) -> Batch:
+  """Rows that change no metric: all padding, no loss positions."""
+  return {'inputs': np.full([count, seq_len], pad_id, np.int32),
+          'targets': np.full([count, seq_len], pad_id, np.int32),
+          'weights': np.zeros([count, seq_len], np.float32),
+          'padding_mask': np.zeros([count, seq_len], bool)}
+
+
+def create_eval_batches(packed_sequences: np.ndarray, *, batch_size: int, seed: int,
+                        mask_rate: float, tokenizer: tokenizer_lib.Tokenizer,
+                        max_batches: Optional[int] = None, process_index: int = 0,
+                        process_count: int = 1) -> List[Batch]:
+  """Deterministic masked evaluation batches of this process, none dropped.
+
+  Sequences are taken in order (the first max_batches * batch_size *
+  process_count if max_batches is set) and dealt round-robin to the processes.
+  Every process gets the same number of batches; the missing rows are
+  `_empty_rows` with zero weight. A sequence is masked the same way whatever
+  the batch size or process count.
+  """
+  source = PackedSequences(packed_sequences)
+  batch_size = _check_int('config.eval_batch_size (per process)', batch_size, 1)
+  seed = _check_int('seed', seed, 0, 2**32 - 1)
+  process_count = _check_int('process_count', process_count, 1)
+  process_index = _check_int('process_index', process_index, 0, process_count - 1)
+  dataset = grain.MapDataset.source(source).random_map(
+      DynamicMasking(tokenizer, mask_rate), seed=seed)
+  total = len(dataset)
+  if max_batches:
+    max_batches = _check_int('config.data.max_eval_batches', max_batches, 0)
+    total = min(total, max_batches * batch_size * process_count)
+  num_batches = math.ceil(math.ceil(total / process_count) / batch_size)
+  # Slicing after random_map keeps each sequence's generator tied to its
+  # position in the whole split, not in this process's share.
+  local = dataset[:total][process_index::process_count]
+  batches = list(local.batch(batch_size))
+  seq_len = source[0].shape[0]
+  while len(batches) < num_batches:
+    batches.append(_empty_rows(batch_size, seq_len, tokenizer.pad_id))
+  missing = batch_size - batches[-1]['inputs'].shape[0]
+  if missing:
+    padding = _empty_rows(missing, seq_len, tokenizer.pad_id)
+    batches[-1] = {key: np.concatenate([value, padding[key]])
+                   for key, value in batches[-1].items()}
+  return batches
+
+
+class Datasets(NamedTuple):
+  """What `build_datasets` returns; token counts are over all processes."""
+  tokenizer: tokenizer_lib.Tokenizer
+  train_iterator: grain.DataLoaderIterator
+  eval_batches: List[Batch]
+  train_tokens: int   # non-padding tokens (bos/eos included) of the train split
+  eval_tokens: int    # same for the evaluation split, all of it
+  train_sequences: int
+  eval_sequences: int
+  train_token_counts: np.ndarray  # [vocab_size] occurrences of each id in the train split
+
+
+def _source_signature(data_config, split: str) -> Dict[str, Any]:
+  """Everything the documents of `split` depend on, for cache keys."""
+  source = data_config.source
+  signature = {'source': source, 'split': split}
+  if source == 'embedded':
+    signature['python'] = list(sys.version_info[:3])
+  elif source == 'text_files':
+    files = corpus.list_text_files(data_config.path)
+    signature['files'] = [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns]
+                          for f in files]
+    signature['split_files'] = {k: sorted(v) for k, v in
+                                dict(data_config.split_files or {}).items()}
+  elif source == 'tfds':
+    signature.update(name=data_config.tfds_name, key=data_config.tfds_text_key,
+                     data_dir=data_config.tfds_data_dir or '')
+  return signature
+
+
+def _packed_split(data_config, split: str, seq_len: int,
+                  tokenizer: tokenizer_lib.Tokenizer, cache_root: pathlib.Path,
+                  documents_fn) -> np.ndarray:
+  """The split packed into sequences, from the cache or tokenized and saved."""
+  key = json.dumps({'data': _source_signature(data_config, split),
+                    'tokenizer': tokenizer.fingerprint, 'seq_len': seq_len,
+                    'document_chars': corpus.TEXT_FILE_DOCUMENT_CHARS},
+                   sort_keys=True)
+  digest = hashlib.sha256(key.encode('utf-8')).hexdigest()[:20]
+  path = cache_root / 'packed' / f'{split}-{digest}.npy'
+  if path.exists():
+    return np.load(path)
+  packed = pack_documents(tokenizer.encode_all(documents_fn(split)), seq_len,
+                          bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
+                          pad_id=tokenizer.pad_id)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  temporary = path.with_name(f'{path.stem}.tmp{os.getpid()}.npy')
+  np.save(temporary, packed)
+  os.replace(temporary, path)  # atomic: concurrent processes never read half
+  return packed
+
+
+def build_datasets(config, workdir: str, process_index: int = 0,
+                   process_count: int = 1) -> Datasets:
+  """Tokenizer, training iterator and evaluation batches of a run's config.
+
+  Reads config.seed, batch_size, eval_batch_size (global; divided among the
+  processes), model.max_len and config.data.*. The tokenizer lives in
+  `workdir`; packed splits are cached under config.data.cache_dir.
+  """
+  data = config.data
+  seq_len = _check_int('config.model.max_len', config.model.max_len, 3)
+  batch_size = _check_int('config.batch_size', config.batch_size, 1)
+  eval_batch_size = _check_int('config.eval_batch_size', config.eval_batch_size, 1)
+  for field, value in (('config.batch_size', batch_size),
+                       ('config.eval_batch_size', eval_batch_size)):
+    if value % process_count:
+      raise ConfigError(f'{field}={value} is not divisible by the {process_count} '
+                       'processes; change it to a multiple.')
+  for field in ('train_split', 'eval_split'):
+    if not isinstance(data[field], str) or not data[field]:
+      raise ConfigError(f'config.data.{field}={data[field]!r} is not allowed; name a '
+                       "split, e.g. 'train' or 'validation'.")
+  if data.source not in corpus.SOURCES:
+    raise ConfigError(f'config.data.source={data.source!r} is not allowed; use one '
+                     f'of {corpus.SOURCES}.')
+
+  loaded = {}
+
+  def documents(split: str) -> List[str]:
+    if split not in loaded:
+      loaded[split] = corpus.load_documents(data, split)
+    return loaded[split]
+
+  tokenizer = tokenizer_lib.build_tokenizer(
+      data, workdir, lambda: documents(data.train_split))
+  model_vocab = config.model.get('vocab_size')
+  if model_vocab is not None and model_vocab != tokenizer.vocab_size:
+    raise ConfigError(
+        f'config.model.vocab_size={model_vocab} does not match the tokenizer\'s '
+        f'{tokenizer.vocab_size} tokens; set config.data.vocab_size='
+        f'{tokenizer.vocab_size} (config.model.vocab_size follows it).')
+  cache_root = pathlib.Path(os.path.expanduser(
+      data.cache_dir or corpus.DEFAULT_CACHE_DIR))
+  train = _packed_split(data, data.train_split, seq_len, tokenizer, cache_root,
+                        documents)
+  evaluation = _packed_split(data, data.eval_split, seq_len, tokenizer, cache_root,
+                             documents)
+  train_iterator = create_train_iterator(
+      train, batch_size=batch_size // process_count, seed=config.seed,
+      mask_rate=data.mask_rate, tokenizer=tokenizer, process_index=process_index,
+      process_count=process_count, worker_count=data.worker_count)
+  eval_batches = create_eval_batches(
+      evaluation, batch_size=eval_batch_size // process_count,
+      seed=EVAL_MASKING_SEED, mask_rate=data.mask_rate, tokenizer=tokenizer,
+      max_batches=data.max_eval_batches or None, process_index=process_index,
+      process_count=process_count)
+  return Datasets(
+      tokenizer=tokenizer, train_iterator=train_iterator, eval_batches=eval_batches,
+      train_tokens=int(np.count_nonzero(train != tokenizer.pad_id)),
+      eval_tokens=int(np.count_nonzero(evaluation != tokenizer.pad_id)),
+      train_sequences=len(train), eval_sequences=len(evaluation),
+      train_token_counts=np.bincount(train[train != tokenizer.pad_id],
+                                     minlength=tokenizer.vocab_size))

@@ -1,0 +1,150 @@
+"""Training metrics: TensorBoard event files, a JSON-lines file and progress.
+
+This is the project's only module that writes metrics. `MetricLogger` sends
+every scalar to clu's default writer (absl log and TensorBoard event files in
+the workdir) and appends it to `WORKDIR/metrics.jsonl`, one JSON object per
+line: `{"step": 120, "train_loss": 5.1, ...}`. `read_metrics` reads that file
+back, for tests, notebooks and plotting tools that should not need TensorBoard.
+
+Only the primary process (process 0) writes files; the others only log.
+"""
+
+import json
+import os
+import time
+from typing import Any, Dict, List, Mapping, Optional
+
+from absl import logging
+import numpy as np
+
+METRICS_FILE = 'metrics.jsonl'
+
+
+def _metrics_path(workdir: str) -> str:
+  return os.path.join(workdir, METRICS_FILE)
+
+
+def _complete_lines(path: str) -> List[str]:
+  """The newline-terminated lines of a metrics file.
+
+  A last line without its newline is a record still being written (a reader
+  running beside the trainer) or cut short by a killed process; it is skipped.
+  """
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    text = f.read()
+  return [line for line in text.split('\n')[:-1] if line.strip()]
+
+
+def read_metrics(workdir: str) -> List[Dict[str, Any]]:
+  """All records of `workdir/metrics.jsonl` in the order written ([] if none)."""
+  return [json.loads(line) for line in _complete_lines(_metrics_path(workdir))]
+
+
+def _format_duration(seconds: float) -> str:
+  """A short duration such as '45s', '4m35s' or '2h05m'."""
+  seconds = int(round(seconds))
+  if seconds < 60:
+    return f'{seconds}s'
+  if seconds < 3600:
+    return f'{seconds // 60}m{seconds % 60:02d}s'
+  return f'{seconds // 3600}h{seconds % 3600 // 60:02d}m'
+
+
+class MetricLogger:
+  """Writes the scalar metrics and progress lines of one training run."""
+
+  def __init__(self, workdir: str, *, total_steps: int, is_primary: bool = True):
+    """Opens the writers; only a primary process creates files in `workdir`.
+
+    Args:
+      workdir: the run's directory; event files and metrics.jsonl go here.
+      total_steps: the step the run ends at, for the progress line's ETA.
+      is_primary: whether this is process 0, the one that writes files.
+    """
+    # clu's writers import TensorFlow, which takes seconds; importing here
+    # keeps `read_metrics` and programs that stop before training fast.
+    from clu import metric_writers  # pylint: disable=g-import-not-at-top
+    self.workdir = workdir
+    self.total_steps = total_steps
+    self.is_primary = is_primary
+    if is_primary:
+      os.makedirs(workdir, exist_ok=True)
+    self._writer = metric_writers.create_default_writer(
+        workdir, just_logging=not is_primary)
+    self._last_step = 0
+    self._last_time = time.monotonic()
+
+  def discard_after(self, step: int) -> None:
+    """Starts (or resumes) the run at `step`: drops records of later steps.
+
+    A resumed run takes again the steps after its checkpoint, so records that
+    a killed run wrote for them would otherwise appear twice. `step` is also
+    where the next `progress` call counts its steps from.
+    """
+    self._last_step = step
+    self._last_time = time.monotonic()
+    path = _metrics_path(self.workdir)
+    if not self.is_primary or not os.path.exists(path):
+      return
+    kept = [line for line in _complete_lines(path) if json.loads(line)['step'] <= step]
+    # Replace the file in one rename, so a crash here cannot lose the records.
+    partial_path = path + '.tmp'
+    with open(partial_path, 'w') as f:
+      f.writelines(line + '\n' for line in kept)
+    os.replace(partial_path, path)
+
+  def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
+    """Writes scalars of a step; values may be Python, numpy or jax scalars."""
+    if 'step' in scalars:
+      raise ValueError("'step' is reserved for the step number; rename the metric.")
+    values = {name: float(np.asarray(value)) for name, value in scalars.items()}
+    step = int(step)
+    self._writer.write_scalars(step, values)
+    if self.is_primary:
+      # One write of a whole line per record: a concurrent reader sees either
+      # no record or a complete one (see _complete_lines).
+      with open(_metrics_path(self.workdir), 'a') as f:
+        f.write(json.dumps({'step': step, **values}) + '\n')
+
+  def progress(self, step: int, *, tokens_per_step: int,
+               loss: Optional[float] = None) -> Dict[str, float]:
+    """Logs and prints a progress line; returns the rates since the last call.
+
+    For example `step 120/1000 | loss 5.123 | 3.2 steps/s | 26,000 tokens/s |
+    ETA 4m35s`. Rates are measured in wall time since the previous call (or
+    since the logger was created or `discard_after` was called), so the first
+    one includes compilation time.
+
+    Args:
+      step: the step just taken.
+      tokens_per_step: tokens processed per step (batch size times length).
+      loss: the training loss to show, if any.
+
+    Returns:
+      {'steps_per_sec': ..., 'tokens_per_sec': ...}, to write as scalars.
+    """
+    now = time.monotonic()
+    # Two calls within one clock tick must not divide by zero.
+    elapsed = max(now - self._last_time, 1e-9)
+    steps_per_sec = (step - self._last_step) / elapsed
+    tokens_per_sec = steps_per_sec * tokens_per_step
+    self._last_step, self._last_time = step, now
+    remaining = max(self.total_steps - step, 0)
+    eta = (_format_duration(remaining / steps_per_sec) if steps_per_sec > 0
+           else 'unknown')
+    parts = [f'step {step}/{self.total_steps}']
+    if loss is not None:
+      parts.append(f'loss {float(loss):.3f}')
+    parts += [f'{steps_per_sec:.3g} steps/s', f'{tokens_per_sec:,.0f} tokens/s',
+              f'ETA {eta}']
+    line = ' | '.join(parts)
+    logging.info(line)
+    if self.is_primary:
+      print(line, flush=True)
+    return {'steps_per_sec': steps_per_sec, 'tokens_per_sec': tokens_per_sec}
+
+  def close(self) -> None:
+    """Flushes and closes the writers."""
+    self._writer.close()

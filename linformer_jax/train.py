@@ -1,0 +1,28 @@
+"""Masked-LM pretraining from a config file.
+
+  python -m linformer_jax.train --config configs/default.py --workdir runs/default
+
+Resumes from the newest checkpoint in --workdir. Bad input (config, data path,
+a workdir of another model) ends with a one-line error and exit code 2.
+"""
+
+import json
+
+from absl import flags
+
+from linformer_jax import cli
+from linformer_jax import trainer
+
+cli.define_config_flags()
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  if len(argv) > 1:
+    cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
+  results = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  print(json.dumps(results, indent=2, sort_keys=True), flush=True)
+
+
+if __name__ == '__main__':
+  cli.run(main)

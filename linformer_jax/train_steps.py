@@ -1,0 +1,163 @@
+"""The optimizer, the train state and the jitted step functions of MLM training.
+
+Step functions are module-level and take every input explicitly (model,
+optimizer and accumulation count are bound with functools.partial before
+jitting), so each compiles once per run.
+"""
+
+import functools
+from typing import Any, Dict, Tuple
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+Array = jax.Array
+Batch = Dict[str, Array]
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything a checkpoint must hold to continue training exactly.
+
+  Attributes:
+    step: optimizer steps taken so far (int32 scalar).
+    params: the trainable parameters.
+    opt_state: the optimizer's state.
+    constants: non-trainable model variables (fixed random projections).
+  """
+  step: Array
+  params: Any
+  opt_state: Any
+  constants: Any
+
+  def variables(self) -> Dict[str, Any]:
+    return {'params': self.params, **self.constants}
+
+
+def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
+  """Linear warm-up to the peak rate, then linear decay to end_learning_rate."""
+  warmup = optax.linear_schedule(0.0, config.learning_rate, config.warmup_steps)
+  decay = optax.linear_schedule(
+      config.learning_rate, config.end_learning_rate,
+      max(config.total_steps - config.warmup_steps, 1))
+  return optax.join_schedules([warmup, decay], [config.warmup_steps])
+
+
+def _decay_mask(params):
+  """Weight decay on matrices only: not on biases, norms or scalars (RoBERTa)."""
+  return jax.tree_util.tree_map(lambda p: p.ndim > 1, params)
+
+
+def create_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """AdamW with RoBERTa's betas/eps, global-norm clipping and the LR schedule."""
+  adamw = optax.adamw(
+      learning_rate_schedule(config), b1=config.adam_b1, b2=config.adam_b2,
+      eps=config.adam_eps, weight_decay=config.weight_decay, mask=_decay_mask)
+  if config.grad_clip_norm > 0:
+    return optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), adamw)
+  return adamw
+
+
+def init_train_state(rng: Array, *, model: nn.Module,
+                     optimizer: optax.GradientTransformation,
+                     seq_len: int) -> TrainState:
+  """Initialises parameters, constants and optimizer state (jit this)."""
+  variables = nn.meta.unbox(model.init(rng, jnp.ones((1, seq_len), jnp.int32)))
+  params = variables.pop('params')
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                    opt_state=optimizer.init(params), constants=variables)
+
+
+def masked_lm_sums(logits: Array, batch: Batch) -> Dict[str, Array]:
+  """Sums of cross-entropy, correct predictions and weights at masked tokens."""
+  weights = batch['weights']
+  cross_entropy = optax.softmax_cross_entropy_with_integer_labels(
+      logits, batch['targets'])
+  correct = (jnp.argmax(logits, axis=-1) == batch['targets']).astype(jnp.float32)
+  return {'loss_sum': jnp.sum(cross_entropy * weights),
+          'correct_sum': jnp.sum(correct * weights),
+          'weight_sum': jnp.sum(weights)}
+
+
+def _microbatches(batch: Batch, count: int) -> Batch:
+  return jax.tree_util.tree_map(
+      lambda x: x.reshape((count, x.shape[0] // count) + x.shape[1:]), batch)
+
+
+def train_step(state: TrainState, batch: Batch, dropout_key: Array, *,
+               model: nn.Module, optimizer: optax.GradientTransformation,
+               grad_accum_steps: int = 1) -> Tuple[TrainState, Dict[str, Array]]:
+  """One optimizer step on a batch, optionally over several micro-batches.
+
+  The loss is the mean cross-entropy over all masked tokens of the whole batch,
+  so accumulating micro-batches gives the same gradient as one big batch.
+
+  Args:
+    state: the train state (donated by the caller's jit).
+    batch: `inputs`, `targets`, `weights` and `padding_mask`, each
+      [batch, length], batch divisible by grad_accum_steps.
+    dropout_key: the run's dropout key; folded with the step, so a resumed run
+      draws the same dropout masks.
+    model, optimizer, grad_accum_steps: bound with functools.partial.
+
+  Returns:
+    The new state and metrics: loss, accuracy, grad_norm, learning_rate.
+  """
+  total_weight = jnp.maximum(jnp.sum(batch['weights']), 1.0)
+  step_key = jax.random.fold_in(dropout_key, state.step)
+
+  def loss_fn(params, micro_batch, key):
+    logits = model.apply({'params': params, **state.constants},
+                         micro_batch['inputs'], micro_batch['padding_mask'],
+                         deterministic=False, rngs={'dropout': key})
+    sums = masked_lm_sums(logits, micro_batch)
+    return sums['loss_sum'] / total_weight, sums
+
+  grad_fn = jax.grad(loss_fn, has_aux=True)
+
+  def accumulate(carry, inputs):
+    grads, sums = carry
+    micro_batch, index = inputs
+    micro_grads, micro_sums = grad_fn(state.params, micro_batch,
+                                      jax.random.fold_in(step_key, index))
+    return (jax.tree_util.tree_map(jnp.add, grads, micro_grads),
+            jax.tree_util.tree_map(jnp.add, sums, micro_sums)), None
+
+  zero_grads = jax.tree_util.tree_map(jnp.zeros_like, state.params)
+  zero_sums = {'loss_sum': 0.0, 'correct_sum': 0.0, 'weight_sum': 0.0}
+  zero_sums = jax.tree_util.tree_map(jnp.float32, zero_sums)
+  (grads, sums), _ = jax.lax.scan(
+      accumulate, (zero_grads, zero_sums),
+      (_microbatches(batch, grad_accum_steps), jnp.arange(grad_accum_steps)))
+
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  new_state = state.replace(step=state.step + 1, params=params,
+                            opt_state=opt_state)
+  metrics = {
+      'loss': sums['loss_sum'] / total_weight,
+      'accuracy': sums['correct_sum'] / total_weight,
+      'grad_norm': optax.global_norm(grads),
+  }
+  return new_state, metrics
+
+
+def eval_step(state: TrainState, batch: Batch, *, model: nn.Module) -> Dict[str, Array]:
+  """Masked-LM sums of one evaluation batch (no dropout)."""
+  logits = model.apply(state.variables(), batch['inputs'], batch['padding_mask'],
+                       deterministic=True)
+  return masked_lm_sums(logits, batch)
+
+
+def jit_step_functions(model: nn.Module, optimizer: optax.GradientTransformation,
+                       grad_accum_steps: int):
+  """The jitted train step (state donated) and eval step of a run."""
+  train = jax.jit(functools.partial(train_step, model=model, optimizer=optimizer,
+                                    grad_accum_steps=grad_accum_steps),
+                  donate_argnums=0)
+  evaluate = jax.jit(functools.partial(eval_step, model=model))
+  return train, evaluate

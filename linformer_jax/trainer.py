@@ -1,0 +1,263 @@
+"""The masked-LM training loop: pretraining, periodic evaluation, checkpoints.
+
+`train_and_evaluate(config, workdir)` runs a whole job and resumes by itself
+from the newest checkpoint in `workdir/checkpoints`. Checkpoints hold the
+parameters, the optimizer state, the data iterator's position and the config,
+and the dropout keys derive from the seed and the step, so a resumed run takes
+exactly the steps an uninterrupted one would have. SIGTERM saves a checkpoint
+before the program exits; a non-finite loss stops the run before the bad state
+is saved.
+"""
+
+import json
+import math
+import os
+import signal
+import time
+from typing import Any, Dict, Iterable, Optional
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from linformer_jax import input_pipeline
+from linformer_jax import models
+from linformer_jax import run_config
+from linformer_jax import train_steps
+from linformer_jax.checkpoints import CheckpointStore
+from linformer_jax.errors import ConfigError
+from linformer_jax.metric_writers import MetricLogger
+
+RESULTS_FILE = 'eval_results.json'
+
+
+class NonFiniteLossError(RuntimeError):
+  """The training loss became NaN or infinite."""
+
+
+class _TerminationRequest:
+  """Turns SIGTERM into a flag the loop checks after each step."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+  def _handle(self, signum, frame):
+    del signum, frame
+    self.requested = True
+
+  def restore(self):
+    signal.signal(signal.SIGTERM, self._previous)
+
+
+def checkpoint_directory(workdir: str) -> str:
+  return os.path.join(workdir, 'checkpoints')
+
+
+def _abstract_state(model, optimizer, seq_len: int):
+  return jax.eval_shape(
+      lambda rng: train_steps.init_train_state(rng, model=model, optimizer=optimizer,
+                                               seq_len=seq_len),
+      jax.random.PRNGKey(0))
+
+
+def _with_default_sharding(abstract_state):
+  sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  return jax.tree_util.tree_map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+      abstract_state)
+
+
+def evaluate_batches(eval_step, state, batches: Iterable[Dict[str, np.ndarray]]
+                     ) -> Dict[str, float]:
+  """Masked-token loss, perplexity and accuracy over all evaluation batches."""
+  totals = {'loss_sum': 0.0, 'correct_sum': 0.0, 'weight_sum': 0.0}
+  for batch in batches:
+    sums = jax.device_get(eval_step(state, batch))
+    for key in totals:
+      totals[key] += float(sums[key])
+  weight = max(totals['weight_sum'], 1.0)
+  loss = totals['loss_sum'] / weight
+  return {'loss': loss, 'perplexity': math.exp(min(loss, 700.0)),
+          'accuracy': totals['correct_sum'] / weight,
+          'masked_tokens': totals['weight_sum']}
+
+
+def unigram_perplexity(train_token_counts: np.ndarray,
+                       batches: Iterable[Dict[str, np.ndarray]]) -> float:
+  """Perplexity at the masked tokens of a unigram model of the training split.
+
+  The reference a masked-LM must beat: it predicts every masked token from its
+  training-set frequency alone (add-one smoothed).
+  """
+  probabilities = (train_token_counts + 1.0) / (train_token_counts.sum()
+                                                + len(train_token_counts))
+  log_prob, weight = 0.0, 0.0
+  for batch in batches:
+    log_prob += float(np.sum(np.log(probabilities[batch['targets']]) * batch['weights']))
+    weight += float(np.sum(batch['weights']))
+  return math.exp(-log_prob / max(weight, 1.0))
+
+
+def _prefixed(prefix: str, metrics: Dict[str, float]) -> Dict[str, float]:
+  return {f'{prefix}_{name}': value for name, value in metrics.items()}
+
+
+class Run:
+  """One training run: data, model, step functions, state and checkpoints."""
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+    self.config = config
+    self.workdir = workdir
+    model_config = run_config.validate(config)
+    self.store = CheckpointStore(checkpoint_directory(workdir),
+                                 keep=config.keep_checkpoints)
+    if self.store.latest_step() is not None:
+      run_config.check_same_model(self.store.restore_config(), config, workdir)
+    self.data = input_pipeline.build_datasets(config, workdir)
+    if self.data.tokenizer.vocab_size != model_config.vocab_size:
+      raise ConfigError(
+          f'config.model.vocab_size={model_config.vocab_size} does not match the '
+          f'{config.data.tokenizer} tokenizer, which has {self.data.tokenizer.vocab_size} '
+          f'tokens; set config.data.vocab_size={self.data.tokenizer.vocab_size}.')
+    self.model = models.MaskedLanguageModel(model_config)
+    self.optimizer = train_steps.create_optimizer(config)
+    self.schedule = train_steps.learning_rate_schedule(config)
+    self.train_step, self.eval_step = train_steps.jit_step_functions(
+        self.model, self.optimizer, config.grad_accum_steps)
+    self.abstract_state = _with_default_sharding(
+        _abstract_state(self.model, self.optimizer, model_config.max_len))
+    self.state = self._initial_state(model_config.max_len)
+
+  def _initial_state(self, seq_len: int) -> train_steps.TrainState:
+    latest = self.store.latest_step()
+    if latest is not None:
+      step, state, data_state, _ = self.store.restore(
+          latest, abstract_state=self.abstract_state)
+      self.data.train_iterator.set_state(data_state)
+      logging.info('Resumed from the checkpoint of step %d.', step)
+      return state
+    init = jax.jit(lambda rng: train_steps.init_train_state(
+        rng, model=self.model, optimizer=self.optimizer, seq_len=seq_len))
+    state = init(jax.random.PRNGKey(self.config.seed))
+    if self.config.init_from:
+      params = self.store.restore_params(self.config.init_from,
+                                         self.abstract_state.params)
+      state = state.replace(params=params)
+      logging.info('Initialised parameters from %s.', self.config.init_from)
+    return state
+
+  def save(self, force: bool = False) -> None:
+    self.store.save(int(self.state.step), state=self.state,
+                    data_state=self.data.train_iterator.get_state(),
+                    config=self.config.to_dict(), force=force)
+
+  def evaluate(self) -> Dict[str, float]:
+    return evaluate_batches(self.eval_step, self.state, self.data.eval_batches)
+
+
+def _write_json(path: str, payload: Dict[str, Any]) -> None:
+  if jax.process_index() == 0:
+    with open(path, 'w') as f:
+      json.dump(payload, f, indent=2, sort_keys=True)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+                       stop_after: Optional[int] = None) -> Optional[Dict[str, Any]]:
+  """Trains to config.total_steps (resuming if possible) and evaluates.
+
+  Args:
+    config: the run's config.
+    workdir: the run's directory; an existing run there is resumed.
+    stop_after: if set, stop with a checkpoint once the run has taken this
+      many steps (a budget for now; the run stays resumable to total_steps).
+
+  Returns:
+    The final results, also written to workdir/eval_results.json, or None when
+    stopped early by stop_after.
+
+  Raises:
+    ConfigError: bad config, data or workdir; nothing in the workdir is changed.
+    NonFiniteLossError: the loss became NaN/inf; the last good checkpoint stays.
+  """
+  start_time = time.time()
+  run = Run(config, workdir)
+  os.makedirs(workdir, exist_ok=True)
+  _write_json(os.path.join(workdir, 'config.json'), config.to_dict())
+  first_step = int(run.state.step)
+  logger = MetricLogger(workdir, total_steps=config.total_steps,
+                        is_primary=jax.process_index() == 0)
+  logger.discard_after(first_step)
+  tokens_per_step = config.batch_size * config.model.max_len
+  dropout_key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
+  termination = _TerminationRequest()
+  eval_metrics: Optional[Dict[str, float]] = None
+  try:
+    for step in range(first_step + 1, config.total_steps + 1):
+      batch = next(run.data.train_iterator)
+      run.state, metrics = run.train_step(run.state, batch, dropout_key)
+      loss = float(metrics['loss'])
+      if not math.isfinite(loss):
+        raise NonFiniteLossError(
+            f'The training loss is {loss} at step {step}; stopping. The last good '
+            f'checkpoint stays in {checkpoint_directory(workdir)}. Lower '
+            'config.learning_rate or raise config.warmup_steps, then resume.')
+      if step % config.log_every == 0 or step == config.total_steps:
+        scalars = {name: float(value) for name, value in metrics.items()}
+        scalars['learning_rate'] = float(run.schedule(step - 1))
+        scalars.update(logger.progress(step, tokens_per_step=tokens_per_step,
+                                       loss=loss))
+        logger.write_scalars(step, _prefixed('train', scalars))
+      if step % config.eval_every == 0 or step == config.total_steps:
+        eval_metrics = run.evaluate()
+        logger.write_scalars(step, _prefixed('eval', eval_metrics))
+        logging.info('step %d: eval loss %.4f, perplexity %.2f, accuracy %.4f',
+                     step, eval_metrics['loss'], eval_metrics['perplexity'],
+                     eval_metrics['accuracy'])
+      if step % config.checkpoint_every == 0 or step == config.total_steps:
+        run.save()
+      if stop_after is not None and step >= stop_after and step < config.total_steps:
+        run.save(force=True)
+        return None
+      if termination.requested:
+        logging.warning('SIGTERM received: saving the checkpoint of step %d.', step)
+        run.save(force=True)
+        run.store.wait()
+        raise SystemExit(128 + signal.SIGTERM)
+  finally:
+    termination.restore()
+    run.store.wait()
+    logger.close()
+  if eval_metrics is None:
+    eval_metrics = run.evaluate()
+  results = {
+      'step': int(run.state.step),
+      'eval_split': config.data.eval_split,
+      **_prefixed('eval', eval_metrics),
+      'unigram_perplexity': unigram_perplexity(run.data.train_token_counts,
+                                               run.data.eval_batches),
+      'parameters': int(sum(x.size for x in jax.tree_util.tree_leaves(run.state.params))),
+      'wall_time_s': time.time() - start_time,
+  }
+  _write_json(os.path.join(workdir, RESULTS_FILE), results)
+  run.store.close()
+  return results
+
+
+def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
+                        split: str) -> Dict[str, Any]:
+  """Evaluates the newest checkpoint of a run on a split; writes JSON."""
+  if CheckpointStore(checkpoint_directory(workdir)).latest_step() is None:
+    raise ConfigError(f'{workdir} holds no checkpoint; train first or fix --workdir.')
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.data.eval_split = split
+  run = Run(config, workdir)
+  metrics = run.evaluate()
+  results = {'step': int(run.state.step), 'split': split, **metrics,
+             'unigram_perplexity': unigram_perplexity(run.data.train_token_counts,
+                                                      run.data.eval_batches)}
+  _write_json(os.path.join(workdir, f'eval_{split}.json'), results)
+  run.store.close()
+  return results

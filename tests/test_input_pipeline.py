@@ -1,0 +1,421 @@
+"""The data pipeline: corpora, tokenizers, packing, masking, grain iterators."""
+
+import json
+import sys
+
+import ml_collections
+import numpy as np
+import pytest
+
+from linformer_jax import corpus
+from linformer_jax import input_pipeline
+from linformer_jax import tokenizer as tokenizer_lib
+
+BYTES = tokenizer_lib.ByteTokenizer()
+
+
+def random_documents(seed, count=40, max_len=90):
+  rng = np.random.default_rng(seed)
+  return [rng.integers(4, 260, size=rng.integers(1, max_len)).tolist()
+          for _ in range(count)]
+
+
+def unpack(sequences, pad_id, bos_id, eos_id):
+  """Inverse of pack_documents: the eos-joined stream of document tokens."""
+  stream = []
+  for row in sequences:
+    assert row[0] == bos_id
+    real = row[row != pad_id]
+    assert real[-1] == eos_id
+    stream.extend(real[1:-1].tolist())
+  return stream
+
+
+def unique_sequences(count, seq_len=16):
+  """Packed-like rows whose second token is the row number (rows are distinct)."""
+  rng = np.random.default_rng(count)
+  rows = rng.integers(4, 260, size=(count, seq_len)).astype(np.int32)
+  rows[:, 0], rows[:, -1] = BYTES.bos_id, BYTES.eos_id
+  rows[:, 1] = 4 + np.arange(count) % 256
+  rows[:, 2] = 4 + np.arange(count) // 256
+  return rows
+
+
+def row_ids(batch):
+  targets = batch['targets']
+  return set(((targets[:, 1] - 4) + 256 * (targets[:, 2] - 4)).tolist())
+
+
+def take(iterator, count):
+  return [next(iterator) for _ in range(count)]
+
+
+def assert_batches_equal(first, second):
+  assert len(first) == len(second)
+  for a, b in zip(first, second):
+    assert a.keys() == b.keys()
+    for key in a:
+      np.testing.assert_array_equal(a[key], b[key])
+
+
+def train_iterator(sequences, seed=0, batch_size=8, **kwargs):
+  return input_pipeline.create_train_iterator(
+      sequences, batch_size=batch_size, seed=seed, mask_rate=0.15,
+      tokenizer=BYTES, **kwargs)
+
+
+# Packing.
+
+@pytest.mark.parametrize('seq_len', [3, 16, 37])
+def test_packing_round_trips_the_token_stream(seq_len):
+  documents = random_documents(seed=seq_len)
+  packed = input_pipeline.pack_documents(documents, seq_len, bos_id=1, eos_id=2,
+                                         pad_id=0)
+  expected = []
+  for index, document in enumerate(documents):
+    expected += ([2] if index else []) + document
+  assert packed.dtype == np.int32 and packed.shape[1] == seq_len
+  assert packed.shape[0] == -(-len(expected) // (seq_len - 2))
+  assert unpack(packed, 0, 1, 2) == expected
+  # Only the last sequence may be padded.
+  assert not (packed[:-1] == 0).any()
+
+
+def test_packing_rejects_too_short_sequences_and_empty_input():
+  with pytest.raises(ValueError, match='config.model.max_len'):
+    input_pipeline.pack_documents([[5, 6]], 2, bos_id=1, eos_id=2, pad_id=0)
+  with pytest.raises(ValueError, match='no tokens'):
+    input_pipeline.pack_documents([[]], 8, bos_id=1, eos_id=2, pad_id=0)
+
+
+# Masking.
+
+def test_masking_rate_and_80_10_10_split():
+  packed = input_pipeline.pack_documents(random_documents(0, count=3000), 128,
+                                         bos_id=1, eos_id=2, pad_id=0)
+  masking = input_pipeline.DynamicMasking(BYTES, 0.15)
+  examples = [masking.random_map(row, np.random.default_rng(i))
+              for i, row in enumerate(packed)]
+  batch = {key: np.stack([e[key] for e in examples]) for key in examples[0]}
+  inputs, targets, weights = batch['inputs'], batch['targets'], batch['weights']
+  np.testing.assert_array_equal(targets, packed)
+  np.testing.assert_array_equal(batch['padding_mask'], packed != 0)
+  text = ~np.isin(targets, BYTES.special_ids)
+  chosen = weights == 1.0
+  assert set(np.unique(weights)) <= {0.0, 1.0}
+  assert text.sum() > 100_000
+  assert abs(chosen.sum() / text.sum() - 0.15) < 0.005
+  # Padding, bos and eos are never chosen; unchosen positions are untouched.
+  assert not (chosen & ~text).any()
+  np.testing.assert_array_equal(inputs[~chosen], targets[~chosen])
+  masked = chosen & (inputs == BYTES.mask_id)
+  replaced = chosen & (inputs != BYTES.mask_id) & (inputs != targets)
+  kept = chosen & (inputs == targets)
+  assert abs(masked.sum() / chosen.sum() - 0.8) < 0.02
+  # A random replacement equals the original token 1 time in 256.
+  assert abs(replaced.sum() / chosen.sum() - 0.1 * 255 / 256) < 0.015
+  assert abs(kept.sum() / chosen.sum() - 0.1 * 257 / 256) < 0.015
+  assert not np.isin(inputs[replaced], BYTES.special_ids).any()
+
+
+def test_bad_mask_rate_names_the_field():
+  with pytest.raises(ValueError, match='config.data.mask_rate'):
+    input_pipeline.DynamicMasking(BYTES, 1.5)
+
+
+# Training iterator.
+
+def test_train_batches_have_the_documented_dtypes_and_shapes():
+  batch = next(train_iterator(unique_sequences(50), batch_size=4))
+  assert batch['inputs'].dtype == np.int32 and batch['inputs'].shape == (4, 16)
+  assert batch['targets'].dtype == np.int32
+  assert batch['weights'].dtype == np.float32
+  assert batch['padding_mask'].dtype == bool
+
+
+def test_same_seed_gives_identical_batches_and_other_seeds_differ():
+  sequences = unique_sequences(64)
+  first = take(train_iterator(sequences, seed=3), 10)
+  assert_batches_equal(first, take(train_iterator(sequences, seed=3), 10))
+  other = take(train_iterator(sequences, seed=4), 10)
+  assert any((a['inputs'] != b['inputs']).any() for a, b in zip(first, other))
+
+
+def test_every_epoch_sees_every_record_masked_differently():
+  sequences = unique_sequences(24)
+  epochs = take(train_iterator(sequences, batch_size=8), 6)
+  first, second = epochs[:3], epochs[3:]
+  assert set().union(*map(row_ids, first)) == set(range(24))
+  assert set().union(*map(row_ids, second)) == set(range(24))
+  by_row = lambda batches: {int(r[1]) + 256 * int(r[2]): w.tobytes()
+                            for b in batches
+                            for r, w in zip(b['targets'], b['weights'])}
+  masks_1, masks_2 = by_row(first), by_row(second)
+  assert sum(masks_1[k] != masks_2[k] for k in masks_1) > 20
+
+
+def test_restored_iterator_continues_exactly():
+  sequences = unique_sequences(30)  # 30 / 8: batches straddle epochs
+  iterator = train_iterator(sequences)
+  take(iterator, 5)
+  state = iterator.get_state()
+  assert isinstance(state, bytes)
+  expected = take(iterator, 7)
+  restored = train_iterator(sequences)
+  restored.set_state(state)
+  assert_batches_equal(take(restored, 7), expected)
+
+
+def test_state_is_refused_on_different_data():
+  sequences = unique_sequences(30)
+  iterator = train_iterator(sequences)
+  next(iterator)
+  changed = sequences.copy()
+  changed[7, 5] += 1
+  other = train_iterator(changed)
+  with pytest.raises(ValueError, match='DataSource'):
+    other.set_state(iterator.get_state())
+
+
+def test_two_processes_read_disjoint_shards():
+  sequences = unique_sequences(40)
+  seen = []
+  for process_index in range(2):
+    iterator = train_iterator(sequences, batch_size=4, process_index=process_index,
+                              process_count=2)
+    seen.append(set().union(*map(row_ids, take(iterator, 5))))  # one epoch
+  assert len(seen[0]) == len(seen[1]) == 20
+  assert not seen[0] & seen[1]
+
+
+def test_bad_process_settings_raise():
+  with pytest.raises(ValueError, match='process_index'):
+    train_iterator(unique_sequences(8), process_index=2, process_count=2)
+  with pytest.raises(ValueError, match='config.seed'):
+    train_iterator(unique_sequences(8), seed=-1)
+
+
+# Evaluation batches.
+
+def test_eval_batches_are_deterministic_and_drop_nothing():
+  sequences = unique_sequences(21)
+  make = lambda **kw: input_pipeline.create_eval_batches(
+      sequences, batch_size=4, seed=0, mask_rate=0.15, tokenizer=BYTES, **kw)
+  batches = make()
+  assert_batches_equal(batches, make())
+  assert len(batches) == 6
+  stacked = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+  np.testing.assert_array_equal(stacked['targets'][:21], sequences)
+  assert not stacked['padding_mask'][21:].any()
+  assert not stacked['weights'][21:].any()
+  assert stacked['weights'][:21].sum() > 0
+  assert len(make(max_batches=2)) == 2
+
+
+def test_eval_shards_have_equal_batch_counts_and_the_same_masks():
+  sequences = unique_sequences(21)
+  make = lambda index, count: input_pipeline.create_eval_batches(
+      sequences, batch_size=4, seed=0, mask_rate=0.15, tokenizer=BYTES,
+      process_index=index, process_count=count)
+  whole = {int(r[1]): w.tobytes() for b in make(0, 1)
+           for r, w, m in zip(b['targets'], b['weights'], b['padding_mask'])
+           if m.any()}
+  shards = [make(index, 2) for index in range(2)]
+  assert len(shards[0]) == len(shards[1]) == 3
+  parts = [{int(r[1]): w.tobytes() for b in shard
+            for r, w, m in zip(b['targets'], b['weights'], b['padding_mask'])
+            if m.any()} for shard in shards]
+  assert not parts[0].keys() & parts[1].keys()
+  assert {**parts[0], **parts[1]} == whole
+
+
+# Tokenizers.
+
+def test_byte_tokenizer_round_trips_text():
+  text = 'Linformer: O(n) attention — naïve café, 東京 🙂\n'
+  ids = BYTES.encode(text)
+  assert len(ids) == len(text.encode('utf-8'))
+  assert min(ids) >= 4 and max(ids) < BYTES.vocab_size == 260
+  assert BYTES.decode([BYTES.bos_id] + ids + [BYTES.eos_id, BYTES.pad_id]) == text
+
+
+def sentencepiece_documents():
+  import pydoc_data.topics  # pylint: disable=g-import-not-at-top
+  return [text for _, text in sorted(pydoc_data.topics.topics.items())][:20]
+
+
+def test_sentencepiece_trains_then_is_reused(tmp_path):
+  config = {'tokenizer': 'sentencepiece', 'vocab_size': 300}
+  tokenizer = tokenizer_lib.build_tokenizer(config, str(tmp_path),
+                                            sentencepiece_documents)
+  assert (tmp_path / 'tokenizer.model').exists()
+  assert tokenizer.vocab_size == 300
+  assert (tokenizer.pad_id, tokenizer.unk_id, tokenizer.bos_id,
+          tokenizer.eos_id, tokenizer.mask_id) == (0, 1, 2, 3, 4)
+  text = 'The attribute reference is evaluated.'
+  assert tokenizer.decode(tokenizer.encode(text)) == text
+
+  def must_not_train():
+    raise AssertionError('the saved tokenizer should have been reused')
+
+  reused = tokenizer_lib.build_tokenizer(config, str(tmp_path), must_not_train)
+  assert reused.encode(text) == tokenizer.encode(text)
+  assert reused.fingerprint == tokenizer.fingerprint
+  with pytest.raises(ValueError, match='config.data.vocab_size'):
+    tokenizer_lib.build_tokenizer({**config, 'vocab_size': 400}, str(tmp_path),
+                                  must_not_train)
+
+
+def test_bad_tokenizer_settings_raise(tmp_path):
+  with pytest.raises(ValueError, match='config.data.tokenizer'):
+    tokenizer_lib.build_tokenizer({'tokenizer': 'wordpiece', 'vocab_size': 100},
+                                  str(tmp_path), list)
+  with pytest.raises(ValueError, match='config.data.vocab_size'):
+    tokenizer_lib.build_tokenizer({'tokenizer': 'sentencepiece', 'vocab_size': 10**6},
+                                  str(tmp_path), sentencepiece_documents)
+
+
+# Corpora.
+
+def test_embedded_corpus_is_deterministic_and_splits_are_disjoint(tmp_path):
+  train = corpus.embedded_documents('train', str(tmp_path))
+  validation = corpus.embedded_documents('validation', str(tmp_path))
+  version = '.'.join(map(str, sys.version_info[:3]))
+  cache_file = tmp_path / f'embedded_docs_py{version}.json'
+  titles = [title for title, _ in json.loads(cache_file.read_text())]
+  assert len(titles) == len(set(titles))
+  assert len(train) > 200 and len(validation) > 5
+  assert 0.02 < len(validation) / (len(train) + len(validation)) < 0.1
+  assert not set(train) & set(validation)
+  assert min(map(len, train + validation)) >= corpus.MIN_DOCUMENT_CHARS
+  assert any('attribute reference' in doc for doc in train + validation)
+  # A fresh extraction gives the same documents in the same order.
+  assert corpus.embedded_documents('train', str(tmp_path / 'again')) == train
+  with pytest.raises(ValueError, match='config.data.train_split'):
+    corpus.embedded_documents('test', str(tmp_path))
+
+
+def test_gutenberg_boilerplate_is_stripped():
+  body = 'CHAPTER I\n\nIt was a dark night.\n\nTHE END'
+  modern = ('The Project Gutenberg EBook of Night, by A. Writer\n\nLicence...\n'
+            '*** START OF THIS PROJECT GUTENBERG EBOOK NIGHT ***\n'
+            f'{body}\n\nEnd of the Project Gutenberg EBook of Night\n\n'
+            '*** END OF THIS PROJECT GUTENBERG EBOOK NIGHT ***\nMore licence.\n'
+            '*** START: FULL LICENSE ***\nTHE FULL PROJECT GUTENBERG LICENSE\n')
+  assert corpus.strip_gutenberg_boilerplate(modern).strip() == body
+  old = ('Project Gutenberg Etext of Night\n*** START OF THE PROJECT GUTENBERG '
+         'EBOOK NIGHT ***\nsmall print ...\n'
+         '*END*THE SMALL PRINT! FOR PUBLIC DOMAIN ETEXTS*Ver.04.29.93*END*\n'
+         f'{body}\n\nEnd of Project Gutenberg\'s Night, by A. Writer\n')
+  assert corpus.strip_gutenberg_boilerplate(old).strip() == body
+  plain = 'No markers here.\n\nEnd of story; the end of Project X.\n'
+  assert corpus.strip_gutenberg_boilerplate(plain) == plain
+
+
+def write_books(folder):
+  """Three small 'books' whose paragraphs name their book."""
+  folder.mkdir(parents=True, exist_ok=True)
+  for name in ('a', 'b', 'c'):
+    paragraphs = [f'Book {name} paragraph {i} ' + 'word ' * 60 for i in range(80)]
+    text = ('Header\n*** START OF THE PROJECT GUTENBERG EBOOK X ***\n'
+            + '\n\n'.join(p.replace('word word ', 'word\nword ', 3) for p in paragraphs)
+            + '\n*** END OF THE PROJECT GUTENBERG EBOOK X ***\nLicence\n')
+    (folder / f'{name}.txt').write_bytes(text.replace('\n', '\r\n').encode())
+  (folder / 'notes.md').write_text('not a .txt file')
+  return folder
+
+
+def test_text_files_split_by_whole_files(tmp_path):
+  folder = write_books(tmp_path / 'books')
+  split_files = {'validation': ['b.txt']}
+  train = corpus.text_file_documents(str(folder), 'train', split_files)
+  validation = corpus.text_file_documents(str(folder), 'validation', split_files)
+  assert all('Book b ' not in doc for doc in train)
+  assert all('Book b ' in doc and 'Book a ' not in doc for doc in validation)
+  assert any('Book a ' in doc for doc in train) and any('Book c ' in doc for doc in train)
+  # Boilerplate and hard line wraps are gone; documents are ~4000 characters.
+  assert not any('Header' in doc or 'Licence' in doc for doc in train + validation)
+  assert all('word\nword' not in doc and '\r' not in doc for doc in train)
+  sizes = [len(doc) for doc in validation]
+  assert len(validation) > 3 and all(3500 < size < 5000 for size in sizes[:-1])
+  paragraphs = '\n'.join(validation).split('\n')
+  assert len(paragraphs) == 80 and paragraphs[0].startswith('Book b paragraph 0 ')
+
+
+def test_text_file_errors_name_the_field(tmp_path):
+  folder = write_books(tmp_path / 'books')
+  with pytest.raises(ValueError, match='config.data.path'):
+    corpus.text_file_documents(str(tmp_path / 'missing'), 'train', {})
+  with pytest.raises(ValueError, match='config.data.split_files'):
+    corpus.text_file_documents(str(folder), 'train', {'validation': ['z.txt']})
+  with pytest.raises(ValueError, match='config.data.split_files'):
+    corpus.text_file_documents(str(folder), 'validation', {})
+  (tmp_path / 'empty.txt').write_text('\n\n')
+  with pytest.raises(ValueError, match='config.data.path'):
+    corpus.text_file_documents(str(tmp_path / 'empty.txt'), 'train', {})
+
+
+def test_unknown_source_and_missing_tfds_dataset_raise(tmp_path):
+  with pytest.raises(ValueError, match='config.data.source'):
+    corpus.load_documents({'source': 'web'}, 'train')
+  with pytest.raises(ValueError, match='config.data.tfds_download'):
+    corpus.tfds_documents('lm1b', 'train', data_dir=str(tmp_path))
+
+
+# The whole pipeline from a config.
+
+def small_config(tmp_path, **data):
+  config = ml_collections.ConfigDict({
+      'seed': 0, 'batch_size': 4, 'eval_batch_size': 4,
+      'model': {'max_len': 64, 'vocab_size': 260},
+      'data': {'source': 'text_files', 'path': str(write_books(tmp_path / 'books')),
+               'split_files': {'validation': ['b.txt']}, 'tfds_name': '',
+               'tfds_text_key': 'text', 'tfds_data_dir': '', 'tfds_download': False,
+               'train_split': 'train', 'eval_split': 'validation',
+               'tokenizer': 'byte', 'vocab_size': 260, 'mask_rate': 0.15,
+               'worker_count': 0, 'cache_dir': str(tmp_path / 'cache'),
+               'max_eval_batches': 0}})
+  config.data.update(data)
+  return config
+
+
+def test_build_datasets_from_text_files(tmp_path):
+  config = small_config(tmp_path)
+  datasets = input_pipeline.build_datasets(config, str(tmp_path / 'run'))
+  validation = corpus.text_file_documents(config.data.path, 'validation',
+                                          config.data.split_files)
+  eval_chars = sum(len(doc.encode()) for doc in validation)
+  # Every byte, one eos between documents, bos and eos per sequence.
+  assert datasets.eval_tokens == (eval_chars + len(validation) - 1
+                                  + 2 * datasets.eval_sequences)
+  assert datasets.train_tokens > datasets.eval_tokens
+  assert len(datasets.eval_batches) == -(-datasets.eval_sequences // 4)
+  batch = next(datasets.train_iterator)
+  assert batch['inputs'].shape == (4, 64)
+  assert 'Book b ' not in BYTES.decode(batch['targets'].ravel())
+  assert len(list((tmp_path / 'cache' / 'packed').glob('*.npy'))) == 2
+  again = input_pipeline.build_datasets(config, str(tmp_path / 'run'))
+  assert_batches_equal(again.eval_batches, datasets.eval_batches)
+  assert_batches_equal([next(again.train_iterator)], [batch])
+
+
+@pytest.mark.parametrize('field,value', [
+    ('data.source', 'web'), ('data.mask_rate', 0.0), ('data.tokenizer', 'bpe'),
+    ('data.eval_split', 'test'), ('data.path', '/nonexistent/books'),
+    ('model.max_len', 2), ('model.vocab_size', 8000), ('batch_size', 0),
+    ('seed', 2**32), ('data.worker_count', -1)])
+def test_build_datasets_names_the_bad_field(tmp_path, field, value):
+  config = small_config(tmp_path)
+  section, _, name = field.rpartition('.')
+  (config[section] if section else config)[name] = value
+  message = {'data.eval_split': 'split_files'}.get(field, field)
+  with pytest.raises(ValueError, match=message.replace('.', r'\.')):
+    input_pipeline.build_datasets(config, str(tmp_path / 'run'))
+
+
+def test_build_datasets_checks_the_batch_divides_among_processes(tmp_path):
+  config = small_config(tmp_path, mask_rate=0.15)
+  config.batch_size = 6
+  with pytest.raises(ValueError, match='config.batch_size'):
+    input_pipeline.build_datasets(config, str(tmp_path / 'run'), process_index=0,
+                                  process_count=4)

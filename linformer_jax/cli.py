@@ -6,11 +6,18 @@ one-line message saying what to change and exit code 2, before anything in the
 workdir is written.
 """
 
+import os
 import sys
 from typing import Callable, List
 
-from absl import app
-from absl import flags
+# TensorFlow (imported by the TensorBoard writer) prints C++ start-up notices;
+# it only writes summaries here, so its oneDNN kernels are not needed either.
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
+
+from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ml_collections import config_flags
 
 from linformer_jax.errors import ConfigError
@@ -45,6 +52,10 @@ def run(main: Callable[[List[str]], None]) -> None:
   """Runs main like absl.app.run, with bad input reported as exit code 2."""
 
   def guarded_main(argv):
+    # Progress, evaluations and results are printed; library INFO logs (orbax
+    # writes a dozen lines per checkpoint) only with --verbosity=0.
+    if not flags.FLAGS['verbosity'].present:
+      logging.set_verbosity(logging.WARNING)
     try:
       main(argv)
     except ConfigError as error:

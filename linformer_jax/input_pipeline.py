@@ -129,6 +129,15 @@ def mask_tokens(tokens: np.ndarray, rng: np.random.Generator, *, mask_rate: floa
           'padding_mask': tokens != pad_id}
 
 
+def max_predictions(seq_len: int, mask_rate: float) -> int:
+  """The most loss positions `mask_tokens` chooses in a sequence of seq_len.
+
+  At most seq_len - 2 tokens are candidates (bos and eos never are), and
+  int(mask_rate * candidates + u) with u < 1 is at most ceil(mask_rate * seq_len).
+  """
+  return min(seq_len, math.ceil(mask_rate * seq_len))
+
+
 class DynamicMasking(grain.transforms.RandomMap):
   """`mask_tokens` as a grain transform; holds only ids, so it pickles cheaply."""
 

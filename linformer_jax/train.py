@@ -22,6 +22,10 @@ def main(argv):
     cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
   results = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   print(json.dumps(results, indent=2, sort_keys=True), flush=True)
+  print(f'{results["eval_split"]} perplexity {results["eval_perplexity"]:.1f} after '
+        f'{results["step"]} steps (a unigram model: '
+        f'{results["unigram_perplexity"]:.1f}); results in '
+        f'{FLAGS.workdir}/{trainer.RESULTS_FILE}', flush=True)
 
 
 if __name__ == '__main__':

@@ -83,6 +83,22 @@ def masked_lm_sums(logits: Array, batch: Batch) -> Dict[str, Array]:
           'weight_sum': jnp.sum(weights)}
 
 
+def gather_predictions(batch: Batch, num_predictions: int) -> Tuple[Array, Batch]:
+  """The positions of the masked tokens and the batch's targets/weights there.
+
+  Returns `positions` [batch, num_predictions] (every position with a non-zero
+  weight, then zero-weight fillers) and a batch whose `targets` and `weights`
+  are taken at those positions. `num_predictions` must be at least the number
+  of masked tokens of any row (`input_pipeline.max_predictions`).
+  """
+  weights = batch['weights']
+  num_predictions = min(num_predictions, weights.shape[1])
+  _, positions = jax.lax.top_k(weights, num_predictions)
+  take = lambda x: jnp.take_along_axis(x, positions, axis=1)
+  return positions, {**batch, 'targets': take(batch['targets']),
+                     'weights': take(weights)}
+
+
 def _microbatches(batch: Batch, count: int) -> Batch:
   return jax.tree_util.tree_map(
       lambda x: x.reshape((count, x.shape[0] // count) + x.shape[1:]), batch)
@@ -90,6 +106,7 @@ def _microbatches(batch: Batch, count: int) -> Batch:
 
 def train_step(state: TrainState, batch: Batch, dropout_key: Array, *,
                model: nn.Module, optimizer: optax.GradientTransformation,
+               num_predictions: int,
                grad_accum_steps: int = 1) -> Tuple[TrainState, Dict[str, Array]]:
   """One optimizer step on a batch, optionally over several micro-batches.
 
@@ -103,6 +120,8 @@ def train_step(state: TrainState, batch: Batch, dropout_key: Array, *,
     dropout_key: the run's dropout key; folded with the step, so a resumed run
       draws the same dropout masks.
     model, optimizer, grad_accum_steps: bound with functools.partial.
+    num_predictions: the most masked tokens a row can hold; logits are only
+      computed there (`gather_predictions`).
 
   Returns:
     The new state and metrics: loss, accuracy, grad_norm, learning_rate.
@@ -111,9 +130,11 @@ def train_step(state: TrainState, batch: Batch, dropout_key: Array, *,
   step_key = jax.random.fold_in(dropout_key, state.step)
 
   def loss_fn(params, micro_batch, key):
+    positions, micro_batch = gather_predictions(micro_batch, num_predictions)
     logits = model.apply({'params': params, **state.constants},
                          micro_batch['inputs'], micro_batch['padding_mask'],
-                         deterministic=False, rngs={'dropout': key})
+                         deterministic=False, rngs={'dropout': key},
+                         positions=positions)
     sums = masked_lm_sums(logits, micro_batch)
     return sums['loss_sum'] / total_weight, sums
 
@@ -141,23 +162,27 @@ def train_step(state: TrainState, batch: Batch, dropout_key: Array, *,
   metrics = {
       'loss': sums['loss_sum'] / total_weight,
       'accuracy': sums['correct_sum'] / total_weight,
-      'grad_norm': optax.global_norm(grads),
+      'grad_norm': optax.tree.norm(grads),
   }
   return new_state, metrics
 
 
-def eval_step(state: TrainState, batch: Batch, *, model: nn.Module) -> Dict[str, Array]:
+def eval_step(state: TrainState, batch: Batch, *, model: nn.Module,
+              num_predictions: int) -> Dict[str, Array]:
   """Masked-LM sums of one evaluation batch (no dropout)."""
+  positions, batch = gather_predictions(batch, num_predictions)
   logits = model.apply(state.variables(), batch['inputs'], batch['padding_mask'],
-                       deterministic=True)
+                       deterministic=True, positions=positions)
   return masked_lm_sums(logits, batch)
 
 
 def jit_step_functions(model: nn.Module, optimizer: optax.GradientTransformation,
-                       grad_accum_steps: int):
+                       grad_accum_steps: int, num_predictions: int):
   """The jitted train step (state donated) and eval step of a run."""
   train = jax.jit(functools.partial(train_step, model=model, optimizer=optimizer,
-                                    grad_accum_steps=grad_accum_steps),
+                                    grad_accum_steps=grad_accum_steps,
+                                    num_predictions=num_predictions),
                   donate_argnums=0)
-  evaluate = jax.jit(functools.partial(eval_step, model=model))
+  evaluate = jax.jit(functools.partial(eval_step, model=model,
+                                       num_predictions=num_predictions))
   return train, evaluate

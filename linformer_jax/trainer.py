@@ -52,6 +52,13 @@ class _TerminationRequest:
     signal.signal(signal.SIGTERM, self._previous)
 
 
+def report(message: str) -> None:
+  """Logs a message and prints it on the primary process."""
+  logging.info(message)
+  if jax.process_index() == 0:
+    print(message, flush=True)
+
+
 def checkpoint_directory(workdir: str) -> str:
   return os.path.join(workdir, 'checkpoints')
 
@@ -126,7 +133,8 @@ class Run:
     self.optimizer = train_steps.create_optimizer(config)
     self.schedule = train_steps.learning_rate_schedule(config)
     self.train_step, self.eval_step = train_steps.jit_step_functions(
-        self.model, self.optimizer, config.grad_accum_steps)
+        self.model, self.optimizer, config.grad_accum_steps,
+        input_pipeline.max_predictions(model_config.max_len, config.data.mask_rate))
     self.abstract_state = _with_default_sharding(
         _abstract_state(self.model, self.optimizer, model_config.max_len))
     self.state = self._initial_state(model_config.max_len)
@@ -137,7 +145,7 @@ class Run:
       step, state, data_state, _ = self.store.restore(
           latest, abstract_state=self.abstract_state)
       self.data.train_iterator.set_state(data_state)
-      logging.info('Resumed from the checkpoint of step %d.', step)
+      report(f'Resumed from the checkpoint of step {step} in {self.workdir}.')
       return state
     init = jax.jit(lambda rng: train_steps.init_train_state(
         rng, model=self.model, optimizer=self.optimizer, seq_len=seq_len))
@@ -146,7 +154,7 @@ class Run:
       params = self.store.restore_params(self.config.init_from,
                                          self.abstract_state.params)
       state = state.replace(params=params)
-      logging.info('Initialised parameters from %s.', self.config.init_from)
+      report(f'Initialised parameters from {self.config.init_from}.')
     return state
 
   def save(self, force: bool = False) -> None:
@@ -187,6 +195,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   os.makedirs(workdir, exist_ok=True)
   _write_json(os.path.join(workdir, 'config.json'), config.to_dict())
   first_step = int(run.state.step)
+  parameter_count = int(sum(x.size for x in jax.tree_util.tree_leaves(run.state.params)))
+  report(f'{config.model.attention} model, {parameter_count:,} parameters; '
+         f'{run.data.train_sequences:,} training and {run.data.eval_sequences:,} '
+         f'{config.data.eval_split} sequences of {config.model.max_len} tokens; '
+         f'training steps {first_step + 1}..{config.total_steps}.')
   logger = MetricLogger(workdir, total_steps=config.total_steps,
                         is_primary=jax.process_index() == 0)
   logger.discard_after(first_step)
@@ -213,9 +226,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       if step % config.eval_every == 0 or step == config.total_steps:
         eval_metrics = run.evaluate()
         logger.write_scalars(step, _prefixed('eval', eval_metrics))
-        logging.info('step %d: eval loss %.4f, perplexity %.2f, accuracy %.4f',
-                     step, eval_metrics['loss'], eval_metrics['perplexity'],
-                     eval_metrics['accuracy'])
+        report(f'step {step}: {config.data.eval_split} loss '
+               f'{eval_metrics["loss"]:.4f}, perplexity '
+               f'{eval_metrics["perplexity"]:.2f}, accuracy '
+               f'{eval_metrics["accuracy"]:.4f}')
       if step % config.checkpoint_every == 0 or step == config.total_steps:
         run.save()
       if stop_after is not None and step >= stop_after and step < config.total_steps:
@@ -238,7 +252,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       **_prefixed('eval', eval_metrics),
       'unigram_perplexity': unigram_perplexity(run.data.train_token_counts,
                                                run.data.eval_batches),
-      'parameters': int(sum(x.size for x in jax.tree_util.tree_leaves(run.state.params))),
+      'parameters': parameter_count,
       'wall_time_s': time.time() - start_time,
   }
   _write_json(os.path.join(workdir, RESULTS_FILE), results)

@@ -118,6 +118,20 @@ def test_masking_rate_and_80_10_10_split():
   assert not np.isin(inputs[replaced], BYTES.special_ids).any()
 
 
+@pytest.mark.parametrize('seq_len,mask_rate', [(3, 0.15), (16, 0.15), (128, 0.15),
+                                              (37, 0.3), (64, 0.9)])
+def test_max_predictions_bounds_the_masked_count_of_every_row(seq_len, mask_rate):
+  bound = input_pipeline.max_predictions(seq_len, mask_rate)
+  masking = input_pipeline.DynamicMasking(BYTES, mask_rate)
+  row = np.full([seq_len], 100, np.int32)
+  row[0], row[-1] = BYTES.bos_id, BYTES.eos_id
+  counts = [masking.random_map(row, np.random.default_rng(i))['weights'].sum()
+            for i in range(400)]
+  assert max(counts) <= bound
+  # The bound is tight: randomized rounding reaches it.
+  assert max(counts) >= bound - 1
+
+
 def test_bad_mask_rate_names_the_field():
   with pytest.raises(ValueError, match='config.data.mask_rate'):
     input_pipeline.DynamicMasking(BYTES, 1.5)

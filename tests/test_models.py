@@ -219,3 +219,16 @@ def test_sequence_longer_than_max_len_is_an_error():
   variables = init_variables(model)
   with pytest.raises(ValueError, match='max_len=32'):
     model.apply(variables, jnp.ones((1, 33), jnp.int32))
+
+
+def test_logits_at_positions_equal_the_full_logits_there():
+  model = models.MaskedLanguageModel(small_config())
+  variables = init_variables(model)
+  tokens = random_tokens(3, 2, SMALL['max_len'])
+  positions = jnp.array([[0, 5, 5, 31], [7, 2, 30, 1]])
+  full = model.apply(variables, tokens)
+  gathered = model.apply(variables, tokens, positions=positions)
+  assert gathered.shape == (2, 4, SMALL['vocab_size'])
+  np.testing.assert_allclose(
+      gathered, jnp.take_along_axis(full, positions[:, :, None], axis=1),
+      rtol=1e-6, atol=1e-6)

@@ -17,11 +17,11 @@ import ml_collections
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.seed = 0                  # seeds initialisation, shuffling, masking, dropout
-  config.total_steps = 1200        # optimizer steps to train for
+  config.total_steps = 1000        # optimizer steps to train for
   config.batch_size = 32           # global batch, in sequences of model.max_len tokens
   config.eval_batch_size = 32      # batch size for evaluation
   config.grad_accum_steps = 1      # micro-batches per step (batch_size must divide evenly)
-  config.learning_rate = 1e-3      # peak learning rate after warm-up
+  config.learning_rate = 2e-3      # peak learning rate after warm-up
   config.warmup_steps = 100        # linear warm-up from 0 to learning_rate
   config.end_learning_rate = 0.0   # learning rate reached by linear decay at total_steps
   config.weight_decay = 0.01       # AdamW decoupled weight decay (not on biases/norms)
@@ -30,8 +30,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.adam_eps = 1e-6           # AdamW epsilon (RoBERTa)
   config.grad_clip_norm = 1.0      # clip gradients to this global norm (0 disables)
   config.log_every = 50            # steps between progress lines and train metrics
-  config.eval_every = 400          # steps between evaluations (and at the end)
-  config.checkpoint_every = 400    # steps between checkpoints (and at the end)
+  config.eval_every = 200          # steps between evaluations (and at the end)
+  config.checkpoint_every = 500    # steps between checkpoints (and at the end)
   config.keep_checkpoints = 2      # newest checkpoints kept in WORKDIR/checkpoints
   config.init_from = ''            # another run's workdir to take parameters from ('' = none)
 
@@ -58,10 +58,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.projected_len = 32  # k: compressed length of keys/values (int or one per layer)
   config.model.sharing = 'layerwise'  # E/F sharing: 'none', 'headwise', 'kv', 'layerwise'
   config.model.projection = 'linear'  # 'linear', 'random', 'mean', 'max' or 'conv'
-  config.model.num_layers = 4      # encoder layers
+  config.model.num_layers = 3      # encoder layers
   config.model.num_heads = 4       # attention heads per layer
-  config.model.hidden_dim = 256    # model width
-  config.model.mlp_dim = 1024      # MLP hidden units
+  config.model.hidden_dim = 128    # model width
+  config.model.mlp_dim = 512       # MLP hidden units
   config.model.vocab_size = config.data.get_ref('vocab_size')  # must equal the tokenizer's
   config.model.dropout_rate = 0.1  # dropout on embeddings, attention output and MLP
   config.model.pre_layer_norm = False  # pre-LN instead of RoBERTa's post-LN

@@ -162,7 +162,8 @@ class CheckpointStore:
     """
     if keep < 1:
       raise ValueError(f'keep={keep}: a checkpoint store must keep at least 1 checkpoint.')
-    self.directory = os.fspath(directory)
+    # Orbax writes through TensorStore, which needs an absolute path.
+    self.directory = os.path.abspath(os.fspath(directory))
     options = ocp.CheckpointManagerOptions(
         create=False,
         preservation_policy=ocp.checkpoint_managers.LatestN(n=keep),
@@ -270,7 +271,7 @@ class CheckpointStore:
       ConfigError (a ValueError): no checkpoint there, or its parameters do
         not fit abstract_params.
     """
-    directory = os.fspath(directory_or_workdir)
+    directory = os.path.abspath(os.fspath(directory_or_workdir))
     if os.path.isdir(os.path.join(directory, 'checkpoints')):
       directory = os.path.join(directory, 'checkpoints')
     manager = ocp.CheckpointManager(

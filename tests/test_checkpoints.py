@@ -77,6 +77,17 @@ def test_round_trip_is_bitwise_exact(tmp_path):
   assert config == CONFIG
 
 
+def test_a_relative_directory_works(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  state = make_state()
+  with CheckpointStore(os.path.join('run', 'checkpoints')) as store:
+    assert store.save(3, state=state, data_state=DATA_STATE, config=CONFIG)
+  with CheckpointStore(str(tmp_path / 'run' / 'checkpoints')) as store:
+    assert store.latest_step() == 3
+  params = CheckpointStore.restore_params('run', abstract(state).params)
+  assert_bitwise_equal(state.params, params)
+
+
 def test_dict_data_state_comes_back_as_a_dict(tmp_path):
   data_state = {'epoch': 1, 'shard_positions': [3, 0, 5]}
   with CheckpointStore(str(tmp_path), async_save=False) as store:

@@ -34,6 +34,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.checkpoint_every = 500    # steps between checkpoints (and at the end)
   config.keep_checkpoints = 2      # newest checkpoints kept in WORKDIR/checkpoints
   config.init_from = ''            # another run's workdir to take parameters from ('' = none)
+  config.mesh_shape = (-1, 1)      # devices along ('data', 'model'); -1 = all remaining
+  # Logical parameter axes -> mesh axes (None = replicated); see linformer_jax/sharding.py.
+  config.axis_rules = (('batch', 'data'), ('heads', 'model'), ('mlp', 'model'),
+                       ('vocab', 'model'))
 
   config.data = ml_collections.ConfigDict()
   config.data.source = 'embedded'  # 'embedded' (Python's own docs), 'text_files' or 'tfds'

@@ -23,6 +23,7 @@ FLAGS = flags.FLAGS
 def main(argv):
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
+  cli.start_processes()
   results = trainer.evaluate_checkpoint(FLAGS.config, FLAGS.workdir, _SPLIT.value)
   print(json.dumps(results, indent=2, sort_keys=True), flush=True)
 

@@ -8,6 +8,7 @@ VOCAB = 'vocab'                        # token vocabulary
 EMBED = 'embed'                        # hidden (model) dimension
 EMBED_OUT = 'embed_out'                # hidden dimension as a dense output
 HEADS = 'heads'                        # attention heads
+PROJECTION_HEADS = 'projection_heads'  # heads of per-head sequence projections E/F
 HEAD_DIM = 'head_dim'                  # features within a head
 HEAD_DIM_IN = 'head_dim_in'            # features within a head, as a kernel input
 MLP = 'mlp'                            # MLP hidden units

@@ -79,7 +79,8 @@ class SequenceProjection(nn.Module):
   def _weight(self, name: str) -> Optional[Array]:
     cfg = self.config
     heads = (cfg.num_heads,) if self.per_head else ()
-    head_axes = (axes.HEADS,) if self.per_head else ()
+    # Not axes.HEADS: projections stay replicated unless a rule names them.
+    head_axes = (axes.PROJECTION_HEADS,) if self.per_head else ()
     if cfg.projection in ('linear', 'random'):
       shape = heads + (cfg.max_len, self.projected_len)
       names = head_axes + (axes.LENGTH, axes.PROJECTED_LENGTH)

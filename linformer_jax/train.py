@@ -20,6 +20,7 @@ FLAGS = flags.FLAGS
 def main(argv):
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
+  cli.start_processes()
   results = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   print(json.dumps(results, indent=2, sort_keys=True), flush=True)
   print(f'{results["eval_split"]} perplexity {results["eval_perplexity"]:.1f} after '

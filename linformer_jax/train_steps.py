@@ -177,12 +177,27 @@ def eval_step(state: TrainState, batch: Batch, *, model: nn.Module,
 
 
 def jit_step_functions(model: nn.Module, optimizer: optax.GradientTransformation,
-                       grad_accum_steps: int, num_predictions: int):
-  """The jitted train step (state donated) and eval step of a run."""
+                       grad_accum_steps: int, num_predictions: int, *,
+                       state_shardings: Any = None, batch_sharding: Any = None):
+  """The jitted train step (state donated) and eval step of a run.
+
+  With `state_shardings` (a TrainState of shardings) and `batch_sharding`, the
+  steps take and return arrays split over the mesh as given; metrics come back
+  replicated.
+  """
+  train_kwargs, eval_kwargs = {}, {}
+  if state_shardings is not None:
+    mesh = batch_sharding.mesh
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    train_kwargs = dict(in_shardings=(state_shardings, batch_sharding, replicated),
+                        out_shardings=(state_shardings, replicated))
+    eval_kwargs = dict(in_shardings=(state_shardings, batch_sharding),
+                       out_shardings=replicated)
   train = jax.jit(functools.partial(train_step, model=model, optimizer=optimizer,
                                     grad_accum_steps=grad_accum_steps,
                                     num_predictions=num_predictions),
-                  donate_argnums=0)
+                  donate_argnums=0, **train_kwargs)
   evaluate = jax.jit(functools.partial(eval_step, model=model,
-                                       num_predictions=num_predictions))
+                                       num_predictions=num_predictions),
+                     **eval_kwargs)
   return train, evaluate

@@ -14,17 +14,20 @@ import math
 import os
 import signal
 import time
-from typing import Any, Dict, Iterable, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
 from absl import logging
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 
 from linformer_jax import input_pipeline
 from linformer_jax import models
 from linformer_jax import run_config
+from linformer_jax import sharding as sharding_lib
 from linformer_jax import train_steps
 from linformer_jax.checkpoints import CheckpointStore
 from linformer_jax.errors import ConfigError
@@ -63,26 +66,42 @@ def checkpoint_directory(workdir: str) -> str:
   return os.path.join(workdir, 'checkpoints')
 
 
-def _abstract_state(model, optimizer, seq_len: int):
-  return jax.eval_shape(
+def state_shardings(model, optimizer, seq_len: int, mesh, rules
+                    ) -> train_steps.TrainState:
+  """The sharding of every leaf of the train state on `mesh`.
+
+  Parameters and constants follow their logical axis names through `rules`;
+  optimizer moments follow their parameters; the step is replicated.
+  """
+  boxed = jax.eval_shape(model.init, jax.random.PRNGKey(0),
+                         jnp.ones((1, seq_len), jnp.int32))
+  variables = sharding_lib.parameter_shardings(boxed, mesh, rules)
+  params = variables.pop('params')
+  abstract_params = nn.meta.unbox(boxed)['params']
+  abstract_opt_state = jax.eval_shape(optimizer.init, abstract_params)
+  return train_steps.TrainState(
+      step=sharding_lib.replicated(mesh), params=params,
+      opt_state=sharding_lib.like_parameters(abstract_opt_state, abstract_params,
+                                             params, mesh),
+      constants=variables)
+
+
+def _abstract_state(model, optimizer, seq_len: int, shardings):
+  shapes = jax.eval_shape(
       lambda rng: train_steps.init_train_state(rng, model=model, optimizer=optimizer,
                                                seq_len=seq_len),
       jax.random.PRNGKey(0))
-
-
-def _with_default_sharding(abstract_state):
-  sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   return jax.tree_util.tree_map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-      abstract_state)
+      lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+      shapes, shardings)
 
 
-def evaluate_batches(eval_step, state, batches: Iterable[Dict[str, np.ndarray]]
-                     ) -> Dict[str, float]:
+def evaluate_batches(eval_step, state, batches: Iterable[Dict[str, np.ndarray]],
+                     to_device=lambda batch: batch) -> Dict[str, float]:
   """Masked-token loss, perplexity and accuracy over all evaluation batches."""
   totals = {'loss_sum': 0.0, 'correct_sum': 0.0, 'weight_sum': 0.0}
   for batch in batches:
-    sums = jax.device_get(eval_step(state, batch))
+    sums = jax.device_get(eval_step(state, to_device(batch)))
     for key in totals:
       totals[key] += float(sums[key])
   weight = max(totals['weight_sum'], 1.0)
@@ -112,6 +131,44 @@ def _prefixed(prefix: str, metrics: Dict[str, float]) -> Dict[str, float]:
   return {f'{prefix}_{name}': value for name, value in metrics.items()}
 
 
+def _build_datasets_in_turn(config, workdir: str) -> input_pipeline.Datasets:
+  """This process's data; process 0 goes first and trains the tokenizer.
+
+  The other processes wait for it, then load the tokenizer it saved in the
+  workdir, so that all of them use the same token ids.
+  """
+  build = lambda: input_pipeline.build_datasets(
+      config, workdir, process_index=jax.process_index(),
+      process_count=jax.process_count())
+  if jax.process_count() == 1:
+    return build()
+  data = build() if jax.process_index() == 0 else None
+  multihost_utils.sync_global_devices('linformer_jax: tokenizer and data cache ready')
+  return data if data is not None else build()
+
+
+def _gather_bytes(data: bytes) -> List[bytes]:
+  """Every process's `data`, in process order (a collective: all must call)."""
+  if jax.process_count() == 1:
+    return [data]
+  lengths = multihost_utils.process_allgather(np.array([len(data)], np.int32))
+  padded = np.zeros([int(lengths.max())], np.uint8)
+  padded[:len(data)] = np.frombuffer(data, np.uint8)
+  gathered = multihost_utils.process_allgather(padded)
+  return [bytes(gathered[i, :int(lengths[i, 0])]) for i in range(jax.process_count())]
+
+
+def _this_process_state(data_state: Dict[str, Any]) -> bytes:
+  """This process's data-iterator state from a checkpoint's data state."""
+  states = data_state['process_states']
+  if len(states) != jax.process_count():
+    raise ConfigError(
+        f'The checkpoint was written by {len(states)} processes, each reading its '
+        f'own shard of the data; resume it with {len(states)} processes (the mesh '
+        f'may differ), not {jax.process_count()}.')
+  return states[jax.process_index()].encode('latin-1')
+
+
 class Run:
   """One training run: data, model, step functions, state and checkpoints."""
 
@@ -119,11 +176,17 @@ class Run:
     self.config = config
     self.workdir = workdir
     model_config = run_config.validate(config)
+    self.mesh = sharding_lib.create_mesh(config.mesh_shape)
+    rules = sharding_lib.axis_rules(config)
+    sharding_lib.check_divisibility(model_config, self.mesh, rules,
+                                    batch_size=config.batch_size,
+                                    eval_batch_size=config.eval_batch_size)
+    self.batch_sharding = sharding_lib.batch_sharding(self.mesh, rules)
     self.store = CheckpointStore(checkpoint_directory(workdir),
                                  keep=config.keep_checkpoints)
     if self.store.latest_step() is not None:
       run_config.check_same_model(self.store.restore_config(), config, workdir)
-    self.data = input_pipeline.build_datasets(config, workdir)
+    self.data = _build_datasets_in_turn(config, workdir)
     if self.data.tokenizer.vocab_size != model_config.vocab_size:
       raise ConfigError(
           f'config.model.vocab_size={model_config.vocab_size} does not match the '
@@ -132,23 +195,32 @@ class Run:
     self.model = models.MaskedLanguageModel(model_config)
     self.optimizer = train_steps.create_optimizer(config)
     self.schedule = train_steps.learning_rate_schedule(config)
+    self.state_shardings = state_shardings(self.model, self.optimizer,
+                                           model_config.max_len, self.mesh, rules)
     self.train_step, self.eval_step = train_steps.jit_step_functions(
         self.model, self.optimizer, config.grad_accum_steps,
-        input_pipeline.max_predictions(model_config.max_len, config.data.mask_rate))
-    self.abstract_state = _with_default_sharding(
-        _abstract_state(self.model, self.optimizer, model_config.max_len))
+        input_pipeline.max_predictions(model_config.max_len, config.data.mask_rate),
+        state_shardings=self.state_shardings, batch_sharding=self.batch_sharding)
+    self.abstract_state = _abstract_state(self.model, self.optimizer,
+                                          model_config.max_len, self.state_shardings)
     self.state = self._initial_state(model_config.max_len)
+
+  def device_batch(self, local_batch: Dict[str, np.ndarray]) -> Dict[str, jax.Array]:
+    """This process's rows of a batch as global arrays split over the mesh."""
+    return sharding_lib.global_batch(local_batch, self.batch_sharding)
 
   def _initial_state(self, seq_len: int) -> train_steps.TrainState:
     latest = self.store.latest_step()
     if latest is not None:
       step, state, data_state, _ = self.store.restore(
           latest, abstract_state=self.abstract_state)
-      self.data.train_iterator.set_state(data_state)
+      self.data.train_iterator.set_state(_this_process_state(data_state))
       report(f'Resumed from the checkpoint of step {step} in {self.workdir}.')
       return state
+    # Created already split over the mesh: no device ever holds all of it.
     init = jax.jit(lambda rng: train_steps.init_train_state(
-        rng, model=self.model, optimizer=self.optimizer, seq_len=seq_len))
+        rng, model=self.model, optimizer=self.optimizer, seq_len=seq_len),
+                   out_shardings=self.state_shardings)
     state = init(jax.random.PRNGKey(self.config.seed))
     if self.config.init_from:
       params = self.store.restore_params(self.config.init_from,
@@ -158,12 +230,16 @@ class Run:
     return state
 
   def save(self, force: bool = False) -> None:
-    self.store.save(int(self.state.step), state=self.state,
-                    data_state=self.data.train_iterator.get_state(),
+    # Every process reads its own shard, so the checkpoint keeps every
+    # process's iterator position (orbax writes JSON from process 0 only).
+    states = _gather_bytes(self.data.train_iterator.get_state())
+    data_state = {'process_states': [state.decode('latin-1') for state in states]}
+    self.store.save(int(self.state.step), state=self.state, data_state=data_state,
                     config=self.config.to_dict(), force=force)
 
   def evaluate(self) -> Dict[str, float]:
-    return evaluate_batches(self.eval_step, self.state, self.data.eval_batches)
+    return evaluate_batches(self.eval_step, self.state, self.data.eval_batches,
+                            self.device_batch)
 
 
 def _write_json(path: str, payload: Dict[str, Any]) -> None:
@@ -209,7 +285,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   eval_metrics: Optional[Dict[str, float]] = None
   try:
     for step in range(first_step + 1, config.total_steps + 1):
-      batch = next(run.data.train_iterator)
+      batch = run.device_batch(next(run.data.train_iterator))
       run.state, metrics = run.train_step(run.state, batch, dropout_key)
       loss = float(metrics['loss'])
       if not math.isfinite(loss):

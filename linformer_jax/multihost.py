@@ -1,0 +1,82 @@
+"""Starting JAX's multi-process runtime on GPU clusters and TPU pods.
+
+One program runs per host (per process); `jax.distributed.initialize` connects
+them, after which `jax.devices()` lists the devices of all processes and one
+mesh spans them. On a TPU pod slice and under SLURM or Open MPI JAX finds the
+coordinator by itself; elsewhere give it as flags or environment variables:
+
+  --coordinator_address=HOST:PORT --num_processes=N --process_id=I
+  JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID
+
+A single process on one machine needs none of this and starts nothing.
+"""
+
+import os
+from typing import Optional
+
+import jax
+
+from linformer_jax.errors import ConfigError
+
+# Set by a TPU pod slice, SLURM and Open MPI launchers respectively.
+_AUTO_DETECTED_CLUSTER_VARIABLES = ('TPU_WORKER_HOSTNAMES', 'SLURM_NTASKS',
+                                    'OMPI_COMM_WORLD_SIZE')
+
+
+def _int_or_none(value, name: str) -> Optional[int]:
+  if value in (None, ''):
+    return None
+  try:
+    return int(value)
+  except (TypeError, ValueError) as error:
+    raise ConfigError(f'{name}={value!r} is not an integer.') from error
+
+
+def _auto_detected_cluster() -> bool:
+  for name in _AUTO_DETECTED_CLUSTER_VARIABLES:
+    value = os.environ.get(name, '')
+    if name == 'TPU_WORKER_HOSTNAMES' and ',' in value:
+      return True
+    if name != 'TPU_WORKER_HOSTNAMES' and (_int_or_none(value, name) or 0) > 1:
+      return True
+  return False
+
+
+def initialize(coordinator_address: str = '', num_processes: Optional[int] = None,
+               process_id: Optional[int] = None, cpu_collectives: str = '') -> bool:
+  """Connects the processes of a multi-process run; returns whether it did.
+
+  Arguments left empty are read from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES
+  and JAX_PROCESS_ID. With none of them set, initializes only on a detected
+  cluster (TPU pod slice, SLURM, Open MPI with more than one process).
+
+  Args:
+    coordinator_address: HOST:PORT of process 0.
+    num_processes: how many processes take part.
+    process_id: this process's index, 0 .. num_processes - 1.
+    cpu_collectives: for CPU-only clusters, the collectives library ('gloo'
+      or 'mpi'); '' keeps JAX's default.
+  """
+  address = coordinator_address or os.environ.get('JAX_COORDINATOR_ADDRESS', '')
+  count = num_processes if num_processes is not None else _int_or_none(
+      os.environ.get('JAX_NUM_PROCESSES'), 'JAX_NUM_PROCESSES')
+  index = process_id if process_id is not None else _int_or_none(
+      os.environ.get('JAX_PROCESS_ID'), 'JAX_PROCESS_ID')
+  if cpu_collectives:
+    jax.config.update('jax_cpu_collectives_implementation', cpu_collectives)
+  if address or count is not None or index is not None:
+    if not address or count is None or index is None:
+      raise ConfigError(
+          'A multi-process run needs all of --coordinator_address, --num_processes '
+          f'and --process_id (got {address!r}, {count!r}, {index!r}).')
+    if count < 1 or not 0 <= index < count:
+      raise ConfigError(f'--process_id={index} is not allowed with --num_processes='
+                        f'{count}; use 0 .. {count - 1}.')
+    if count == 1:
+      return False
+    jax.distributed.initialize(address, count, index)
+    return True
+  if _auto_detected_cluster():
+    jax.distributed.initialize()
+    return True
+  return False

@@ -1,0 +1,162 @@
+"""Runs tiny trainings on a given number of (fake CPU) devices for test_sharding.
+
+  python tests/sharding_worker.py DEVICES ROOT JOB [JOB ...]
+
+JOB is `train:D,M` (train 3 steps on mesh (D, M) in ROOT/mesh_D_M),
+`restore:SRC:D,M` (restore the run in ROOT/SRC onto mesh (D, M)) or
+`process:I:N:PORT` (process I of N of a multi-process run on mesh (-1, 1),
+in ROOT/processes) or `merged:N` (one process reading the data as N processes
+do, the reference for `process`). Each job writes ROOT/<job name>.npz with the train losses
+by step and the parameters, gathered to the host.
+"""
+
+import json
+import os
+import sys
+
+DEVICES = int(sys.argv[1])
+os.environ['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={DEVICES}'
+os.environ['JAX_PLATFORMS'] = 'cpu'
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from configs import tiny  # pylint: disable=g-import-not-at-top,wrong-import-position
+from linformer_jax import input_pipeline  # pylint: disable=g-import-not-at-top,wrong-import-position
+from linformer_jax import multihost  # pylint: disable=g-import-not-at-top,wrong-import-position
+from linformer_jax import trainer  # pylint: disable=g-import-not-at-top,wrong-import-position
+from linformer_jax.metric_writers import read_metrics  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def sharded_config(mesh_shape):
+  """The tiny config with heads, MLP and batches that split 8 ways."""
+  config = tiny.get_config()
+  config.total_steps = 3
+  config.warmup_steps = 1
+  config.log_every = 1
+  config.eval_every = 3
+  config.checkpoint_every = 3
+  config.batch_size = 8
+  config.eval_batch_size = 8
+  config.model.num_heads = 8
+  config.model.hidden_dim = 32
+  config.model.mlp_dim = 64
+  config.model.sharing = 'headwise'  # per-layer E and F: replicated by the rules
+  config.mesh_shape = tuple(mesh_shape)
+  return config
+
+
+def flat_params(state):
+  leaves = jax.tree_util.tree_leaves_with_path(state.params)
+  return {jax.tree_util.keystr(path): np.asarray(jax.device_get(leaf))
+          for path, leaf in leaves}
+
+
+def parse_mesh(text):
+  return tuple(int(size) for size in text.split(','))
+
+
+def write(root, name, params, losses=None, shardings=None):
+  payload = {f'param:{key}': value for key, value in params.items()}
+  if losses:
+    payload['loss_steps'] = np.array(sorted(losses))
+    payload['losses'] = np.array([losses[step] for step in sorted(losses)])
+  if shardings:
+    payload['shard_counts'] = np.array(
+        [shardings[key] for key in sorted(shardings)])
+  np.savez(os.path.join(root, f'{name}.npz'), **payload)
+
+
+def shard_counts(state):
+  """How many distinct pieces each parameter is split into."""
+  return {jax.tree_util.keystr(path): len({tuple(map(str, index)) for index in
+                                          leaf.sharding.devices_indices_map(
+                                              leaf.shape).values()})
+          for path, leaf in jax.tree_util.tree_leaves_with_path(state.params)}
+
+
+def train(root, mesh_shape, workdir_name, name):
+  config = sharded_config(mesh_shape)
+  workdir = os.path.join(root, workdir_name)
+  trainer.train_and_evaluate(config, workdir)
+  losses = {m['step']: m['train_loss'] for m in read_metrics(workdir)
+            if 'train_loss' in m} if jax.process_index() == 0 else {}
+  run = trainer.Run(config, workdir)
+  if jax.process_index() == 0:
+    write(root, name, flat_params(run.state), losses, shard_counts(run.state))
+  run.store.close()
+
+
+def restore(root, source, mesh_shape, name):
+  config = sharded_config(mesh_shape)
+  run = trainer.Run(config, os.path.join(root, source))
+  assert int(run.state.step) == 3
+  write(root, name, flat_params(run.state), shardings=shard_counts(run.state))
+  run.store.close()
+
+
+class MergedIterator:
+  """Concatenates the batches of several process-local iterators, in order."""
+
+  def __init__(self, iterators):
+    self._iterators = iterators
+
+  def __next__(self):
+    batches = [next(iterator) for iterator in self._iterators]
+    return {key: np.concatenate([b[key] for b in batches]) for key in batches[0]}
+
+  def get_state(self) -> bytes:
+    return json.dumps([iterator.get_state().decode()
+                       for iterator in self._iterators]).encode()
+
+  def set_state(self, state: bytes) -> None:
+    for iterator, part in zip(self._iterators, json.loads(state)):
+      iterator.set_state(part.encode())
+
+
+def read_as_processes(count):
+  """Makes one process read the data as `count` processes would, merged.
+
+  The global batch of a multi-process run is every process's rows; this
+  builds exactly those batches in a single process, as the reference.
+  """
+  build = input_pipeline.build_datasets
+
+  def merged(config, workdir, process_index=0, process_count=1):
+    del process_index, process_count
+    parts = [build(config, workdir, index, count) for index in range(count)]
+    eval_batches = [
+        {key: np.concatenate([p.eval_batches[i][key] for p in parts])
+         for key in parts[0].eval_batches[i]}
+        for i in range(len(parts[0].eval_batches))]
+    return parts[0]._replace(
+        train_iterator=MergedIterator([p.train_iterator for p in parts]),
+        eval_batches=eval_batches)
+
+  input_pipeline.build_datasets = merged
+
+
+def main():
+  root = sys.argv[2]
+  for job in sys.argv[3:]:
+    kind, *args = job.split(':')
+    if kind == 'train':
+      mesh = parse_mesh(args[0])
+      train(root, mesh, f'mesh_{mesh[0]}_{mesh[1]}', f'train_{mesh[0]}_{mesh[1]}')
+    elif kind == 'restore':
+      mesh = parse_mesh(args[1])
+      restore(root, args[0], mesh, f'restore_{args[0]}_to_{mesh[0]}_{mesh[1]}')
+    elif kind == 'merged':
+      read_as_processes(int(args[0]))
+      train(root, (-1, 1), 'merged', 'merged')
+    elif kind == 'process':
+      index, count, port = map(int, args)
+      multihost.initialize(f'localhost:{port}', count, index, cpu_collectives='gloo')
+      train(root, (-1, 1), 'processes', 'processes')
+    else:
+      raise ValueError(f'unknown job {job!r}')
+
+
+if __name__ == '__main__':
+  main()

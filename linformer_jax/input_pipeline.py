@@ -133,7 +133,8 @@ def max_predictions(seq_len: int, mask_rate: float) -> int:
   """The most loss positions `mask_tokens` chooses in a sequence of seq_len.
 
   At most seq_len - 2 tokens are candidates (bos and eos never are), and
-  int(mask_rate * candidates + u) with u < 1 is at most ceil(mask_rate * seq_len).
+  int(mask_rate * candidates + u) with u < 1 is at most
+  ceil(mask_rate * (seq_len - 2)) <= ceil(mask_rate * seq_len), the bound used.
   """
   return min(seq_len, math.ceil(mask_rate * seq_len))
 

@@ -1,0 +1,86 @@
+"""Per-device memory of the compiled train step on several meshes.
+
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m \
+      linformer_jax.mesh_memory --config configs/roberta_base.py \
+      --meshes=8,1 --meshes=4,2 --meshes=2,4 --meshes=1,8
+
+Compiles (never runs) the train step for each mesh from abstract inputs and
+prints XLA's memory analysis per device: the arguments (parameters, optimizer
+state and the batch share), the temporaries, and their sum. It helps to choose
+`config.mesh_shape`: the 'model' axis is worth raising when the sum does not
+fit a device.
+"""
+
+from typing import List, Sequence
+
+from absl import flags
+import jax
+import jax.numpy as jnp
+
+from linformer_jax import cli
+from linformer_jax import input_pipeline
+from linformer_jax import models
+from linformer_jax import run_config
+from linformer_jax import sharding as sharding_lib
+from linformer_jax import train_steps
+from linformer_jax import trainer
+
+cli.define_config_flags()
+flags.FLAGS.set_default('workdir', '')  # nothing is written; --workdir is not needed
+_MESHES = flags.DEFINE_multi_string('meshes', ['-1,1'], 'Mesh shapes DATA,MODEL.')
+FLAGS = flags.FLAGS
+MIB = 2 ** 20
+
+
+def train_step_memory(config, mesh_shape: Sequence[int]) -> dict:
+  """XLA's per-device memory figures of the train step on one mesh, in bytes."""
+  config = config.copy_and_resolve_references()
+  config.mesh_shape = tuple(mesh_shape)
+  model_config = run_config.validate(config)
+  mesh = sharding_lib.create_mesh(config.mesh_shape)
+  rules = sharding_lib.axis_rules(config)
+  sharding_lib.check_divisibility(model_config, mesh, rules,
+                                  batch_size=config.batch_size,
+                                  eval_batch_size=config.eval_batch_size)
+  model = models.MaskedLanguageModel(model_config)
+  optimizer = train_steps.create_optimizer(config)
+  shardings = trainer.state_shardings(model, optimizer, model_config.max_len,
+                                      mesh, rules)
+  batch_sharding = sharding_lib.batch_sharding(mesh, rules)
+  train_step, _ = train_steps.jit_step_functions(
+      model, optimizer, config.grad_accum_steps,
+      input_pipeline.max_predictions(model_config.max_len, config.data.mask_rate),
+      state_shardings=shardings, batch_sharding=batch_sharding)
+  abstract_state = trainer._abstract_state(model, optimizer, model_config.max_len,  # pylint: disable=protected-access
+                                           shardings)
+  shape = (config.batch_size, model_config.max_len)
+  batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding)
+           for name, dtype in (('inputs', jnp.int32), ('targets', jnp.int32),
+                               ('weights', jnp.float32), ('padding_mask', jnp.bool_))}
+  key = jax.ShapeDtypeStruct((2,), jnp.uint32,
+                             sharding=sharding_lib.replicated(mesh))
+  analysis = train_step.lower(abstract_state, batch, key).compile().memory_analysis()
+  return {'arguments': analysis.argument_size_in_bytes,
+          'temporaries': analysis.temp_size_in_bytes,
+          'total': analysis.argument_size_in_bytes + analysis.temp_size_in_bytes}
+
+
+def main(argv: List[str]) -> None:
+  if len(argv) > 1:
+    cli.fail(f'unexpected arguments {argv[1:]}')
+  print(f'{jax.device_count()} devices; per-device MiB of the compiled train step')
+  print('| mesh (data, model) | arguments | temporaries | total |')
+  print('|---|---|---|---|')
+  for text in _MESHES.value:
+    try:
+      mesh_shape = tuple(int(size) for size in text.split(','))
+    except ValueError:
+      cli.fail(f'--meshes={text!r} is not DATA,MODEL (two ints)')
+    memory = train_step_memory(FLAGS.config, mesh_shape)
+    print(f'| {mesh_shape} | {memory["arguments"] / MIB:.1f} | '
+          f'{memory["temporaries"] / MIB:.1f} | {memory["total"] / MIB:.1f} |',
+          flush=True)
+
+
+if __name__ == '__main__':
+  cli.run(main)

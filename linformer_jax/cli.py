@@ -61,7 +61,7 @@ def _parse_flags(argv: List[str]) -> List[str]:
   try:
     return flags.FLAGS(argv)
   except (flags.Error, KeyError, TypeError, ValueError, AttributeError) as error:
-    fail(f'{error} (see --helpfull, or the comments in the config file)')
+    fail(f'{error} (see --helpfull)')
 
 
 def run(main: Callable[[List[str]], None]) -> None:

@@ -1,0 +1,221 @@
+"""The spectrum of P: hand cases, a float64 reference, the model's keys, the CLI."""
+
+import json
+import os
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import tiny
+from linformer_jax import models
+from linformer_jax import spectrum
+from linformer_jax import trainer
+from linformer_jax.model_config import ModelConfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def naive_attention_matrix(q, k, key_mask, query_mask):
+  """softmax(Q K^T / sqrt(d)) one row at a time, in float64."""
+  q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)
+  batch, q_len, heads, head_dim = q.shape
+  p = np.zeros((batch, heads, q_len, k.shape[1]))
+  for b in range(batch):
+    for h in range(heads):
+      for i in range(q_len):
+        if not query_mask[b, i]:
+          continue
+        logits = np.array([q[b, i, h] @ k[b, j, h] for j in range(k.shape[1])]
+                          ) / np.sqrt(head_dim)
+        exp = np.where(key_mask[b], np.exp(logits - logits[key_mask[b]].max()), 0.0)
+        p[b, h, i] = exp / exp.sum()
+  return p
+
+
+def test_identity_gives_a_straight_line():
+  curve = spectrum.normalised_cumulative_singular_values(np.eye(6))
+  np.testing.assert_allclose(curve, np.arange(1, 7) / 6, rtol=1e-12)
+
+
+def test_a_rank_one_matrix_reaches_one_at_the_first_index():
+  rng = np.random.default_rng(0)
+  p = np.outer(rng.random(7), rng.random(5))
+  curve = spectrum.normalised_cumulative_singular_values(p)
+  assert curve.shape == (5,)
+  np.testing.assert_allclose(curve, np.ones(5), rtol=1e-12)
+
+
+def test_curves_are_monotone_in_the_unit_interval_and_end_at_one():
+  rng = np.random.default_rng(1)
+  curves = spectrum.normalised_cumulative_singular_values(rng.normal(size=(3, 2, 9, 4)))
+  assert curves.shape == (3, 2, 4)
+  assert np.all(np.diff(curves, axis=-1) >= 0)
+  assert np.all((curves >= 0) & (curves <= 1))
+  np.testing.assert_array_equal(curves[..., -1], 1.0)
+  with pytest.raises(ValueError, match='all zeros'):
+    spectrum.normalised_cumulative_singular_values(np.zeros((3, 3)))
+
+
+def test_value_at_index_is_one_based_and_clamped_to_the_rank_bound():
+  curve = np.array([0.5, 0.8, 1.0])
+  assert spectrum.value_at_index(curve, 2) == (0.8, 2)
+  assert spectrum.value_at_index(curve, 128) == (1.0, 3)
+
+
+def test_attention_matrix_matches_a_naive_float64_softmax():
+  rng = np.random.default_rng(2)
+  q = rng.normal(size=(2, 5, 3, 4)).astype(np.float32)
+  k = rng.normal(size=(2, 6, 3, 4)).astype(np.float32) * 3
+  key_mask = np.array([[True] * 6, [True] * 4 + [False] * 2])
+  query_mask = np.array([[True] * 5, [True] * 3 + [False] * 2])
+  p = spectrum.attention_matrix(q, k, key_mask, query_mask)
+  assert p.dtype == np.float64 and p.shape == (2, 3, 5, 6)
+  np.testing.assert_allclose(p, naive_attention_matrix(q, k, key_mask, query_mask),
+                             rtol=1e-12, atol=1e-15)
+  np.testing.assert_allclose(p.sum(-1)[0], 1.0, rtol=1e-12)
+  np.testing.assert_allclose(p.sum(-1)[1, :, :3], 1.0, rtol=1e-12)
+  np.testing.assert_array_equal(p[1, :, :, 4:], 0.0)  # padded keys
+  np.testing.assert_array_equal(p[1, :, 3:, :], 0.0)  # padded queries
+
+
+def test_padding_only_adds_zero_singular_values():
+  rng = np.random.default_rng(3)
+  q, k = rng.normal(size=(2, 1, 8, 2, 4))
+  real = 5
+  mask = np.arange(8)[None] < real
+  padded = spectrum.normalised_cumulative_singular_values(
+      spectrum.attention_matrix(q, k, mask, mask))
+  alone = spectrum.normalised_cumulative_singular_values(
+      spectrum.attention_matrix(q[:, :real], k[:, :real]))
+  np.testing.assert_allclose(padded[..., :real], alone, atol=1e-12)
+  np.testing.assert_allclose(padded[..., real:], 1.0, atol=1e-12)
+
+
+SMALL = dict(vocab_size=40, max_len=16, num_layers=2, num_heads=2, hidden_dim=16,
+             mlp_dim=32, projected_len=4, dropout_rate=0.0)
+
+
+@pytest.mark.parametrize('sharing,projection', [
+    ('layerwise', 'linear'), ('none', 'random'), ('kv', 'mean')])
+def test_keys_are_the_ones_the_model_attends_over(sharing, projection):
+  config = ModelConfig(**SMALL, sharing=sharing, projection=projection)
+  model = models.MaskedLanguageModel(config)
+  variables = nn.meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(0),
+                                                jnp.ones((1, 16), jnp.int32)))
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 16), 0, 40)
+  padding_mask = np.arange(16)[None] < np.array([[16], [11], [0]])
+  _, captured = jax.jit(lambda v: model.apply(
+      v, tokens, padding_mask, capture_intermediates=spectrum.capture_intermediates,
+      mutable=['intermediates']))(variables)
+  layers = spectrum.context_queries_and_keys(captured['intermediates'], config,
+                                             padding_mask)
+  for layer, (q, keys, key_mask) in enumerate(layers):
+    dense = captured['intermediates']['encoder'][f'layers_{layer}']['attention']
+    k = np.asarray(dense['key']['__call__'][0], np.float64)
+    assert q is dense['query']['__call__'][0]
+    if projection == 'mean':
+      windows = (k * padding_mask[..., None, None]).reshape(3, 4, 4, 2, 8)
+      counts = padding_mask.reshape(3, 4, 4).sum(-1)
+      expected = windows.sum(2) / np.maximum(counts, 1)[..., None, None]
+      np.testing.assert_array_equal(key_mask, counts > 0)
+    else:
+      collection = 'params' if projection == 'linear' else 'constants'
+      owner = variables[collection]['encoder']
+      e = (owner['shared_projection']['kv_projection'] if sharing == 'layerwise'
+           else owner[f'layers_{layer}']['attention']['projection']['key_projection'])
+      equation = 'nk,bnhd->bkhd' if e.ndim == 2 else 'hnk,bnhd->bkhd'
+      expected = np.einsum(equation, np.asarray(e, np.float64),
+                           k * padding_mask[..., None, None])
+      assert key_mask is None
+    np.testing.assert_allclose(keys, expected, rtol=1e-5, atol=1e-6)
+  batch = {'inputs': np.asarray(tokens), 'padding_mask': padding_mask}
+  curves, count = spectrum.mean_curves(lambda *args, **kwargs: layers, variables,
+                                       [batch], num_sequences=64)
+  assert count == 2  # the all-padding row is skipped
+  assert [c.shape for c in curves] == [(2, 4)] * 2
+
+
+def run_spectrum(workdir, out, *overrides):
+  command = [sys.executable, '-m', 'linformer_jax.spectrum',
+             '--config', os.path.join(REPO, 'configs', 'tiny.py'),
+             '--workdir', str(workdir), '--out', str(out), *overrides]
+  env = {**os.environ, 'PYTHONPATH': REPO, 'JAX_PLATFORMS': 'cpu'}
+  return subprocess.run(command, cwd=REPO, env=env, capture_output=True,
+                        text=True, timeout=300)
+
+
+@pytest.fixture(scope='module')
+def cache_dir(tmp_path_factory):
+  return str(tmp_path_factory.mktemp('cache'))
+
+
+def checkpointed_run(workdir, cache, attention):
+  """A tiny run's checkpoint as the trainer writes it, at its initial step.
+
+  The spectrum reads any checkpoint the same way; skipping the training steps
+  (whose compilation takes half a minute on 2 cores) keeps the test short.
+  """
+  config = tiny.get_config()
+  config.model.attention = attention
+  config.data.cache_dir = cache
+  run = trainer.Run(config, str(workdir))
+  run.save()
+  run.store.close()
+  return config
+
+
+def check_curves(report, width):
+  assert len(report['layers']) == report['num_layers'] == 2
+  for layer in report['layers']:
+    assert len(layer['heads']) == report['num_heads'] == 2
+    for curve in [layer['mean_curve']] + [head['curve'] for head in layer['heads']]:
+      curve = np.array(curve)
+      assert curve.shape == (width,)
+      assert np.all((curve >= 0) & (curve <= 1))
+      assert np.all(np.diff(curve) >= 0)
+      assert curve[-1] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_the_command_on_a_full_attention_run(tmp_path, cache_dir):
+  checkpointed_run(tmp_path / 'run', cache_dir, 'full')
+  out = tmp_path / 'out'
+  result = run_spectrum(tmp_path / 'run', out, '--config.model.attention=full',
+                        f'--config.data.cache_dir={cache_dir}',
+                        '--num_sequences=6', '--index=8')
+  assert result.returncode == 0, result.stderr
+  with open(out / 'spectrum.json') as f:
+    report = json.load(f)
+  assert (report['attention'], report['n'], report['k']) == ('full', 32, None)
+  assert report['num_sequences'] == 6 and report['step'] == 0
+  check_curves(report, width=32)
+  assert all(layer['index'] == 8 for layer in report['layers'])
+  head = report['layers'][1]['heads'][0]
+  assert head['value_at_index'] == head['curve'][7]
+  assert (out / 'cumulative_singular_values.png').stat().st_size > 0
+  assert (out / 'heatmap.png').stat().st_size > 0
+  assert 'layer 1: cumulative singular value at index 8 of 32' in result.stdout
+
+
+def test_a_linformer_run_has_k_wide_curves_and_a_clamped_index(tmp_path, cache_dir):
+  config = checkpointed_run(tmp_path / 'run', cache_dir, 'linformer')
+  report = spectrum.compute_spectrum(config, str(tmp_path / 'run'), index=128)
+  assert (report['attention'], report['n'], report['k']) == ('linformer', 32, 8)
+  assert report['num_sequences'] == 8  # all the tiny config's evaluation rows
+  check_curves(report, width=8)
+  assert [layer['index'] for layer in report['layers']] == [8, 8]
+  assert any('clamped to 8' in note for note in report['notes'])
+  paths = spectrum.write_outputs(report, str(tmp_path / 'out'))
+  assert all(os.path.getsize(path) > 0 for path in paths)
+
+
+def test_a_workdir_without_a_checkpoint_is_a_one_line_error(tmp_path):
+  result = run_spectrum(tmp_path, tmp_path / 'out')
+  assert result.returncode == 2
+  assert result.stderr.startswith('error: ') and result.stderr.count('\n') == 1
+  assert 'holds no checkpoint' in result.stderr
+  assert not (tmp_path / 'out').exists()

@@ -1,0 +1,226 @@
+"""Sweeps: a real two-variant run of tiny configs, resume, --set, errors, the CLI.
+
+  python -m pytest -q tests/test_sweep.py
+"""
+
+import glob
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from linformer_jax import run_config
+from linformer_jax import sweep as sweep_lib
+from linformer_jax import trainer
+from linformer_jax.errors import ConfigError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TINY_SWEEP = '''"""Transformer against Linformer k=4 on configs/tiny.py, for tests."""
+
+from configs import tiny
+from linformer_jax.sweep import Sweep
+from linformer_jax.sweep import Variant
+
+
+def get_sweep():
+  base = tiny.get_config()
+  base.total_steps = 3  # a few steps: the loop, not the model, is under test
+  base.warmup_steps = 1  # at most total_steps
+  base.model.num_layers = 1  # less to compile
+  base.data.cache_dir = {cache_dir!r}  # packed data shared by the tests
+  return Sweep(title='tiny sweep', base=base, variants=[
+      Variant('transformer', {{'model.attention': 'full'}}),  # standard attention
+      Variant('k4', {{'model.projected_len': 4}}),  # Linformer, k = n/8
+  ])
+'''
+
+
+def write_sweep_file(directory, cache_dir, text=TINY_SWEEP):
+  path = os.path.join(str(directory), 'tiny_sweep.py')
+  with open(path, 'w') as f:
+    f.write(text.format(cache_dir=str(cache_dir)))
+  return path
+
+
+@pytest.fixture(scope='module')
+def cache_dir(tmp_path_factory):
+  return tmp_path_factory.mktemp('cache')
+
+
+@pytest.fixture(scope='module')
+def tiny_sweep(tmp_path_factory, cache_dir):
+  return sweep_lib.load_sweep(write_sweep_file(tmp_path_factory.mktemp('sweep'),
+                                               cache_dir))
+
+
+@pytest.fixture(scope='module')
+def finished_sweep(tmp_path_factory, tiny_sweep):
+  workdir = str(tmp_path_factory.mktemp('workdir'))
+  results = sweep_lib.run_sweep(tiny_sweep, workdir)
+  return workdir, results
+
+
+def saved_config(workdir):
+  with open(os.path.join(workdir, 'config.json')) as f:
+    return json.load(f)
+
+
+def table_rows(workdir):
+  with open(os.path.join(workdir, sweep_lib.REPORT_FILE)) as f:
+    lines = [line for line in f.read().splitlines() if line.startswith('| ')]
+  header, rows = lines[0], lines[1:]
+  columns = [cell.strip() for cell in header.strip('|').split('|')]
+  return {cells[0]: dict(zip(columns, cells)) for cells in (
+      [cell.strip() for cell in row.strip('|').split('|')] for row in rows)}
+
+
+def test_every_variant_trains_with_its_overrides(finished_sweep):
+  workdir, results = finished_sweep
+  assert list(results) == ['transformer', 'k4']
+  transformer = saved_config(os.path.join(workdir, 'transformer'))
+  linformer = saved_config(os.path.join(workdir, 'k4'))
+  assert transformer['model']['attention'] == 'full'
+  assert (linformer['model']['attention'], linformer['model']['projected_len']) == (
+      'linformer', 4)
+  for name in results:
+    with open(os.path.join(workdir, name, trainer.RESULTS_FILE)) as f:
+      assert json.load(f)['step'] == 3
+
+
+def test_report_has_a_row_per_variant_and_a_figure(finished_sweep):
+  workdir, results = finished_sweep
+  rows = table_rows(workdir)
+  assert list(rows) == ['transformer', 'k4']
+  for name, row in rows.items():
+    perplexity = float(row['validation perplexity'].replace(',', ''))
+    assert math.isfinite(perplexity) and perplexity > 1
+    assert perplexity == pytest.approx(results[name]['eval_perplexity'], rel=1e-3)
+    assert math.isfinite(float(row['unigram perplexity'].replace(',', '')))
+    assert int(row['parameters'].replace(',', '')) == results[name]['parameters']
+  assert "model.attention='full'" in rows['transformer']['overrides']
+  assert 'model.projected_len=4' in rows['k4']['overrides']
+  with open(os.path.join(workdir, sweep_lib.FIGURE_FILE), 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+
+
+def test_a_rerun_skips_finished_variants(finished_sweep, tiny_sweep, monkeypatch):
+  workdir, results = finished_sweep
+  paths = [os.path.join(workdir, name, trainer.RESULTS_FILE) for name in results]
+  mtimes = [os.path.getmtime(path) for path in paths]
+
+  def must_not_train(*args, **kwargs):
+    raise AssertionError(f'a finished variant was trained again: {args}, {kwargs}')
+
+  monkeypatch.setattr(trainer, 'train_and_evaluate', must_not_train)
+  start = time.monotonic()
+  again = sweep_lib.run_sweep(tiny_sweep, workdir)
+  assert time.monotonic() - start < 15
+  assert [os.path.getmtime(path) for path in paths] == mtimes
+  assert again == results
+  assert list(table_rows(workdir)) == ['transformer', 'k4']
+
+
+def test_sets_apply_to_every_variant_with_the_base_field_types(tiny_sweep):
+  configs = sweep_lib.variant_configs(tiny_sweep, [
+      'total_steps=7', 'learning_rate=1e-3', 'model.pre_layer_norm=true',
+      'mesh_shape=(1, 1)', 'data.eval_split=test', 'model.projected_len=2'])
+  assert list(configs) == ['transformer', 'k4']
+  for config in configs.values():
+    assert config.total_steps == 7 and isinstance(config.total_steps, int)
+    assert config.learning_rate == 1e-3
+    assert config.model.pre_layer_norm is True
+    assert config.mesh_shape == (1, 1)
+    assert config.data.eval_split == 'test'
+    # A --set comes after the variant's own overrides.
+    assert config.model.projected_len == 2
+  assert configs['transformer'].model.attention == 'full'
+  per_layer = sweep_lib.variant_configs(
+      tiny_sweep, ['model.sharing=none', 'model.projected_len=(4,)'])
+  assert per_layer['k4'].model.projected_len == (4,)
+  assert tiny_sweep.base.total_steps == 3, 'the base config must stay unchanged'
+
+
+@pytest.mark.parametrize('sets, named', [
+    (['model.projected_lenn=4'], 'model.projected_lenn'),
+    (['modle.attention=full'], 'modle.attention'),
+    (['total_steps=many'], 'total_steps'),
+    (['learning_rate=fast'], 'learning_rate'),
+    (['model.pre_layer_norm=maybe'], 'model.pre_layer_norm'),
+    (['model=full'], 'model'),
+    (['total_steps'], 'total_steps'),
+    (['model.projected_len=64'], 'projected_len'),
+])
+def test_bad_sets_name_the_key_before_anything_runs(tiny_sweep, tmp_path, sets, named):
+  workdir = tmp_path / 'never_created'
+  with pytest.raises(ConfigError, match=named.replace('.', r'\.')):
+    sweep_lib.run_sweep(tiny_sweep, str(workdir), sets=sets)
+  assert not workdir.exists()
+
+
+def test_bad_variants_and_names_are_errors(tiny_sweep):
+  bad_key = sweep_lib.Sweep(base=tiny_sweep.base, variants=[
+      sweep_lib.Variant('typo', {'model.atention': 'full'})])
+  with pytest.raises(ConfigError, match=r"'typo'.*model\.atention"):
+    sweep_lib.variant_configs(bad_key)
+  bad_value = sweep_lib.Sweep(base=tiny_sweep.base, variants=[
+      sweep_lib.Variant('big', {'model.projected_len': 'big'})])
+  with pytest.raises(ConfigError, match=r"'big'.*model\.projected_len"):
+    sweep_lib.variant_configs(bad_value)
+  with pytest.raises(ConfigError, match='no variant named k99'):
+    sweep_lib.run_sweep(tiny_sweep, '/nonexistent/never', only=['k99'])
+
+
+def test_a_sweep_file_with_two_variants_of_one_name_is_refused(tmp_path, cache_dir):
+  text = TINY_SWEEP.replace("Variant('k4'", "Variant('transformer'")
+  with pytest.raises(ConfigError, match="two variants are named 'transformer'"):
+    sweep_lib.load_sweep(write_sweep_file(tmp_path, cache_dir, text))
+
+
+def test_every_sweep_file_loads_and_its_variants_validate():
+  paths = sorted(glob.glob(os.path.join(REPO, 'configs', 'sweeps', '[!_]*.py')))
+  names = {os.path.basename(path)[:-3] for path in paths}
+  assert {'projected_len', 'sharing', 'projection', 'seq_len', 'gutenberg_k'} <= names
+  for path in paths:
+    sweep = sweep_lib.load_sweep(path)
+    configs = sweep_lib.variant_configs(sweep)
+    assert list(configs) == [variant.name for variant in sweep.variants]
+    for config in configs.values():
+      run_config.validate(config)
+  seq_len = sweep_lib.variant_configs(
+      sweep_lib.load_sweep(os.path.join(REPO, 'configs', 'sweeps', 'seq_len.py')))
+  assert {c.batch_size * c.model.max_len for c in seq_len.values()} == {4096}
+  assert {c.model.projected_len for c in seq_len.values()} == {32}
+
+
+def run_cli(*args):
+  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS='cpu')
+  return subprocess.run([sys.executable, '-m', 'linformer_jax.sweep', *args],
+                        cwd=REPO, env=env, capture_output=True, text=True,
+                        timeout=300)
+
+
+def test_cli_reports_a_finished_sweep(finished_sweep, tmp_path, cache_dir):
+  workdir, _ = finished_sweep
+  process = run_cli(f'--sweep={write_sweep_file(tmp_path, cache_dir)}',
+                    f'--workdir={workdir}', '--only=k4', '--set=total_steps=3')
+  assert process.returncode == 0, process.stderr
+  assert 'k4 (1/1) finished its 3 steps before; skipping it' in process.stdout
+  assert '| transformer |' in process.stdout and '| k4 |' in process.stdout
+  assert list(table_rows(workdir)) == ['transformer', 'k4']
+
+
+def test_cli_bad_key_is_a_one_line_error(tmp_path, cache_dir):
+  sweep_file = write_sweep_file(tmp_path, cache_dir)
+  workdir = tmp_path / 'cli_error'
+  process = run_cli(f'--sweep={sweep_file}', f'--workdir={workdir}',
+                    '--set=model.projected_lenn=4')
+  assert process.returncode == 2
+  lines = process.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith('error: ')
+  assert 'model.projected_lenn' in lines[0]
+  assert not workdir.exists()

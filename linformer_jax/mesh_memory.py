@@ -44,15 +44,14 @@ def train_step_memory(config, mesh_shape: Sequence[int]) -> dict:
                                   eval_batch_size=config.eval_batch_size)
   model = models.MaskedLanguageModel(model_config)
   optimizer = train_steps.create_optimizer(config)
-  shardings = trainer.state_shardings(model, optimizer, model_config.max_len,
-                                      mesh, rules)
+  abstract_state = trainer.abstract_train_state(model, optimizer,
+                                                model_config.max_len, mesh, rules)
   batch_sharding = sharding_lib.batch_sharding(mesh, rules)
   train_step, _ = train_steps.jit_step_functions(
       model, optimizer, config.grad_accum_steps,
       input_pipeline.max_predictions(model_config.max_len, config.data.mask_rate),
-      state_shardings=shardings, batch_sharding=batch_sharding)
-  abstract_state = trainer._abstract_state(model, optimizer, model_config.max_len,  # pylint: disable=protected-access
-                                           shardings)
+      state_shardings=trainer.shardings_of(abstract_state),
+      batch_sharding=batch_sharding)
   shape = (config.batch_size, model_config.max_len)
   batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding)
            for name, dtype in (('inputs', jnp.int32), ('targets', jnp.int32),

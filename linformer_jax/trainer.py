@@ -66,34 +66,36 @@ def checkpoint_directory(workdir: str) -> str:
   return os.path.join(workdir, 'checkpoints')
 
 
-def state_shardings(model, optimizer, seq_len: int, mesh, rules
-                    ) -> train_steps.TrainState:
-  """The sharding of every leaf of the train state on `mesh`.
+def abstract_train_state(model, optimizer, seq_len: int, mesh, rules
+                         ) -> train_steps.TrainState:
+  """The train state as `jax.ShapeDtypeStruct`s carrying their shardings on `mesh`.
 
   Parameters and constants follow their logical axis names through `rules`;
-  optimizer moments follow their parameters; the step is replicated.
+  optimizer moments follow their parameters; the step is replicated. It is
+  what `train_steps.init_train_state` returns, without computing anything.
   """
   boxed = jax.eval_shape(model.init, jax.random.PRNGKey(0),
                          jnp.ones((1, seq_len), jnp.int32))
-  variables = sharding_lib.parameter_shardings(boxed, mesh, rules)
-  params = variables.pop('params')
-  abstract_params = nn.meta.unbox(boxed)['params']
-  abstract_opt_state = jax.eval_shape(optimizer.init, abstract_params)
-  return train_steps.TrainState(
-      step=sharding_lib.replicated(mesh), params=params,
-      opt_state=sharding_lib.like_parameters(abstract_opt_state, abstract_params,
-                                             params, mesh),
-      constants=variables)
-
-
-def _abstract_state(model, optimizer, seq_len: int, shardings):
-  shapes = jax.eval_shape(
-      lambda rng: train_steps.init_train_state(rng, model=model, optimizer=optimizer,
-                                               seq_len=seq_len),
-      jax.random.PRNGKey(0))
+  constant_shardings = sharding_lib.parameter_shardings(boxed, mesh, rules)
+  param_shardings = constant_shardings.pop('params')
+  constants = nn.meta.unbox(boxed)
+  params = constants.pop('params')
+  opt_state = jax.eval_shape(optimizer.init, params)
+  shapes = train_steps.TrainState(
+      step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
+      opt_state=opt_state, constants=constants)
+  shardings = train_steps.TrainState(
+      step=sharding_lib.replicated(mesh), params=param_shardings,
+      opt_state=sharding_lib.like_parameters(opt_state, params, param_shardings,
+                                             mesh),
+      constants=constant_shardings)
   return jax.tree_util.tree_map(
       lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
       shapes, shardings)
+
+
+def shardings_of(abstract_state: train_steps.TrainState) -> train_steps.TrainState:
+  return jax.tree_util.tree_map(lambda x: x.sharding, abstract_state)
 
 
 def evaluate_batches(eval_step, state, batches: Iterable[Dict[str, np.ndarray]],
@@ -187,22 +189,17 @@ class Run:
     if self.store.latest_step() is not None:
       run_config.check_same_model(self.store.restore_config(), config, workdir)
     self.data = _build_datasets_in_turn(config, workdir)
-    if self.data.tokenizer.vocab_size != model_config.vocab_size:
-      raise ConfigError(
-          f'config.model.vocab_size={model_config.vocab_size} does not match the '
-          f'{config.data.tokenizer} tokenizer, which has {self.data.tokenizer.vocab_size} '
-          f'tokens; set config.data.vocab_size={self.data.tokenizer.vocab_size}.')
+    # build_datasets has checked model.vocab_size against the tokenizer.
     self.model = models.MaskedLanguageModel(model_config)
     self.optimizer = train_steps.create_optimizer(config)
     self.schedule = train_steps.learning_rate_schedule(config)
-    self.state_shardings = state_shardings(self.model, self.optimizer,
-                                           model_config.max_len, self.mesh, rules)
+    self.abstract_state = abstract_train_state(
+        self.model, self.optimizer, model_config.max_len, self.mesh, rules)
+    self.state_shardings = shardings_of(self.abstract_state)
     self.train_step, self.eval_step = train_steps.jit_step_functions(
         self.model, self.optimizer, config.grad_accum_steps,
         input_pipeline.max_predictions(model_config.max_len, config.data.mask_rate),
         state_shardings=self.state_shardings, batch_sharding=self.batch_sharding)
-    self.abstract_state = _abstract_state(self.model, self.optimizer,
-                                          model_config.max_len, self.state_shardings)
     self.state = self._initial_state(model_config.max_len)
 
   def device_batch(self, local_batch: Dict[str, np.ndarray]) -> Dict[str, jax.Array]:

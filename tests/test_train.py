@@ -179,6 +179,7 @@ def snapshot(directory):
     (['--config.model.sharing=everything'], 'config.model.sharing'),
     (['--config.model.projected_len=64'], 'config.model.projected_len'),
     (['--config.batch_size=0'], 'config.batch_size'),
+    (['--config.data.vocab_size=300'], 'config.model.vocab_size=300'),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(tmp_path, overrides, expected):
   result = run_cli('train', str(tmp_path / 'run'), *overrides)

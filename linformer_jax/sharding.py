@@ -157,13 +157,10 @@ def like_parameters(tree: Any, params: Any, param_shardings: Any,
   it (Adam's moments) gets that parameter's sharding; any other leaf (step
   counts, scalars) is replicated.
   """
-  by_path: Dict[Tuple[str, ...], Tuple[Tuple[int, ...], Any]] = {}
-  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-    by_path[_names(path)] = (leaf.shape, None)
-  for (path, _), sharding in zip(jax.tree_util.tree_leaves_with_path(params),
-                                 jax.tree_util.tree_leaves(param_shardings)):
-    shape, _ = by_path[_names(path)]
-    by_path[_names(path)] = (shape, sharding)
+  by_path: Dict[Tuple[str, ...], Tuple[Tuple[int, ...], Any]] = {
+      _names(path): (leaf.shape, sharding)
+      for (path, leaf), sharding in zip(jax.tree_util.tree_leaves_with_path(params),
+                                        jax.tree_util.tree_leaves(param_shardings))}
 
   def choose(path, leaf):
     names = _names(path)

@@ -16,7 +16,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(seq_lens=(64, 128), projected_lens=(16, 32), num_layers=2,
             hidden_dim=64, num_heads=2, mlp_dim=128, repeats=2)
 TINY_FLAGS = ['--num_layers=2', '--hidden_dim=64', '--num_heads=2', '--mlp_dim=128',
-              '--repeats=2', '--matmul_size=256']
+              '--repeats=2', '--matmul_sizes=128,256']
 
 
 def run_cli(*args):
@@ -34,7 +34,7 @@ def read_csv(out_dir):
 @pytest.fixture(scope='module')
 def grid(tmp_path_factory):
   out_dir = str(tmp_path_factory.mktemp('bench'))
-  matmul_gflops = benchmark.measure_matmul_gflops(size=256, repeats=2)
+  matmul_gflops = benchmark.measure_matmul_gflops(sizes=(256,), repeats=2)
   rows = benchmark.run_grid(benchmark.BenchmarkSettings(**TINY), matmul_gflops)
   table = benchmark_report.write_outputs(rows, out_dir, matmul_gflops)
   return rows, out_dir, table
@@ -63,6 +63,7 @@ def test_the_csv_has_one_measured_row_per_model_n_and_k(grid):
     assert float(row['us_per_token']) == pytest.approx(
         median * 1e3 / int(row['seq_len']))
     assert float(row['flops']) > 0 and float(row['utilisation']) > 0
+    assert float(row['bytes_accessed']) > 0
     assert int(row['temp_bytes']) > 0 and int(row['argument_bytes']) > 0
     assert row['peak_bytes'] == ''  # The CPU backend reports no peak.
 
@@ -94,7 +95,8 @@ def test_table_and_plots_are_written(grid):
   linformer = cells['linformer', 128, 16]
   saving = (benchmark_report.memory_bytes(full)
             / benchmark_report.memory_bytes(linformer))
-  assert f'/ {saving:.1f}x' in table
+  activation_saving = full['temp_bytes'] / linformer['temp_bytes']
+  assert f'/ {saving:.1f}x ({activation_saving:.1f}x)' in table
   assert 'Matrix-multiply rate:' in table
   for name in ('time_per_token.png', 'memory.png'):
     path = os.path.join(out_dir, name)
@@ -148,8 +150,12 @@ def test_the_command_line_skips_what_does_not_fit_and_rejects_bad_flags(
   assert 'skipped' in rows['transformer', 128, 0]['note']
   assert rows['transformer', 128, 0]['time_ms'] == ''
   assert float(rows['linformer', 128, 32]['time_ms']) > 0
-  assert re.search(r'\| 128 \| – / \d+\.\dx \|', result.stdout)
+  assert re.search(r'\| 128 \| – / \d+\.\dx \(\d+\.\dx\) \|', result.stdout)
 
   result = run_cli(f'--out={out_dir}', '--seq_lens=64', '--projected_lens=64,128')
   assert result.returncode == 2
   assert result.stderr.startswith('error: --projected_lens=64,128')
+  result = run_cli(f'--out={out_dir}', '--seq_lens=64', '--projected_lens=32',
+                   '--matmul_sizes=256,0')
+  assert result.returncode == 2
+  assert result.stderr.startswith('error: --matmul_sizes=256,0')

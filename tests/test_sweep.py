@@ -184,7 +184,7 @@ def test_a_sweep_file_with_two_variants_of_one_name_is_refused(tmp_path, cache_d
 def test_every_sweep_file_loads_and_its_variants_validate():
   paths = sorted(glob.glob(os.path.join(REPO, 'configs', 'sweeps', '[!_]*.py')))
   names = {os.path.basename(path)[:-3] for path in paths}
-  assert {'projected_len', 'sharing', 'projection', 'seq_len', 'gutenberg_k'} <= names
+  assert {'projected_len', 'sharing', 'projection', 'seq_len', 'gutenberg'} <= names
   for path in paths:
     sweep = sweep_lib.load_sweep(path)
     configs = sweep_lib.variant_configs(sweep)

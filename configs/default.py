@@ -16,6 +16,7 @@ import ml_collections
 
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
+  config.task = 'masked_lm'        # 'masked_lm' (pretraining) or 'classification'
   config.seed = 0                  # seeds initialisation, shuffling, masking, dropout
   config.total_steps = 1000        # optimizer steps to train for
   config.batch_size = 32           # global batch, in sequences of model.max_len tokens
@@ -70,4 +71,6 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.dropout_rate = 0.1  # dropout on embeddings, attention output and MLP
   config.model.pre_layer_norm = False  # pre-LN instead of RoBERTa's post-LN
   config.model.dtype = 'float32'   # compute dtype: 'float32' or 'bfloat16'
+  config.model.num_segments = 0    # segment embeddings (0: none, as RoBERTa; 2 for sentence pairs)
+  config.model.pooling = 'first'   # classifier input: 'first' token or 'mean' of real tokens
   return config

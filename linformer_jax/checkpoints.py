@@ -271,18 +271,54 @@ class CheckpointStore:
       ConfigError (a ValueError): no checkpoint there, or its parameters do
         not fit abstract_params.
     """
+    return CheckpointStore.restore_subtrees(
+        directory_or_workdir, {('params',): abstract_params}, step=step)[('params',)]
+
+  @staticmethod
+  def restore_subtrees(directory_or_workdir: str,
+                       subtrees: Dict[Tuple[str, ...], PyTree],
+                       step: Optional[int] = None,
+                       advice: str = _INIT_FROM_ADVICE) -> Dict[Tuple[str, ...], PyTree]:
+    """Reads chosen parts of another run's train state, e.g. its encoder.
+
+    Args:
+      directory_or_workdir: the other run's workdir or its checkpoint
+        directory.
+      subtrees: path in the stored train state -> the structure wanted there
+        as `jax.ShapeDtypeStruct` leaves with `sharding` set, e.g.
+        {('params', 'encoder'): abstract_encoder_params}. Under each path the
+        stored arrays must be exactly those wanted, with the same shapes;
+        everything outside the paths is ignored.
+      step: the step to read; the newest one when None.
+      advice: what the user should change, ending every error message.
+
+    Returns:
+      path -> the restored arrays, placed on the wanted shardings.
+
+    Raises:
+      ConfigError (a ValueError): no checkpoint there, or an array is missing,
+        extra or of another shape (the message names it).
+    """
     directory = os.path.abspath(os.fspath(directory_or_workdir))
     if os.path.isdir(os.path.join(directory, 'checkpoints')):
       directory = os.path.join(directory, 'checkpoints')
+    if not os.path.isdir(directory):
+      raise ConfigError(f'{directory_or_workdir} is not a run directory; '
+                        'config.init_from must name a finished run\'s workdir.')
     manager = ocp.CheckpointManager(
         directory, options=ocp.CheckpointManagerOptions(read_only=True),
         handler_registry=_handler_registry())
     try:
       step = _step_to_read(manager, step)
-      _check_matches(_state_metadata(manager, step), abstract_params,
-                     prefix=('params',), directory=directory, step=step,
-                     advice=_INIT_FROM_ADVICE)
-      target = {'params': abstract_params}
+      metadata = _state_metadata(manager, step)
+      target: Dict[str, Any] = {}
+      for path, abstract in subtrees.items():
+        _check_matches(metadata, abstract, prefix=path, directory=directory,
+                       step=step, advice=advice)
+        node = target
+        for key in path[:-1]:
+          node = node.setdefault(key, {})
+        node[path[-1]] = abstract
       restored = manager.restore(step, args=ocp.args.Composite(**{
           _STATE: ocp.args.PyTreeRestore(
               item=target,
@@ -291,7 +327,13 @@ class CheckpointStore:
       }))
     finally:
       manager.close()
-    return restored[_STATE]['params']
+    out = {}
+    for path in subtrees:
+      node = restored[_STATE]
+      for key in path:
+        node = node[key]
+      out[path] = node
+    return out
 
   def wait(self) -> None:
     """Blocks until pending asynchronous saves are on disk."""

@@ -23,7 +23,7 @@ import pathlib
 import re
 import subprocess
 import sys
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from linformer_jax.errors import ConfigError
 
@@ -319,20 +319,19 @@ def text_file_documents(path: str, split: str,
 _WIKI40B_MARKERS = re.compile(r'\n?_START_(ARTICLE|SECTION|PARAGRAPH)_\n')
 
 
-def tfds_documents(name: str, split: str, text_key: str = 'text',
-                   data_dir: Optional[str] = None,
-                   download: bool = False) -> List[str]:
-  """Documents of a TFDS text dataset, e.g. 'wiki40b/en', 'pg19', 'lm1b'.
-
-  The whole split is read into memory, which suits corpora up to a few GB.
+def tfds_examples(name: str, split: str, features: Sequence[str],
+                  data_dir: Optional[str] = None, download: bool = False,
+                  field: str = 'config.data.tfds_text_key') -> Iterable[Dict[str, Any]]:
+  """The examples (numpy dicts) of a prepared TFDS split, checked first.
 
   Args:
-    name: TFDS name, with config if any ('wiki40b/en').
+    name: TFDS name, with config if any ('wiki40b/en', 'glue/sst2').
     split: TFDS split ('train', 'validation', 'test', or a slice 'train[:1%]').
-    text_key: the feature that holds the text.
+    features: the features the caller reads; a missing one is an error.
     data_dir: TFDS data_dir (None or '' for the TFDS default).
     download: download and prepare the dataset if missing. Off by default:
       without network TFDS retries for minutes before failing.
+    field: the config field that names `features`, for the error message.
   """
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   try:
@@ -351,12 +350,23 @@ def tfds_documents(name: str, split: str, text_key: str = 'text',
     raise ConfigError(f'TFDS dataset {name!r} has no split {base_split!r} (it has '
                      f'{sorted(builder.info.splits)}); change '
                      'config.data.train_split/eval_split.')
-  if text_key not in builder.info.features:
-    raise ConfigError(f'config.data.tfds_text_key={text_key!r} is not a feature of '
-                     f'{name!r} (features: {sorted(builder.info.features)}).')
-  dataset = builder.as_dataset(split=split, shuffle_files=False)
+  for feature in features:
+    if feature not in builder.info.features:
+      raise ConfigError(f'{field}: {feature!r} is not a feature of {name!r} '
+                       f'(features: {sorted(builder.info.features)}).')
+  return tfds.as_numpy(builder.as_dataset(split=split, shuffle_files=False))
+
+
+def tfds_documents(name: str, split: str, text_key: str = 'text',
+                   data_dir: Optional[str] = None,
+                   download: bool = False) -> List[str]:
+  """Documents of a TFDS text dataset, e.g. 'wiki40b/en', 'pg19', 'lm1b'.
+
+  The whole split is read into memory, which suits corpora up to a few GB;
+  see `tfds_examples` for the arguments.
+  """
   documents = []
-  for example in tfds.as_numpy(dataset):
+  for example in tfds_examples(name, split, [text_key], data_dir, download):
     text = example[text_key].decode('utf-8')
     text = _WIKI40B_MARKERS.sub('\n', text).replace('_NEWLINE_', '\n').strip()
     if text:

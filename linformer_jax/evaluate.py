@@ -3,8 +3,9 @@
   python -m linformer_jax.evaluate --config configs/default.py --workdir runs/default \
       --split validation
 
-Prints masked-token loss, perplexity and accuracy on the split, next to a
-unigram model's perplexity.
+Prints masked-token loss, perplexity and accuracy on the split next to a
+unigram model's perplexity; for a classification run, loss and accuracy next
+to the majority class's accuracy.
 """
 
 import json

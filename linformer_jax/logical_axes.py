@@ -16,3 +16,4 @@ LENGTH = 'length'                      # sequence positions (n)
 PROJECTED_LENGTH = 'projected_length'  # compressed sequence positions (k)
 CONV_WINDOW = 'conv_window'            # positions in one convolution window
 CLASSES = 'classes'                    # classification labels
+SEGMENTS = 'segments'                  # input segments (first / second sentence)

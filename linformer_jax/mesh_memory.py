@@ -47,10 +47,11 @@ def train_step_memory(config, mesh_shape: Sequence[int]) -> dict:
   abstract_state = trainer.abstract_train_state(model, optimizer,
                                                 model_config.max_len, mesh, rules)
   batch_sharding = sharding_lib.batch_sharding(mesh, rules)
+  loss_sums = train_steps.masked_lm_loss(
+      model, input_pipeline.max_predictions(model_config.max_len,
+                                            config.data.mask_rate))
   train_step, _ = train_steps.jit_step_functions(
-      model, optimizer, config.grad_accum_steps,
-      input_pipeline.max_predictions(model_config.max_len, config.data.mask_rate),
-      state_shardings=trainer.shardings_of(abstract_state),
+      loss_sums, optimizer, config.grad_accum_steps, state_shardings=trainer.shardings_of(abstract_state),
       batch_sharding=batch_sharding)
   shape = (config.batch_size, model_config.max_len)
   batch = {name: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding)

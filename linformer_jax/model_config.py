@@ -20,6 +20,9 @@ PROJECTION_TYPES = ('linear', 'mean', 'max', 'conv', 'random')
 WINDOWED_PROJECTIONS = ('mean', 'max', 'conv')
 # Projections that hold a matrix E (and F) of shape [max_len, projected_len].
 MATRIX_PROJECTIONS = ('linear', 'random')
+# How a classifier summarises the sequence: the first token's vector, or the
+# mean over the real (non-padding) tokens.
+POOLING_TYPES = ('first', 'mean')
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
 
@@ -43,6 +46,8 @@ class ModelConfig:
   dropout_rate: float = 0.1
   pre_layer_norm: bool = False
   dtype: str = 'float32'
+  num_segments: int = 0
+  pooling: str = 'first'
 
   def __post_init__(self):
     if isinstance(self.projected_len, list):
@@ -96,6 +101,13 @@ class ModelConfig:
     if self.projection not in PROJECTION_TYPES:
       raise _field_error('projection', self.projection,
                          f'use one of {PROJECTION_TYPES}')
+    if (not isinstance(self.num_segments, int) or isinstance(self.num_segments, bool)
+        or self.num_segments < 0):
+      raise _field_error('num_segments', self.num_segments,
+                         'use 0 (no segment embedding, as RoBERTa) or the number '
+                         'of segments, e.g. 2 for sentence pairs')
+    if self.pooling not in POOLING_TYPES:
+      raise _field_error('pooling', self.pooling, f'use one of {POOLING_TYPES}')
     if self.dtype not in DTYPES:
       raise _field_error('dtype', self.dtype, f'use one of {tuple(DTYPES)}')
     if not 0.0 <= self.dropout_rate < 1.0:

@@ -201,6 +201,12 @@ class Encoder(nn.Module):
     self.position_embedding = self.param(
         'position_embedding', _partitioned(_DENSE_INIT, (axes.LENGTH, axes.EMBED)),
         (cfg.max_len, cfg.hidden_dim), jnp.float32)
+    if cfg.num_segments:
+      # Zeros: a pretrained encoder without segments starts out unchanged.
+      self.segment_embedding = self.param(
+          'segment_embedding', _partitioned(nn.initializers.zeros,
+                                            (axes.SEGMENTS, axes.EMBED)),
+          (cfg.num_segments, cfg.hidden_dim), jnp.float32)
     self.embedding_norm = _layer_norm('embedding_norm', cfg.compute_dtype)
     self.dropout = nn.Dropout(cfg.dropout_rate)
     if cfg.attention == 'linformer' and cfg.sharing == 'layerwise':
@@ -212,12 +218,16 @@ class Encoder(nn.Module):
       self.final_norm = _layer_norm('final_norm', cfg.compute_dtype)
 
   def __call__(self, tokens: Array, padding_mask: Optional[Array] = None, *,
+               segments: Optional[Array] = None,
                deterministic: bool = True) -> Array:
     """Encodes tokens [batch, length] into [batch, length, hidden_dim].
 
     Args:
       tokens: int token ids, length at most max_len.
       padding_mask: optional [batch, length] boolean, True for real tokens.
+      segments: optional [batch, length] int segment ids (0 = first sentence);
+        used when config.num_segments > 0 (all 0 when not given), ignored
+        otherwise (RoBERTa tells sentences apart by the separator alone).
       deterministic: disables dropout (evaluation).
     """
     cfg = self.config
@@ -229,6 +239,10 @@ class Encoder(nn.Module):
           f'{cfg.max_len} tokens, or raise max_len.')
     x = self.token_embedding(tokens)
     x = x + self.position_embedding[None, :length].astype(x.dtype)
+    if cfg.num_segments:
+      if segments is None:
+        segments = jnp.zeros_like(tokens)
+      x = x + jnp.take(self.segment_embedding, segments, axis=0).astype(x.dtype)
     if not cfg.pre_layer_norm:
       x = self.embedding_norm(x)
     x = self.dropout(x, deterministic=deterministic)
@@ -277,17 +291,29 @@ class MaskedLanguageModel(nn.Module):
 
 
 class SequenceClassifier(nn.Module):
-  """The encoder with a classification head on the first token."""
+  """The encoder with a classification head on the first token or the mean.
+
+  config.pooling='first' reads the first token (bos, as RoBERTa's <s>);
+  'mean' averages the real tokens (the Long Range Arena's classifiers).
+  """
   config: ModelConfig
   num_classes: int
 
   @nn.compact
-  def __call__(self, tokens, padding_mask=None, *, deterministic=True):
+  def __call__(self, tokens, padding_mask=None, *, segments=None,
+               deterministic=True):
     """Returns float32 logits [batch, num_classes]."""
     cfg = self.config
     dtype = cfg.compute_dtype
-    h = Encoder(cfg, name='encoder')(tokens, padding_mask,
-                                     deterministic=deterministic)[:, 0]
+    h = Encoder(cfg, name='encoder')(tokens, padding_mask, segments=segments,
+                                     deterministic=deterministic)
+    if cfg.pooling == 'mean':
+      weights = (jnp.ones(tokens.shape, jnp.float32) if padding_mask is None
+                 else padding_mask.astype(jnp.float32))
+      h = (jnp.einsum('bl,bld->bd', weights, h.astype(jnp.float32))
+           / jnp.maximum(weights.sum(axis=1, keepdims=True), 1.0)).astype(h.dtype)
+    else:
+      h = h[:, 0]
     h = nn.Dense(cfg.hidden_dim, dtype=dtype, param_dtype=jnp.float32,
                  name='classifier_dense',
                  kernel_init=_partitioned(_DENSE_INIT, (axes.EMBED, axes.EMBED_OUT)),

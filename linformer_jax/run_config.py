@@ -4,6 +4,7 @@ The model's own fields are checked by `ModelConfig`; this module checks the
 rest and compares a workdir's saved run with the requested one.
 """
 
+import dataclasses
 from typing import Any, Mapping
 
 import ml_collections
@@ -15,12 +16,18 @@ _POSITIVE_INTS = ('total_steps', 'batch_size', 'eval_batch_size', 'grad_accum_st
                   'log_every', 'eval_every', 'checkpoint_every', 'keep_checkpoints')
 _NON_NEGATIVE_FLOATS = ('learning_rate', 'end_learning_rate', 'weight_decay',
                         'grad_clip_norm')
+_MODEL_DEFAULTS = {field.name: field.default for field in dataclasses.fields(ModelConfig)}
 # Data fields that change the token ids, and so the meaning of the parameters.
 _DATA_FIELDS_FIXED_BY_A_RUN = ('tokenizer', 'vocab_size')
 
 
+TASKS = ('masked_lm', 'classification')
+
+
 def validate(config: ml_collections.ConfigDict) -> ModelConfig:
   """Raises ConfigError for a bad training field; returns the model config."""
+  if config.get('task', 'masked_lm') not in TASKS:
+    raise ConfigError(f'config.task={config.task!r} is not allowed: use one of {TASKS}.')
   for field in _POSITIVE_INTS:
     value = config[field]
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -59,6 +66,8 @@ def check_same_model(saved: Mapping[str, Any], config: ml_collections.ConfigDict
   for section in ('model', 'data'):
     for key in sorted(set(requested[section]) | set(stored[section])):
       old, new = stored[section].get(key), requested[section].get(key)
+      if section == 'model' and key not in stored[section]:
+        old = _MODEL_DEFAULTS.get(key)  # a run saved before the field existed
       if isinstance(old, list):
         old = tuple(old)
       if isinstance(new, list):

@@ -1,6 +1,8 @@
-"""Masked-LM pretraining from a config file.
+"""Training from a config file: masked-LM pretraining or classification.
 
   python -m linformer_jax.train --config configs/default.py --workdir runs/default
+  python -m linformer_jax.train --config configs/finetune_sst2.py --workdir runs/sst2 \
+      --config.init_from=runs/default
 
 Resumes from the newest checkpoint in --workdir. Bad input (config, data path,
 a workdir of another model) ends with a one-line error and exit code 2.
@@ -23,10 +25,15 @@ def main(argv):
   cli.start_processes()
   results = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   print(json.dumps(results, indent=2, sort_keys=True), flush=True)
-  print(f'{results["eval_split"]} perplexity {results["eval_perplexity"]:.1f} after '
-        f'{results["step"]} steps (a unigram model: '
-        f'{results["unigram_perplexity"]:.1f}); results in '
-        f'{FLAGS.workdir}/{trainer.RESULTS_FILE}', flush=True)
+  if results['task'] == 'classification':
+    summary = (f'{results["eval_split"]} accuracy {results["eval_accuracy"]:.2%} after '
+               f'{results["step"]} steps (the majority class: '
+               f'{results["majority_class_accuracy"]:.2%})')
+  else:
+    summary = (f'{results["eval_split"]} perplexity {results["eval_perplexity"]:.1f} '
+               f'after {results["step"]} steps (a unigram model: '
+               f'{results["unigram_perplexity"]:.1f})')
+  print(f'{summary}; results in {FLAGS.workdir}/{trainer.RESULTS_FILE}', flush=True)
 
 
 if __name__ == '__main__':

@@ -1,4 +1,4 @@
-"""The optimizer, the train state and the jitted step functions of MLM training.
+"""The optimizer, the train state, the task losses and the jitted step functions.
 
 Step functions are module-level and take every input explicitly (model,
 optimizer and accumulation count are bound with functools.partial before
@@ -6,7 +6,7 @@ jitting), so each compiles once per run.
 """
 
 import functools
-from typing import Any, Dict, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import flax
 import flax.linen as nn
@@ -74,10 +74,12 @@ def init_train_state(rng: Array, *, model: nn.Module,
 
 def masked_lm_sums(logits: Array, batch: Batch) -> Dict[str, Array]:
   """Sums of cross-entropy, correct predictions and weights at masked tokens."""
-  weights = batch['weights']
-  cross_entropy = optax.softmax_cross_entropy_with_integer_labels(
-      logits, batch['targets'])
-  correct = (jnp.argmax(logits, axis=-1) == batch['targets']).astype(jnp.float32)
+  return _weighted_sums(logits, batch['targets'], batch['weights'])
+
+
+def _weighted_sums(logits: Array, labels: Array, weights: Array) -> Dict[str, Array]:
+  cross_entropy = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
   return {'loss_sum': jnp.sum(cross_entropy * weights),
           'correct_sum': jnp.sum(correct * weights),
           'weight_sum': jnp.sum(weights)}
@@ -99,43 +101,74 @@ def gather_predictions(batch: Batch, num_predictions: int) -> Tuple[Array, Batch
                      'weights': take(weights)}
 
 
+# A task's loss: (variables, batch, deterministic, rngs) -> the sums
+# loss_sum, correct_sum and weight_sum of the batch.
+LossSums = Callable[..., Dict[str, Array]]
+
+
+def masked_lm_loss(model: nn.Module, num_predictions: int) -> LossSums:
+  """Cross-entropy at the masked tokens of `inputs` (batch: inputs, targets,
+  weights, padding_mask, each [batch, length]).
+
+  `num_predictions` is the most masked tokens a row can hold; logits are only
+  computed there (`gather_predictions`).
+  """
+
+  def sums(variables, batch: Batch, *, deterministic: bool, rngs=None):
+    positions, batch = gather_predictions(batch, num_predictions)
+    logits = model.apply(variables, batch['inputs'], batch['padding_mask'],
+                         deterministic=deterministic, rngs=rngs,
+                         positions=positions)
+    return masked_lm_sums(logits, batch)
+
+  return sums
+
+
+def classification_loss(model: nn.Module) -> LossSums:
+  """Cross-entropy of one label per sequence (batch: inputs, padding_mask and
+  segments [batch, length]; labels and weights [batch], weight 0 for filler
+  rows)."""
+
+  def sums(variables, batch: Batch, *, deterministic: bool, rngs=None):
+    logits = model.apply(variables, batch['inputs'], batch['padding_mask'],
+                         segments=batch['segments'], deterministic=deterministic,
+                         rngs=rngs)
+    return _weighted_sums(logits, batch['labels'], batch['weights'])
+
+  return sums
+
+
 def _microbatches(batch: Batch, count: int) -> Batch:
   return jax.tree_util.tree_map(
       lambda x: x.reshape((count, x.shape[0] // count) + x.shape[1:]), batch)
 
 
 def train_step(state: TrainState, batch: Batch, dropout_key: Array, *,
-               model: nn.Module, optimizer: optax.GradientTransformation,
-               num_predictions: int,
+               loss_sums: LossSums, optimizer: optax.GradientTransformation,
                grad_accum_steps: int = 1) -> Tuple[TrainState, Dict[str, Array]]:
   """One optimizer step on a batch, optionally over several micro-batches.
 
-  The loss is the mean cross-entropy over all masked tokens of the whole batch,
-  so accumulating micro-batches gives the same gradient as one big batch.
+  The loss is the mean cross-entropy over every weighted prediction of the
+  whole batch (masked tokens, or sequences), so accumulating micro-batches
+  gives the same gradient as one big batch.
 
   Args:
     state: the train state (donated by the caller's jit).
-    batch: `inputs`, `targets`, `weights` and `padding_mask`, each
-      [batch, length], batch divisible by grad_accum_steps.
+    batch: the task's arrays (see `masked_lm_loss`, `classification_loss`),
+      batch divisible by grad_accum_steps.
     dropout_key: the run's dropout key; folded with the step, so a resumed run
       draws the same dropout masks.
-    model, optimizer, grad_accum_steps: bound with functools.partial.
-    num_predictions: the most masked tokens a row can hold; logits are only
-      computed there (`gather_predictions`).
+    loss_sums, optimizer, grad_accum_steps: bound with functools.partial.
 
   Returns:
-    The new state and metrics: loss, accuracy, grad_norm, learning_rate.
+    The new state and metrics: loss, accuracy, grad_norm.
   """
   total_weight = jnp.maximum(jnp.sum(batch['weights']), 1.0)
   step_key = jax.random.fold_in(dropout_key, state.step)
 
   def loss_fn(params, micro_batch, key):
-    positions, micro_batch = gather_predictions(micro_batch, num_predictions)
-    logits = model.apply({'params': params, **state.constants},
-                         micro_batch['inputs'], micro_batch['padding_mask'],
-                         deterministic=False, rngs={'dropout': key},
-                         positions=positions)
-    sums = masked_lm_sums(logits, micro_batch)
+    sums = loss_sums({'params': params, **state.constants}, micro_batch,
+                     deterministic=False, rngs={'dropout': key})
     return sums['loss_sum'] / total_weight, sums
 
   grad_fn = jax.grad(loss_fn, has_aux=True)
@@ -167,19 +200,16 @@ def train_step(state: TrainState, batch: Batch, dropout_key: Array, *,
   return new_state, metrics
 
 
-def eval_step(state: TrainState, batch: Batch, *, model: nn.Module,
-              num_predictions: int) -> Dict[str, Array]:
-  """Masked-LM sums of one evaluation batch (no dropout)."""
-  positions, batch = gather_predictions(batch, num_predictions)
-  logits = model.apply(state.variables(), batch['inputs'], batch['padding_mask'],
-                       deterministic=True, positions=positions)
-  return masked_lm_sums(logits, batch)
+def eval_step(state: TrainState, batch: Batch, *,
+              loss_sums: LossSums) -> Dict[str, Array]:
+  """The loss sums of one evaluation batch (no dropout)."""
+  return loss_sums(state.variables(), batch, deterministic=True)
 
 
-def jit_step_functions(model: nn.Module, optimizer: optax.GradientTransformation,
-                       grad_accum_steps: int, num_predictions: int, *,
+def jit_step_functions(loss_sums: LossSums, optimizer: optax.GradientTransformation,
+                       grad_accum_steps: int, *,
                        state_shardings: Any = None, batch_sharding: Any = None):
-  """The jitted train step (state donated) and eval step of a run.
+  """The jitted train step (state donated) and eval step of a run's task.
 
   With `state_shardings` (a TrainState of shardings) and `batch_sharding`, the
   steps take and return arrays split over the mesh as given; metrics come back
@@ -193,11 +223,10 @@ def jit_step_functions(model: nn.Module, optimizer: optax.GradientTransformation
                         out_shardings=(state_shardings, replicated))
     eval_kwargs = dict(in_shardings=(state_shardings, batch_sharding),
                        out_shardings=replicated)
-  train = jax.jit(functools.partial(train_step, model=model, optimizer=optimizer,
-                                    grad_accum_steps=grad_accum_steps,
-                                    num_predictions=num_predictions),
+  train = jax.jit(functools.partial(train_step, loss_sums=loss_sums,
+                                    optimizer=optimizer,
+                                    grad_accum_steps=grad_accum_steps),
                   donate_argnums=0, **train_kwargs)
-  evaluate = jax.jit(functools.partial(eval_step, model=model,
-                                       num_predictions=num_predictions),
+  evaluate = jax.jit(functools.partial(eval_step, loss_sums=loss_sums),
                      **eval_kwargs)
   return train, evaluate

@@ -1,5 +1,8 @@
-"""The masked-LM training loop: pretraining, periodic evaluation, checkpoints.
+"""The training loop: MLM pretraining or classification, evaluation, checkpoints.
 
+`config.task` is 'masked_lm' (pretraining, `input_pipeline`) or
+'classification' (fine-tuning from `config.init_from`'s encoder, or training
+from scratch as in the Long Range Arena; `classification_data`).
 `train_and_evaluate(config, workdir)` runs a whole job and resumes by itself
 from the newest checkpoint in `workdir/checkpoints`. Checkpoints hold the
 parameters, the optimizer state, the data iterator's position and the config,
@@ -24,6 +27,7 @@ from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 
+from linformer_jax import classification_data
 from linformer_jax import input_pipeline
 from linformer_jax import models
 from linformer_jax import run_config
@@ -34,6 +38,13 @@ from linformer_jax.errors import ConfigError
 from linformer_jax.metric_writers import MetricLogger
 
 RESULTS_FILE = 'eval_results.json'
+# Encoder parameters that a fine-tuned model may add to a pretrained encoder
+# without them (they start from their initial values: zeros).
+FRESH_ENCODER_PARAMS = {'segment_embedding': 'num_segments'}
+# Model fields that decide the encoder's arrays; fine-tuning needs them equal.
+ENCODER_FIELDS = ('vocab_size', 'max_len', 'num_layers', 'num_heads', 'hidden_dim',
+                  'mlp_dim', 'attention', 'projected_len', 'sharing', 'projection',
+                  'pre_layer_norm')
 
 
 class NonFiniteLossError(RuntimeError):
@@ -99,8 +110,10 @@ def shardings_of(abstract_state: train_steps.TrainState) -> train_steps.TrainSta
 
 
 def evaluate_batches(eval_step, state, batches: Iterable[Dict[str, np.ndarray]],
-                     to_device=lambda batch: batch) -> Dict[str, float]:
-  """Masked-token loss, perplexity and accuracy over all evaluation batches."""
+                     to_device=lambda batch: batch,
+                     task: str = 'masked_lm') -> Dict[str, float]:
+  """Loss and accuracy over all evaluation batches; for masked_lm also the
+  perplexity and the number of masked tokens, else the number of examples."""
   totals = {'loss_sum': 0.0, 'correct_sum': 0.0, 'weight_sum': 0.0}
   for batch in batches:
     sums = jax.device_get(eval_step(state, to_device(batch)))
@@ -108,9 +121,39 @@ def evaluate_batches(eval_step, state, batches: Iterable[Dict[str, np.ndarray]],
       totals[key] += float(sums[key])
   weight = max(totals['weight_sum'], 1.0)
   loss = totals['loss_sum'] / weight
-  return {'loss': loss, 'perplexity': math.exp(min(loss, 700.0)),
-          'accuracy': totals['correct_sum'] / weight,
+  metrics = {'loss': loss, 'accuracy': totals['correct_sum'] / weight}
+  if task == 'classification':
+    return {**metrics, 'examples': totals['weight_sum']}
+  return {**metrics, 'perplexity': math.exp(min(loss, 700.0)),
           'masked_tokens': totals['weight_sum']}
+
+
+def majority_accuracy(train_label_counts: np.ndarray,
+                      batches: Iterable[Dict[str, np.ndarray]]) -> float:
+  """Accuracy of always predicting the training split's most common class."""
+  majority = int(np.argmax(train_label_counts))
+  correct, weight = 0.0, 0.0
+  for batch in batches:
+    correct += float(np.sum((batch['labels'] == majority) * batch['weights']))
+    weight += float(np.sum(batch['weights']))
+  return correct / max(weight, 1.0)
+
+
+def reference_results(task: str, data) -> Dict[str, float]:
+  """The trivial model a run must beat, scored on its evaluation batches."""
+  if task == 'classification':
+    return {'majority_class_accuracy': majority_accuracy(data.train_label_counts,
+                                                         data.eval_batches)}
+  return {'unigram_perplexity': unigram_perplexity(data.train_token_counts,
+                                                   data.eval_batches)}
+
+
+def describe_metrics(task: str, split: str, metrics: Dict[str, float]) -> str:
+  """One line of evaluation results, e.g. for the progress report."""
+  if task == 'classification':
+    return f'{split} loss {metrics["loss"]:.4f}, accuracy {metrics["accuracy"]:.4f}'
+  return (f'{split} loss {metrics["loss"]:.4f}, perplexity '
+          f'{metrics["perplexity"]:.2f}, accuracy {metrics["accuracy"]:.4f}')
 
 
 def unigram_perplexity(train_token_counts: np.ndarray,
@@ -133,13 +176,15 @@ def _prefixed(prefix: str, metrics: Dict[str, float]) -> Dict[str, float]:
   return {f'{prefix}_{name}': value for name, value in metrics.items()}
 
 
-def _build_datasets_in_turn(config, workdir: str) -> input_pipeline.Datasets:
+def _build_datasets_in_turn(config, workdir: str):
   """This process's data; process 0 goes first and trains the tokenizer.
 
   The other processes wait for it, then load the tokenizer it saved in the
   workdir, so that all of them use the same token ids.
   """
-  build = lambda: input_pipeline.build_datasets(
+  module = (classification_data if config.task == 'classification'
+            else input_pipeline)
+  build = lambda: module.build_datasets(
       config, workdir, process_index=jax.process_index(),
       process_count=jax.process_count())
   if jax.process_count() == 1:
@@ -188,17 +233,27 @@ class Run:
                                  keep=config.keep_checkpoints)
     if self.store.latest_step() is not None:
       run_config.check_same_model(self.store.restore_config(), config, workdir)
+    if (config.init_from and config.task == 'classification'
+        and self.store.latest_step() is None):
+      check_pretrained_encoder(config)
     self.data = _build_datasets_in_turn(config, workdir)
     # build_datasets has checked model.vocab_size against the tokenizer.
-    self.model = models.MaskedLanguageModel(model_config)
+    if config.task == 'classification':
+      self.model = models.SequenceClassifier(
+          model_config, classification_data.num_classes(config))
+      loss_sums = train_steps.classification_loss(self.model)
+    else:
+      self.model = models.MaskedLanguageModel(model_config)
+      loss_sums = train_steps.masked_lm_loss(
+          self.model, input_pipeline.max_predictions(model_config.max_len,
+                                                     config.data.mask_rate))
     self.optimizer = train_steps.create_optimizer(config)
     self.schedule = train_steps.learning_rate_schedule(config)
     self.abstract_state = abstract_train_state(
         self.model, self.optimizer, model_config.max_len, self.mesh, rules)
     self.state_shardings = shardings_of(self.abstract_state)
     self.train_step, self.eval_step = train_steps.jit_step_functions(
-        self.model, self.optimizer, config.grad_accum_steps,
-        input_pipeline.max_predictions(model_config.max_len, config.data.mask_rate),
+        loss_sums, self.optimizer, config.grad_accum_steps,
         state_shardings=self.state_shardings, batch_sharding=self.batch_sharding)
     self.state = self._initial_state(model_config.max_len)
 
@@ -219,12 +274,47 @@ class Run:
         rng, model=self.model, optimizer=self.optimizer, seq_len=seq_len),
                    out_shardings=self.state_shardings)
     state = init(jax.random.PRNGKey(self.config.seed))
-    if self.config.init_from:
+    if self.config.init_from and self.config.task == 'classification':
+      state = self._with_pretrained_encoder(state)
+    elif self.config.init_from:
       params = self.store.restore_params(self.config.init_from,
                                          self.abstract_state.params)
       state = state.replace(params=params)
       report(f'Initialised parameters from {self.config.init_from}.')
     return state
+
+  def _with_pretrained_encoder(self, state: train_steps.TrainState
+                               ) -> train_steps.TrainState:
+    """`state` with the encoder (parameters and constants) of config.init_from.
+
+    The classification head, and encoder parameters the pretrained model
+    lacks (FRESH_ENCODER_PARAMS), keep their initial values.
+    """
+    pretrained = CheckpointStore(checkpoint_directory(self.config.init_from))
+    saved_model = pretrained.restore_config()['model']
+    pretrained.close()
+    abstract = self.abstract_state
+    encoder = dict(abstract.params['encoder'])
+    fresh = [name for name, field in FRESH_ENCODER_PARAMS.items()
+             if name in encoder and not saved_model.get(field)]
+    subtrees = {('params', 'encoder'): {k: v for k, v in encoder.items()
+                                        if k not in fresh}}
+    for collection, variables in abstract.constants.items():
+      if 'encoder' in variables:
+        subtrees[('constants', collection, 'encoder')] = variables['encoder']
+    restored = CheckpointStore.restore_subtrees(self.config.init_from, subtrees)
+    params = dict(state.params)
+    params['encoder'] = {**state.params['encoder'],
+                         **restored[('params', 'encoder')]}
+    constants = {collection: dict(variables)
+                 for collection, variables in state.constants.items()}
+    for path, value in restored.items():
+      if path[0] == 'constants':
+        constants[path[1]]['encoder'] = value
+    new = f' ({", ".join(fresh)} start at zero)' if fresh else ''
+    report(f'Initialised the encoder from {self.config.init_from}{new}; the '
+           'classification head is new.')
+    return state.replace(params=params, constants=constants)
 
   def save(self, force: bool = False) -> None:
     # Every process reads its own shard, so the checkpoint keeps every
@@ -236,7 +326,32 @@ class Run:
 
   def evaluate(self) -> Dict[str, float]:
     return evaluate_batches(self.eval_step, self.state, self.data.eval_batches,
-                            self.device_batch)
+                            self.device_batch, task=self.config.task)
+
+
+def check_pretrained_encoder(config: ml_collections.ConfigDict) -> None:
+  """Refuses an init_from run whose encoder differs from config.model's."""
+  store = CheckpointStore(checkpoint_directory(config.init_from))
+  if store.latest_step() is None:
+    raise ConfigError(f'config.init_from={config.init_from!r} holds no checkpoint; '
+                      'point it at a pretraining run\'s workdir.')
+  saved = store.restore_config()
+  store.close()
+  for field in ENCODER_FIELDS:
+    old, new = saved['model'].get(field), config.model.get(field)
+    old, new = (tuple(v) if isinstance(v, list) else v for v in (old, new))
+    if old != new:
+      raise ConfigError(
+          f'config.init_from={config.init_from!r} was trained with '
+          f'model.{field}={old!r}, this config has {new!r}; set '
+          f'--config.model.{field}={old!r} to fine-tune it.')
+  for field in ('tokenizer', 'vocab_size'):
+    old = saved.get('data', {}).get(field)
+    if old is not None and old != config.data.get(field):
+      raise ConfigError(
+          f'config.init_from={config.init_from!r} used data.{field}={old!r}, this '
+          f'config has {config.data.get(field)!r}; set --config.data.{field}='
+          f'{old!r}.')
 
 
 def _write_json(path: str, payload: Dict[str, Any]) -> None:
@@ -299,10 +414,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       if step % config.eval_every == 0 or step == config.total_steps:
         eval_metrics = run.evaluate()
         logger.write_scalars(step, _prefixed('eval', eval_metrics))
-        report(f'step {step}: {config.data.eval_split} loss '
-               f'{eval_metrics["loss"]:.4f}, perplexity '
-               f'{eval_metrics["perplexity"]:.2f}, accuracy '
-               f'{eval_metrics["accuracy"]:.4f}')
+        report(f'step {step}: ' + describe_metrics(config.task, config.data.eval_split,
+                                                   eval_metrics))
       if step % config.checkpoint_every == 0 or step == config.total_steps:
         run.save()
       if stop_after is not None and step >= stop_after and step < config.total_steps:
@@ -322,9 +435,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   results = {
       'step': int(run.state.step),
       'eval_split': config.data.eval_split,
+      'task': config.task,
       **_prefixed('eval', eval_metrics),
-      'unigram_perplexity': unigram_perplexity(run.data.train_token_counts,
-                                               run.data.eval_batches),
+      **reference_results(config.task, run.data),
       'parameters': parameter_count,
       'wall_time_s': time.time() - start_time,
   }
@@ -342,9 +455,8 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
   config.data.eval_split = split
   run = Run(config, workdir)
   metrics = run.evaluate()
-  results = {'step': int(run.state.step), 'split': split, **metrics,
-             'unigram_perplexity': unigram_perplexity(run.data.train_token_counts,
-                                                      run.data.eval_batches)}
+  results = {'step': int(run.state.step), 'split': split, 'task': config.task,
+             **metrics, **reference_results(config.task, run.data)}
   _write_json(os.path.join(workdir, f'eval_{split}.json'), results)
   run.store.close()
   return results

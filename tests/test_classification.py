@@ -1,0 +1,203 @@
+"""Classification: pair encoding, TSV errors, fine-tuning from a pretrained run, ListOps."""
+
+import os
+import random
+
+import jax
+import numpy as np
+import pytest
+
+from configs import classification
+from configs import tiny
+from linformer_jax import classification_data
+from linformer_jax import models
+from linformer_jax import tokenizer as tokenizer_lib
+from linformer_jax import trainer
+from linformer_jax.checkpoints import CheckpointStore
+from linformer_jax.errors import ConfigError
+from linformer_jax.model_config import ModelConfig
+
+BYTES = tokenizer_lib.ByteTokenizer()
+CACHE = os.environ.get('LINFORMER_TEST_CACHE', '')
+POSITIVE = ('good', 'great', 'fine', 'lovely', 'superb')
+NEGATIVE = ('bad', 'awful', 'poor', 'dull', 'weak')
+
+
+def write_sentiment_tsv(folder, seed=0, count=96):
+  """A learnable toy task: the label says whether a positive word occurs."""
+  rng = random.Random(seed)
+  os.makedirs(folder, exist_ok=True)
+  for split, size in (('train', count), ('dev', 32)):
+    with open(os.path.join(folder, f'{split}.tsv'), 'w') as f:
+      f.write('sentence\tlabel\n')
+      for _ in range(size):
+        label = rng.randrange(2)
+        word = rng.choice(POSITIVE if label else NEGATIVE)
+        f.write(f'the film was {word} indeed\t{label}\n')
+
+
+def tiny_classifier_config(data_dir, **overrides):
+  config = classification.get_config()
+  pretrain = tiny.get_config()
+  config.model = pretrain.model  # the tiny encoder (vocab 260, n = 32, k = 8)
+  for field in ('tokenizer', 'vocab_size'):
+    config.data[field] = pretrain.data[field]
+  config.model.vocab_size = config.data.get_ref('vocab_size')
+  config.data.cache_dir = CACHE
+  config.data.path = str(data_dir)
+  config.data.split_files = {'train': ['train.tsv'], 'validation': ['dev.tsv']}
+  config.update(dict(total_steps=30, batch_size=8, eval_batch_size=8, warmup_steps=3,
+                     learning_rate=3e-3, log_every=10, eval_every=30,
+                     checkpoint_every=30))
+  config.update_from_flattened_dict(overrides)
+  return config
+
+
+@pytest.fixture(scope='module')
+def pretrained(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp('pretrained'))
+  config = tiny.get_config()
+  config.data.cache_dir = CACHE
+  trainer.train_and_evaluate(config, workdir)
+  return workdir
+
+
+def test_single_texts_and_pairs_get_bos_eos_separators_and_segments():
+  ids, segments = classification_data.encode_texts(['ab'], BYTES, 16)
+  assert ids == [BYTES.bos_id, *BYTES.encode('ab'), BYTES.eos_id]
+  assert segments == [0, 0, 0, 0]
+  ids, segments = classification_data.encode_texts(['ab', 'xyz'], BYTES, 16)
+  assert ids == [BYTES.bos_id, *BYTES.encode('ab'), BYTES.eos_id, BYTES.eos_id,
+                 *BYTES.encode('xyz'), BYTES.eos_id]
+  assert segments == [0, 0, 0, 0, 1, 1, 1, 1, 1]
+
+
+def test_long_texts_are_cut_to_fit_as_the_config_says():
+  text = 'abcdefghij'
+  ids, _ = classification_data.encode_texts([text], BYTES, 6, 'head')
+  assert BYTES.decode(ids) == 'abcd'
+  ids, _ = classification_data.encode_texts([text], BYTES, 6, 'head_tail')
+  assert BYTES.decode(ids) == 'abij'
+  # A pair loses tokens from its longer text first.
+  ids, segments = classification_data.encode_texts(['abcdefgh', 'xy'], BYTES, 10)
+  assert len(ids) == 10 and segments.count(1) == 4  # 'xy' kept whole
+  assert BYTES.decode(ids[:segments.index(1)]) == 'abcd'
+
+
+def test_bad_tsv_files_name_the_file_and_what_to_change(tmp_path):
+  path = tmp_path / 'train.tsv'
+  path.write_text('text\tlabel\nfine\t1\n')
+  with pytest.raises(ConfigError, match=r"train.tsv has no column 'sentence'.*text, label"):
+    classification_data.read_tsv(path, ['sentence'], 'label', ['0', '1'])
+  path.write_text('sentence\tlabel\nfine\t1\nodd\t7\n')
+  with pytest.raises(ConfigError, match=r"train.tsv:3: label '7' is not in "
+                     r"config.data.labels=\('0', '1'\)"):
+    classification_data.read_tsv(path, ['sentence'], 'label', ['0', '1'])
+  path.write_text('sentence\tlabel\nfine\t1\textra\n')
+  with pytest.raises(ConfigError, match='train.tsv:2: 3 fields'):
+    classification_data.read_tsv(path, ['sentence'], 'label', ['0', '1'])
+
+
+def test_fine_tuning_loads_the_pretrained_encoder_and_trains(pretrained, tmp_path):
+  write_sentiment_tsv(tmp_path / 'data')
+  config = tiny_classifier_config(tmp_path / 'data', init_from=pretrained)
+  run = trainer.Run(config, str(tmp_path / 'start'))
+  stored = CheckpointStore.restore_params(
+      pretrained, trainer.abstract_train_state(
+          models.MaskedLanguageModel(ModelConfig.from_config(config.model)),
+          run.optimizer, config.model.max_len, run.mesh,
+          (('batch', 'data'),)).params)
+  # Every encoder array equals the pretrained one; the head is new.
+  jax.tree_util.tree_map(np.testing.assert_array_equal,
+                         jax.device_get(run.state.params['encoder']),
+                         jax.device_get(stored['encoder']))
+  assert set(run.state.params) == {'encoder', 'classifier_dense', 'classifier_out'}
+  run.store.close()
+
+  results = trainer.train_and_evaluate(config, str(tmp_path / 'finetuned'))
+  assert results['task'] == 'classification' and results['step'] == 30
+  assert results['eval_examples'] == 32
+  assert 0.0 <= results['eval_accuracy'] <= 1.0
+  assert 0.0 < results['majority_class_accuracy'] < 1.0
+  assert os.path.exists(tmp_path / 'finetuned' / tokenizer_lib.MODEL_FILENAME) is False
+
+
+def test_a_short_run_learns_the_toy_task(tmp_path):
+  write_sentiment_tsv(tmp_path / 'data', count=256)
+  config = tiny_classifier_config(tmp_path / 'data', total_steps=120,
+                                  eval_every=120, checkpoint_every=120)
+  results = trainer.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert results['eval_accuracy'] >= 0.9, results
+
+
+def test_pairs_add_a_zero_segment_embedding_to_the_pretrained_encoder(
+    pretrained, tmp_path):
+  folder = tmp_path / 'pairs'
+  folder.mkdir()
+  for split in ('train', 'dev'):
+    (folder / f'{split}.tsv').write_text(
+        'question\tsentence\tlabel\n' + ''.join(
+            f'is it {w}?\tit is {w}.\t{i % 2}\n' for i, w in
+            enumerate(POSITIVE + NEGATIVE)))
+  config = tiny_classifier_config(folder, init_from=pretrained, total_steps=2,
+                                  warmup_steps=1,
+                                  batch_size=2, eval_batch_size=4,
+                                  **{'model.num_segments': 2,
+                                     'data.text_columns': ('question', 'sentence')})
+  run = trainer.Run(config, str(tmp_path / 'run'))
+  batch = run.data.eval_batches[0]
+  first = batch['inputs'][0]
+  eos = np.flatnonzero(first == BYTES.eos_id)
+  assert len(eos) == 3
+  np.testing.assert_array_equal(batch['segments'][0][:eos[0] + 1], 0)
+  np.testing.assert_array_equal(batch['segments'][0][eos[1]:eos[2] + 1], 1)
+  assert not batch['padding_mask'][0][eos[2] + 1:].any()
+  segment_embedding = np.asarray(run.state.params['encoder']['segment_embedding'])
+  assert segment_embedding.shape == (2, 32) and not segment_embedding.any()
+  run.store.close()
+
+
+@pytest.mark.parametrize('overrides, message', [
+    ({'model.hidden_dim': 64, 'model.num_heads': 2}, 'model.hidden_dim=32'),
+    ({'model.max_len': 64}, 'model.max_len=32'),
+    ({'model.sharing': 'headwise'}, "model.sharing='layerwise'"),
+])
+def test_a_pretrained_run_of_another_shape_is_refused_naming_the_field(
+    pretrained, tmp_path, overrides, message):
+  write_sentiment_tsv(tmp_path / 'data')
+  config = tiny_classifier_config(tmp_path / 'data', init_from=pretrained,
+                                  **overrides)
+  with pytest.raises(ConfigError, match=message):
+    trainer.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert not os.path.exists(tmp_path / 'run' / 'checkpoints')
+
+
+def test_fine_tuning_from_a_folder_without_a_run_is_refused(tmp_path):
+  write_sentiment_tsv(tmp_path / 'data')
+  config = tiny_classifier_config(tmp_path / 'data', init_from=str(tmp_path / 'none'))
+  with pytest.raises(ConfigError, match='holds no checkpoint'):
+    trainer.train_and_evaluate(config, str(tmp_path / 'run'))
+
+
+def test_listops_trains_from_scratch_on_generated_trees(tmp_path):
+  config = tiny_classifier_config(tmp_path, **{
+      'data.source': 'listops', 'data.tokenizer': 'listops', 'data.vocab_size': 16,
+      'data.listops': dict(num_train=64, num_validation=16, num_test=16,
+                           min_length=5, max_length=32),
+      'data.cache_dir': str(tmp_path / 'cache'), 'model.pooling': 'mean',
+      'total_steps': 10, 'eval_every': 10, 'checkpoint_every': 10})
+  results = trainer.train_and_evaluate(config, str(tmp_path / 'run'))
+  assert results['eval_examples'] == 16 and results['step'] == 10
+  assert os.listdir(tmp_path / 'cache' / 'listops')
+
+
+def test_mean_pooling_ignores_padding():
+  config = ModelConfig(vocab_size=20, max_len=16, num_layers=1, num_heads=2,
+                       hidden_dim=8, mlp_dim=16, projected_len=4, pooling='mean')
+  model = models.SequenceClassifier(config, num_classes=3)
+  tokens = np.array([[5, 6, 7, 0, 0, 0, 0, 0]], np.int32)
+  mask = tokens != 0
+  variables = model.init(jax.random.PRNGKey(0), tokens)
+  short = model.apply(variables, tokens[:, :3], mask[:, :3])
+  padded = model.apply(variables, tokens, mask)
+  np.testing.assert_allclose(short, padded, rtol=1e-5, atol=1e-6)

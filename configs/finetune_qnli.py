@@ -9,8 +9,9 @@ is unchanged until it learns). Reads TFDS glue/qnli (prepare it with
 `tfds build glue/qnli`, or --config.data.tfds_download=True with network);
 GLUE's own QNLI TSV files work too: --config.data.source=tsv
 --config.data.path=DIR (columns index, question, sentence, label). QQP:
---config.data.tfds_name=glue/qqp --config.data.text_columns=question1,question2
---config.data.labels=0,1.
+--config.data.tfds_name=glue/qqp
+--config.data.text_columns="('question1','question2')"
+--config.data.labels="('not_duplicate','duplicate')".
 """
 
 from configs import classification

@@ -201,3 +201,32 @@ def test_mean_pooling_ignores_padding():
   short = model.apply(variables, tokens[:, :3], mask[:, :3])
   padded = model.apply(variables, tokens, mask)
   np.testing.assert_allclose(short, padded, rtol=1e-5, atol=1e-6)
+
+
+def test_fine_tuning_uses_the_pretrained_runs_sentencepiece_model(tmp_path):
+  pretrained = tmp_path / 'pretrained'
+  pretrained.mkdir()
+  words = ' '.join(POSITIVE + NEGATIVE + ('the', 'film', 'was', 'indeed'))
+  model = tokenizer_lib.SentencePieceTokenizer.train(
+      iter([words] * 50), 30, str(pretrained / tokenizer_lib.MODEL_FILENAME))
+  write_sentiment_tsv(tmp_path / 'data')
+  config = tiny_classifier_config(tmp_path / 'data', init_from=str(pretrained),
+                                  **{'data.tokenizer': 'sentencepiece',
+                                     'data.vocab_size': 30})
+  examples = classification_data.load_examples(config.data, 'train')
+  workdir = tmp_path / 'run'
+  tokenizer = classification_data._tokenizer(config, str(workdir), examples)  # pylint: disable=protected-access
+  assert tokenizer.fingerprint == model.fingerprint
+  assert (workdir / tokenizer_lib.MODEL_FILENAME).read_bytes() == (
+      pretrained / tokenizer_lib.MODEL_FILENAME).read_bytes()
+  config.init_from = str(tmp_path / 'no_tokenizer')
+  with pytest.raises(ConfigError, match='has no tokenizer.model'):
+    classification_data._tokenizer(config, str(tmp_path / 'other'), examples)  # pylint: disable=protected-access
+
+
+def test_an_unprepared_tfds_dataset_says_how_to_get_it(tmp_path):
+  config = tiny_classifier_config(tmp_path, **{
+      'data.source': 'tfds', 'data.tfds_name': 'glue/sst2',
+      'data.tfds_data_dir': str(tmp_path / 'tfds')})
+  with pytest.raises(ConfigError, match='config.data.tfds_download'):
+    classification_data.load_examples(config.data, 'train')

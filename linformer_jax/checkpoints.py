@@ -40,6 +40,11 @@ _INIT_FROM_ADVICE = ('config.init_from points to a run with a different model '
                      'config; make the model configs match or drop init_from')
 
 
+def checkpoint_directory(workdir: str) -> str:
+  """Where a run keeps its checkpoints: WORKDIR/checkpoints."""
+  return os.path.join(workdir, 'checkpoints')
+
+
 def _handler_registry() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
   """The orbax handler of each item.
 

@@ -28,25 +28,18 @@ import ml_collections
 import numpy as np
 
 from linformer_jax import classification_data
+from linformer_jax import fine_tuning
 from linformer_jax import input_pipeline
 from linformer_jax import models
 from linformer_jax import run_config
 from linformer_jax import sharding as sharding_lib
 from linformer_jax import train_steps
 from linformer_jax.checkpoints import CheckpointStore
+from linformer_jax.checkpoints import checkpoint_directory
 from linformer_jax.errors import ConfigError
 from linformer_jax.metric_writers import MetricLogger
 
 RESULTS_FILE = 'eval_results.json'
-# Encoder parameters that a fine-tuned model may add to a pretrained encoder
-# without them (they start from their initial values: zeros).
-FRESH_ENCODER_PARAMS = {'segment_embedding': 'num_segments'}
-# Model fields that decide the encoder's arrays; fine-tuning needs them equal.
-ENCODER_FIELDS = ('vocab_size', 'max_len', 'num_layers', 'num_heads', 'hidden_dim',
-                  'mlp_dim', 'attention', 'projected_len', 'sharing', 'projection',
-                  'pre_layer_norm')
-
-
 class NonFiniteLossError(RuntimeError):
   """The training loss became NaN or infinite."""
 
@@ -71,10 +64,6 @@ def report(message: str) -> None:
   logging.info(message)
   if jax.process_index() == 0:
     print(message, flush=True)
-
-
-def checkpoint_directory(workdir: str) -> str:
-  return os.path.join(workdir, 'checkpoints')
 
 
 def abstract_train_state(model, optimizer, seq_len: int, mesh, rules
@@ -235,7 +224,7 @@ class Run:
       run_config.check_same_model(self.store.restore_config(), config, workdir)
     if (config.init_from and config.task == 'classification'
         and self.store.latest_step() is None):
-      check_pretrained_encoder(config)
+      fine_tuning.check_pretrained_encoder(config)
     self.data = _build_datasets_in_turn(config, workdir)
     # build_datasets has checked model.vocab_size against the tokenizer.
     if config.task == 'classification':
@@ -275,46 +264,17 @@ class Run:
                    out_shardings=self.state_shardings)
     state = init(jax.random.PRNGKey(self.config.seed))
     if self.config.init_from and self.config.task == 'classification':
-      state = self._with_pretrained_encoder(state)
+      state, fresh = fine_tuning.with_pretrained_encoder(
+          state, self.abstract_state, self.config.init_from)
+      new = f' ({", ".join(fresh)} start at zero)' if fresh else ''
+      report(f'Initialised the encoder from {self.config.init_from}{new}; the '
+             'classification head is new.')
     elif self.config.init_from:
       params = self.store.restore_params(self.config.init_from,
                                          self.abstract_state.params)
       state = state.replace(params=params)
       report(f'Initialised parameters from {self.config.init_from}.')
     return state
-
-  def _with_pretrained_encoder(self, state: train_steps.TrainState
-                               ) -> train_steps.TrainState:
-    """`state` with the encoder (parameters and constants) of config.init_from.
-
-    The classification head, and encoder parameters the pretrained model
-    lacks (FRESH_ENCODER_PARAMS), keep their initial values.
-    """
-    pretrained = CheckpointStore(checkpoint_directory(self.config.init_from))
-    saved_model = pretrained.restore_config()['model']
-    pretrained.close()
-    abstract = self.abstract_state
-    encoder = dict(abstract.params['encoder'])
-    fresh = [name for name, field in FRESH_ENCODER_PARAMS.items()
-             if name in encoder and not saved_model.get(field)]
-    subtrees = {('params', 'encoder'): {k: v for k, v in encoder.items()
-                                        if k not in fresh}}
-    for collection, variables in abstract.constants.items():
-      if 'encoder' in variables:
-        subtrees[('constants', collection, 'encoder')] = variables['encoder']
-    restored = CheckpointStore.restore_subtrees(self.config.init_from, subtrees)
-    params = dict(state.params)
-    params['encoder'] = {**state.params['encoder'],
-                         **restored[('params', 'encoder')]}
-    constants = {collection: dict(variables)
-                 for collection, variables in state.constants.items()}
-    for path, value in restored.items():
-      if path[0] == 'constants':
-        constants[path[1]]['encoder'] = value
-    new = f' ({", ".join(fresh)} start at zero)' if fresh else ''
-    report(f'Initialised the encoder from {self.config.init_from}{new}; the '
-           'classification head is new.')
-    return state.replace(params=params, constants=constants)
 
   def save(self, force: bool = False) -> None:
     # Every process reads its own shard, so the checkpoint keeps every
@@ -327,31 +287,6 @@ class Run:
   def evaluate(self) -> Dict[str, float]:
     return evaluate_batches(self.eval_step, self.state, self.data.eval_batches,
                             self.device_batch, task=self.config.task)
-
-
-def check_pretrained_encoder(config: ml_collections.ConfigDict) -> None:
-  """Refuses an init_from run whose encoder differs from config.model's."""
-  store = CheckpointStore(checkpoint_directory(config.init_from))
-  if store.latest_step() is None:
-    raise ConfigError(f'config.init_from={config.init_from!r} holds no checkpoint; '
-                      'point it at a pretraining run\'s workdir.')
-  saved = store.restore_config()
-  store.close()
-  for field in ENCODER_FIELDS:
-    old, new = saved['model'].get(field), config.model.get(field)
-    old, new = (tuple(v) if isinstance(v, list) else v for v in (old, new))
-    if old != new:
-      raise ConfigError(
-          f'config.init_from={config.init_from!r} was trained with '
-          f'model.{field}={old!r}, this config has {new!r}; set '
-          f'--config.model.{field}={old!r} to fine-tune it.')
-  for field in ('tokenizer', 'vocab_size'):
-    old = saved.get('data', {}).get(field)
-    if old is not None and old != config.data.get(field):
-      raise ConfigError(
-          f'config.init_from={config.init_from!r} used data.{field}={old!r}, this '
-          f'config has {config.data.get(field)!r}; set --config.data.{field}='
-          f'{old!r}.')
 
 
 def _write_json(path: str, payload: Dict[str, Any]) -> None:

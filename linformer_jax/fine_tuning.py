@@ -1,0 +1,80 @@
+"""Fine-tuning: the encoder of a pretraining run inside a classifier's train state.
+
+`check_pretrained_encoder` compares the pretraining run's saved config with the
+new one and names the first field that differs (before anything is built);
+`with_pretrained_encoder` reads the encoder's arrays from its newest checkpoint
+into a freshly initialised train state, leaving the classification head new.
+"""
+
+from typing import List, Tuple
+
+import ml_collections
+
+from linformer_jax.checkpoints import CheckpointStore
+from linformer_jax.checkpoints import checkpoint_directory
+from linformer_jax.errors import ConfigError
+from linformer_jax.train_steps import TrainState
+
+# Encoder parameters that a fine-tuned model may add to a pretrained encoder
+# without them (they start from their initial values: zeros).
+FRESH_ENCODER_PARAMS = {'segment_embedding': 'num_segments'}
+# Model fields that decide the encoder's arrays; fine-tuning needs them equal.
+ENCODER_FIELDS = ('vocab_size', 'max_len', 'num_layers', 'num_heads', 'hidden_dim',
+                  'mlp_dim', 'attention', 'projected_len', 'sharing', 'projection',
+                  'pre_layer_norm')
+
+
+def check_pretrained_encoder(config: ml_collections.ConfigDict) -> None:
+  """Refuses an init_from run whose encoder differs from config.model's."""
+  store = CheckpointStore(checkpoint_directory(config.init_from))
+  if store.latest_step() is None:
+    raise ConfigError(f'config.init_from={config.init_from!r} holds no checkpoint; '
+                      'point it at a pretraining run\'s workdir.')
+  saved = store.restore_config()
+  store.close()
+  for field in ENCODER_FIELDS:
+    old, new = saved['model'].get(field), config.model.get(field)
+    old, new = (tuple(v) if isinstance(v, list) else v for v in (old, new))
+    if old != new:
+      raise ConfigError(
+          f'config.init_from={config.init_from!r} was trained with '
+          f'model.{field}={old!r}, this config has {new!r}; set '
+          f'--config.model.{field}={old!r} to fine-tune it.')
+  for field in ('tokenizer', 'vocab_size'):
+    old = saved.get('data', {}).get(field)
+    if old is not None and old != config.data.get(field):
+      raise ConfigError(
+          f'config.init_from={config.init_from!r} used data.{field}={old!r}, this '
+          f'config has {config.data.get(field)!r}; set --config.data.{field}='
+          f'{old!r}.')
+
+
+def with_pretrained_encoder(state: TrainState, abstract_state: TrainState,
+                            init_from: str) -> Tuple[TrainState, List[str]]:
+  """`state` with the encoder (parameters and constants) of run `init_from`.
+
+  The classification head, and encoder parameters the pretrained model lacks
+  (FRESH_ENCODER_PARAMS), keep their initial values; their names are returned
+  with the new state. Call `check_pretrained_encoder` first for clear errors.
+  """
+  pretrained = CheckpointStore(checkpoint_directory(init_from))
+  saved_model = pretrained.restore_config()['model']
+  pretrained.close()
+  encoder = dict(abstract_state.params['encoder'])
+  fresh = [name for name, field in FRESH_ENCODER_PARAMS.items()
+           if name in encoder and not saved_model.get(field)]
+  subtrees = {('params', 'encoder'): {k: v for k, v in encoder.items()
+                                      if k not in fresh}}
+  for collection, variables in abstract_state.constants.items():
+    if 'encoder' in variables:
+      subtrees[('constants', collection, 'encoder')] = variables['encoder']
+  restored = CheckpointStore.restore_subtrees(init_from, subtrees)
+  params = dict(state.params)
+  params['encoder'] = {**state.params['encoder'],
+                       **restored[('params', 'encoder')]}
+  constants = {collection: dict(variables)
+               for collection, variables in state.constants.items()}
+  for path, value in restored.items():
+    if path[0] == 'constants':
+      constants[path[1]]['encoder'] = value
+  return state.replace(params=params, constants=constants), fresh

@@ -15,7 +15,7 @@ def get_config():
   config.init_from = ''            # pretraining run whose encoder to start from ('' = scratch)
   config.total_steps = 1000        # optimizer steps
   config.warmup_steps = 60         # about 6% of the steps, as RoBERTa's fine-tuning
-  config.learning_rate = 1e-4      # peak learning rate
+  config.learning_rate = 3e-4      # peak learning rate (small models; RoBERTa-base used 1e-5 to 3e-5)
   config.batch_size = 32           # examples per step
   config.eval_every = 200          # steps between validation evaluations
   config.checkpoint_every = 500    # steps between checkpoints

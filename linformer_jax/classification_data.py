@@ -30,6 +30,7 @@ Every batch is a dict of numpy arrays:
 
 import csv
 import hashlib
+import math
 import os
 import pathlib
 import shutil
@@ -260,7 +261,7 @@ def create_eval_batches(split: EncodedSplit, *, batch_size: int,
   if max_batches:
     total = min(total, max_batches * batch_size * process_count)
   indices = list(range(total))[process_index::process_count]
-  num_batches = -(-(-(-total // process_count)) // batch_size)
+  num_batches = math.ceil(math.ceil(total / process_count) / batch_size)
   batches = []
   for b in range(num_batches):
     rows = [source[i] for i in indices[b * batch_size:(b + 1) * batch_size]]

@@ -30,7 +30,7 @@ def get_config():
   data.labels = ('0', '1')         # label values, in class-index order
   data.truncation = 'head'         # longer texts: keep the 'head' or 'head_tail' halves
   data.max_train_examples = 0      # use a random subset of the training split (0 = all)
-  data.max_eval_batches = 0        # cap on evaluation batches (0 = the whole split)
+  data.max_eval_batches = 0        # evaluate a fixed random subset of this many batches (0 = all)
   data.listops = {}                # ListOps generator settings (source='listops'), see lra_listops.py
   config.model.dropout_rate = 0.1  # dropout, also on the classification head
   return config

@@ -48,6 +48,8 @@ from linformer_jax.errors import ConfigError
 Batch = Dict[str, np.ndarray]
 SOURCES = ('tsv', 'tfds', 'listops')
 TRUNCATIONS = ('head', 'head_tail')
+# Chooses the evaluation subset when config.data.max_eval_batches caps it.
+EVAL_SUBSET_SEED = 0
 
 
 class Examples(NamedTuple):
@@ -255,16 +257,22 @@ def create_eval_batches(split: EncodedSplit, *, batch_size: int,
                         max_batches: Optional[int] = None, process_index: int = 0,
                         process_count: int = 1) -> List[Batch]:
   """Every evaluation example once, dealt round-robin to the processes; the
-  last batches are filled with weight-0 rows so every process has as many."""
+  last batches are filled with weight-0 rows so every process has as many.
+
+  With `max_batches`, a fixed random subset of that many batches' examples
+  (the same for every run): files such as IMDB's list one class after the
+  other, so their first rows would hold a single label.
+  """
   source = EncodedRecords(split)
-  total = len(source)
-  if max_batches:
-    total = min(total, max_batches * batch_size * process_count)
-  indices = list(range(total))[process_index::process_count]
-  num_batches = math.ceil(math.ceil(total / process_count) / batch_size)
+  chosen = np.arange(len(source))
+  if max_batches and max_batches * batch_size * process_count < len(source):
+    subset = np.random.default_rng(EVAL_SUBSET_SEED).permutation(len(source))
+    chosen = np.sort(subset[:max_batches * batch_size * process_count])
+  indices = chosen[process_index::process_count]
+  num_batches = math.ceil(math.ceil(len(chosen) / process_count) / batch_size)
   batches = []
   for b in range(num_batches):
-    rows = [source[i] for i in indices[b * batch_size:(b + 1) * batch_size]]
+    rows = [source[int(i)] for i in indices[b * batch_size:(b + 1) * batch_size]]
     filler = dict(source[0], weights=np.float32(0.0))
     rows += [filler] * (batch_size - len(rows))
     batches.append({key: np.stack([row[key] for row in rows]) for key in rows[0]})

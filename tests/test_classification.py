@@ -230,3 +230,17 @@ def test_an_unprepared_tfds_dataset_says_how_to_get_it(tmp_path):
       'data.tfds_data_dir': str(tmp_path / 'tfds')})
   with pytest.raises(ConfigError, match='config.data.tfds_download'):
     classification_data.load_examples(config.data, 'train')
+
+
+def test_a_capped_evaluation_takes_a_fixed_random_subset_not_the_first_rows():
+  labels = np.repeat(np.arange(2, dtype=np.int32), 64)  # sorted by class, as IMDB
+  inputs = np.ones([128, 4], np.int32)
+  split = classification_data.EncodedSplit(inputs, np.zeros_like(inputs), labels, 0)
+  batches = classification_data.create_eval_batches(split, batch_size=8, max_batches=2)
+  assert len(batches) == 2
+  chosen = np.concatenate([batch['labels'] for batch in batches])
+  assert set(chosen) == {0, 1}
+  again = classification_data.create_eval_batches(split, batch_size=8, max_batches=2)
+  np.testing.assert_array_equal(chosen, np.concatenate([b['labels'] for b in again]))
+  everything = classification_data.create_eval_batches(split, batch_size=8)
+  assert sum(float(b['weights'].sum()) for b in everything) == 128

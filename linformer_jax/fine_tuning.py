@@ -6,7 +6,7 @@ new one and names the first field that differs (before anything is built);
 into a freshly initialised train state, leaving the classification head new.
 """
 
-from typing import List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import ml_collections
 
@@ -24,8 +24,11 @@ ENCODER_FIELDS = ('vocab_size', 'max_len', 'num_layers', 'num_heads', 'hidden_di
                   'pre_layer_norm')
 
 
-def check_pretrained_encoder(config: ml_collections.ConfigDict) -> None:
-  """Refuses an init_from run whose encoder differs from config.model's."""
+def check_pretrained_encoder(config: ml_collections.ConfigDict) -> Dict[str, Any]:
+  """Refuses an init_from run whose encoder differs from config.model's.
+
+  Returns the pretraining run's saved model config.
+  """
   store = CheckpointStore(checkpoint_directory(config.init_from))
   if store.latest_step() is None:
     raise ConfigError(f'config.init_from={config.init_from!r} holds no checkpoint; '
@@ -47,19 +50,19 @@ def check_pretrained_encoder(config: ml_collections.ConfigDict) -> None:
           f'config.init_from={config.init_from!r} used data.{field}={old!r}, this '
           f'config has {config.data.get(field)!r}; set --config.data.{field}='
           f'{old!r}.')
+  return saved['model']
 
 
 def with_pretrained_encoder(state: TrainState, abstract_state: TrainState,
-                            init_from: str) -> Tuple[TrainState, List[str]]:
+                            init_from: str, saved_model: Dict[str, Any]
+                            ) -> Tuple[TrainState, List[str]]:
   """`state` with the encoder (parameters and constants) of run `init_from`.
 
   The classification head, and encoder parameters the pretrained model lacks
   (FRESH_ENCODER_PARAMS), keep their initial values; their names are returned
-  with the new state. Call `check_pretrained_encoder` first for clear errors.
+  with the new state. `saved_model` is what `check_pretrained_encoder` (call
+  it first, for clear errors) returns.
   """
-  pretrained = CheckpointStore(checkpoint_directory(init_from))
-  saved_model = pretrained.restore_config()['model']
-  pretrained.close()
   encoder = dict(abstract_state.params['encoder'])
   fresh = [name for name, field in FRESH_ENCODER_PARAMS.items()
            if name in encoder and not saved_model.get(field)]

@@ -222,9 +222,10 @@ class Run:
                                  keep=config.keep_checkpoints)
     if self.store.latest_step() is not None:
       run_config.check_same_model(self.store.restore_config(), config, workdir)
+    self.pretrained_model = None  # the init_from run's model config, when fine-tuning
     if (config.init_from and config.task == 'classification'
         and self.store.latest_step() is None):
-      fine_tuning.check_pretrained_encoder(config)
+      self.pretrained_model = fine_tuning.check_pretrained_encoder(config)
     self.data = _build_datasets_in_turn(config, workdir)
     # build_datasets has checked model.vocab_size against the tokenizer.
     if config.task == 'classification':
@@ -265,7 +266,7 @@ class Run:
     state = init(jax.random.PRNGKey(self.config.seed))
     if self.config.init_from and self.config.task == 'classification':
       state, fresh = fine_tuning.with_pretrained_encoder(
-          state, self.abstract_state, self.config.init_from)
+          state, self.abstract_state, self.config.init_from, self.pretrained_model)
       new = f' ({", ".join(fresh)} start at zero)' if fresh else ''
       report(f'Initialised the encoder from {self.config.init_from}{new}; the '
              'classification head is new.')

@@ -54,7 +54,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.vocab_size = 8000    # SentencePiece vocabulary size
   config.data.mask_rate = 0.15     # fraction of tokens masked (80% <mask>, 10% random, 10% kept)
   config.data.worker_count = 0     # grain worker processes (0 = in the main process)
-  config.data.cache_dir = ''       # cache for extracted/packed data ('' = ~/.cache/linformer_jax)
+  config.data.cache_dir = ''       # cache for extracted/packed data ('' = $LINFORMER_JAX_CACHE_DIR or ~/.cache/linformer_jax)
   config.data.max_eval_batches = 0  # cap on evaluation batches (0 = the whole split)
 
   config.model = ml_collections.ConfigDict()

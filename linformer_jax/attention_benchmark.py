@@ -19,7 +19,7 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 
-from linformer_jax import attention
+from linformer_jax.model import attention
 
 _SEQ_LENS = flags.DEFINE_list('seq_lens', ['512', '1024', '2048', '4096', '8192'],
                               'Sequence lengths n to measure.')

@@ -20,7 +20,7 @@ from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-posit
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ml_collections import config_flags
 
-from linformer_jax import multihost  # pylint: disable=g-import-not-at-top,wrong-import-position
+from linformer_jax.training import multihost  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 USAGE_ERROR_EXIT_CODE = 2

@@ -13,7 +13,7 @@ import json
 from absl import flags
 
 from linformer_jax import cli
-from linformer_jax import trainer
+from linformer_jax.training import trainer
 
 cli.define_config_flags()
 _SPLIT = flags.DEFINE_string('split', 'validation',

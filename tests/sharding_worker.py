@@ -23,10 +23,10 @@ import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from configs import tiny  # pylint: disable=g-import-not-at-top,wrong-import-position
-from linformer_jax import input_pipeline  # pylint: disable=g-import-not-at-top,wrong-import-position
-from linformer_jax import multihost  # pylint: disable=g-import-not-at-top,wrong-import-position
-from linformer_jax import trainer  # pylint: disable=g-import-not-at-top,wrong-import-position
-from linformer_jax.metric_writers import read_metrics  # pylint: disable=g-import-not-at-top,wrong-import-position
+from linformer_jax.data import masked_lm  # pylint: disable=g-import-not-at-top,wrong-import-position
+from linformer_jax.training import multihost  # pylint: disable=g-import-not-at-top,wrong-import-position
+from linformer_jax.training import trainer  # pylint: disable=g-import-not-at-top,wrong-import-position
+from linformer_jax.training.metric_writers import read_metrics  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def sharded_config(mesh_shape):
@@ -121,7 +121,7 @@ def read_as_processes(count):
   The global batch of a multi-process run is every process's rows; this
   builds exactly those batches in a single process, as the reference.
   """
-  build = input_pipeline.build_datasets
+  build = masked_lm.build_datasets
 
   def merged(config, workdir, process_index=0, process_count=1):
     del process_index, process_count
@@ -134,7 +134,7 @@ def read_as_processes(count):
         train_iterator=MergedIterator([p.train_iterator for p in parts]),
         eval_batches=eval_batches)
 
-  input_pipeline.build_datasets = merged
+  masked_lm.build_datasets = merged
 
 
 def main():

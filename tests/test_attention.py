@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from linformer_jax import attention
+from linformer_jax.model import attention
 
 BATCH, LENGTH, HEADS, HEAD_DIM, PROJECTED = 3, 24, 4, 8, 6
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from linformer_jax import benchmark
-from linformer_jax import benchmark_report
+from linformer_jax.analysis import benchmark
+from linformer_jax.analysis import benchmark_report
 from linformer_jax.errors import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

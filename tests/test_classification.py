@@ -9,13 +9,13 @@ import pytest
 
 from configs import classification
 from configs import tiny
-from linformer_jax import classification_data
-from linformer_jax import models
-from linformer_jax import tokenizer as tokenizer_lib
-from linformer_jax import trainer
-from linformer_jax.checkpoints import CheckpointStore
+from linformer_jax.data import classification as classification_data
+from linformer_jax.model import models
+from linformer_jax.data import tokenizer as tokenizer_lib
+from linformer_jax.training import trainer
+from linformer_jax.training.checkpoints import CheckpointStore
 from linformer_jax.errors import ConfigError
-from linformer_jax.model_config import ModelConfig
+from linformer_jax.model.model_config import ModelConfig
 
 BYTES = tokenizer_lib.ByteTokenizer()
 CACHE = os.environ.get('LINFORMER_TEST_CACHE', '')

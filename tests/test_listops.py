@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from linformer_jax import listops
+from linformer_jax.data import listops
 
 SMALL = dict(num_train=300, num_validation=30, num_test=30)
 

@@ -6,7 +6,7 @@ import time
 import jax.numpy as jnp
 import numpy as np
 
-from linformer_jax.metric_writers import METRICS_FILE, MetricLogger, read_metrics
+from linformer_jax.training.metric_writers import METRICS_FILE, MetricLogger, read_metrics
 
 
 def test_scalars_round_trip_through_metrics_jsonl(tmp_path):

@@ -8,8 +8,8 @@ import numpy as np
 import optax
 import pytest
 
-from linformer_jax import models
-from linformer_jax.model_config import ModelConfig
+from linformer_jax.model import models
+from linformer_jax.model.model_config import ModelConfig
 
 SMALL = dict(vocab_size=40, max_len=32, num_layers=2, num_heads=4, hidden_dim=16,
              mlp_dim=32, projected_len=8, dropout_rate=0.0)

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from linformer_jax import sharding
+from linformer_jax.training import sharding
 from linformer_jax.errors import ConfigError
-from linformer_jax.model_config import ModelConfig
+from linformer_jax.model.model_config import ModelConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(REPO, 'tests', 'sharding_worker.py')

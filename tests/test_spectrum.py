@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from linformer_jax import models
-from linformer_jax import spectrum
-from linformer_jax import trainer
-from linformer_jax.model_config import ModelConfig
+from linformer_jax.model import models
+from linformer_jax.analysis import spectrum
+from linformer_jax.training import trainer
+from linformer_jax.model.model_config import ModelConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from linformer_jax import run_config
-from linformer_jax import sweep as sweep_lib
-from linformer_jax import trainer
+from linformer_jax.training import run_config
+from linformer_jax.analysis import sweep as sweep_lib
+from linformer_jax.training import trainer
 from linformer_jax.errors import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

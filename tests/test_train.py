@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from linformer_jax import trainer
-from linformer_jax.checkpoints import CheckpointStore
-from linformer_jax.metric_writers import read_metrics
+from linformer_jax.training import trainer
+from linformer_jax.training.checkpoints import CheckpointStore
+from linformer_jax.training.metric_writers import read_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -27,17 +27,17 @@ from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 
-from linformer_jax import classification_data
-from linformer_jax import fine_tuning
-from linformer_jax import input_pipeline
-from linformer_jax import models
-from linformer_jax import run_config
-from linformer_jax import sharding as sharding_lib
-from linformer_jax import train_steps
-from linformer_jax.checkpoints import CheckpointStore
-from linformer_jax.checkpoints import checkpoint_directory
+from linformer_jax.data import classification as classification_data
+from linformer_jax.training import fine_tuning
+from linformer_jax.data import masked_lm
+from linformer_jax.model import models
+from linformer_jax.training import run_config
+from linformer_jax.training import sharding as sharding_lib
+from linformer_jax.training import train_steps
+from linformer_jax.training.checkpoints import CheckpointStore
+from linformer_jax.training.checkpoints import checkpoint_directory
 from linformer_jax.errors import ConfigError
-from linformer_jax.metric_writers import MetricLogger
+from linformer_jax.training.metric_writers import MetricLogger
 
 RESULTS_FILE = 'eval_results.json'
 class NonFiniteLossError(RuntimeError):
@@ -172,7 +172,7 @@ def _build_datasets_in_turn(config, workdir: str):
   workdir, so that all of them use the same token ids.
   """
   module = (classification_data if config.task == 'classification'
-            else input_pipeline)
+            else masked_lm)
   build = lambda: module.build_datasets(
       config, workdir, process_index=jax.process_index(),
       process_count=jax.process_count())
@@ -235,7 +235,7 @@ class Run:
     else:
       self.model = models.MaskedLanguageModel(model_config)
       loss_sums = train_steps.masked_lm_loss(
-          self.model, input_pipeline.max_predictions(model_config.max_len,
+          self.model, masked_lm.max_predictions(model_config.max_len,
                                                      config.data.mask_rate))
     self.optimizer = train_steps.create_optimizer(config)
     self.schedule = train_steps.learning_rate_schedule(config)

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 import ml_collections
 
 from linformer_jax.errors import ConfigError
-from linformer_jax.model_config import ModelConfig
+from linformer_jax.model.model_config import ModelConfig
 
 _POSITIVE_INTS = ('total_steps', 'batch_size', 'eval_batch_size', 'grad_accum_steps',
                   'log_every', 'eval_every', 'checkpoint_every', 'keep_checkpoints')

@@ -21,7 +21,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from linformer_jax.errors import ConfigError
-from linformer_jax.model_config import ModelConfig
+from linformer_jax.model.model_config import ModelConfig
 
 MESH_AXES = ('data', 'model')
 DATA_AXIS, MODEL_AXIS = MESH_AXES

@@ -30,8 +30,8 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 import grain
 import numpy as np
 
-from linformer_jax import corpus
-from linformer_jax import tokenizer as tokenizer_lib
+from linformer_jax.data import corpus
+from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
 
 Batch = Dict[str, np.ndarray]
@@ -359,8 +359,7 @@ def build_datasets(config, workdir: str, process_index: int = 0,
         f'config.model.vocab_size={model_vocab} does not match the tokenizer\'s '
         f'{tokenizer.vocab_size} tokens; set config.data.vocab_size='
         f'{tokenizer.vocab_size} (config.model.vocab_size follows it).')
-  cache_root = pathlib.Path(os.path.expanduser(
-      data.cache_dir or corpus.DEFAULT_CACHE_DIR))
+  cache_root = corpus.cache_root(data.cache_dir)
   train = _packed_split(data, data.train_split, seq_len, tokenizer, cache_root,
                         documents)
   evaluation = _packed_split(data, data.eval_split, seq_len, tokenizer, cache_root,

@@ -29,9 +29,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from linformer_jax import attention
-from linformer_jax import logical_axes as axes
-from linformer_jax.model_config import ModelConfig
+from linformer_jax.model import attention
+from linformer_jax.model import logical_axes as axes
+from linformer_jax.model.model_config import ModelConfig
 
 Array = jax.Array
 # Variable collection of the fixed (untrained) random projections.

@@ -91,7 +91,7 @@ def gather_predictions(batch: Batch, num_predictions: int) -> Tuple[Array, Batch
   Returns `positions` [batch, num_predictions] (every position with a non-zero
   weight, then zero-weight fillers) and a batch whose `targets` and `weights`
   are taken at those positions. `num_predictions` must be at least the number
-  of masked tokens of any row (`input_pipeline.max_predictions`).
+  of masked tokens of any row (`masked_lm.max_predictions`).
   """
   weights = batch['weights']
   num_predictions = min(num_predictions, weights.shape[1])

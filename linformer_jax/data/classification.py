@@ -40,9 +40,9 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import grain
 import numpy as np
 
-from linformer_jax import corpus
-from linformer_jax import listops
-from linformer_jax import tokenizer as tokenizer_lib
+from linformer_jax.data import corpus
+from linformer_jax.data import listops
+from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
 
 Batch = Dict[str, np.ndarray]
@@ -294,7 +294,7 @@ def _listops_splits(config, seq_len: int) -> Dict[str, EncodedSplit]:
   if settings.max_length > seq_len:
     raise ConfigError(f'config.data.listops.max_length={settings.max_length} is '
                      f'longer than config.model.max_len={seq_len}; raise max_len.')
-  cache_root = os.path.expanduser(config.data.cache_dir or corpus.DEFAULT_CACHE_DIR)
+  cache_root = corpus.cache_root(config.data.cache_dir)
   splits = {}
   for name, examples in listops.load_or_generate(settings, cache_root).items():
     inputs = np.asarray([listops.encode(s, seq_len) for s, _ in examples], np.int32)

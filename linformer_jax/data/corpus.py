@@ -38,6 +38,9 @@ VALIDATION_PER_MILLE = 50
 # boundaries: SentencePiece trains on them and packing separates them with eos.
 TEXT_FILE_DOCUMENT_CHARS = 4000
 DEFAULT_CACHE_DIR = '~/.cache/linformer_jax'
+# Environment variable that moves the default cache (config.data.cache_dir
+# still wins): the test suite points it at a fresh folder.
+CACHE_DIR_VARIABLE = 'LINFORMER_JAX_CACHE_DIR'
 
 # Standard-library modules never imported for the embedded corpus: they open
 # windows or browsers, print on import, write files (lib2to3's grammar cache),
@@ -47,8 +50,11 @@ _SKIPPED_MODULES = frozenset({
     'this', 'tkinter', 'turtle', 'turtledemo'})
 
 
-def _cache_root(cache_dir: Optional[str]) -> pathlib.Path:
-  return pathlib.Path(os.path.expanduser(cache_dir or DEFAULT_CACHE_DIR))
+def cache_root(cache_dir: Optional[str] = None) -> pathlib.Path:
+  """The cache folder: `cache_dir` if set, else $LINFORMER_JAX_CACHE_DIR, else
+  ~/.cache/linformer_jax."""
+  return pathlib.Path(os.path.expanduser(
+      cache_dir or os.environ.get(CACHE_DIR_VARIABLE) or DEFAULT_CACHE_DIR))
 
 
 def split_of_title(title: str) -> str:
@@ -88,7 +94,7 @@ def embedded_documents(split: str, cache_dir: Optional[str] = None) -> List[str]
 def _embedded_titled_documents(cache_dir: Optional[str]) -> List[Tuple[str, str]]:
   """All (title, text) pairs, extracted once per Python version and cached."""
   version = '.'.join(map(str, sys.version_info[:3]))
-  cache_file = _cache_root(cache_dir) / f'embedded_docs_py{version}.json'
+  cache_file = cache_root(cache_dir) / f'embedded_docs_py{version}.json'
   if not cache_file.exists():
     cache_file.parent.mkdir(parents=True, exist_ok=True)
     temporary = cache_file.with_suffix(f'.tmp{os.getpid()}')
@@ -99,7 +105,7 @@ def _embedded_titled_documents(cache_dir: Optional[str]) -> List[Tuple[str, str]
         filter(None, [package_parent, os.environ.get('PYTHONPATH')])))
     subprocess.run(
         [sys.executable, '-W', 'ignore', '-c',
-         'import sys; from linformer_jax import corpus; '
+         'import sys; from linformer_jax.data import corpus; '
          'corpus._write_embedded_documents(sys.argv[1])', str(temporary)],
         env=env, check=True, stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)

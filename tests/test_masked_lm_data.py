@@ -8,9 +8,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from linformer_jax import corpus
-from linformer_jax import input_pipeline
-from linformer_jax import tokenizer as tokenizer_lib
+from linformer_jax.data import corpus
+from linformer_jax.data import masked_lm
+from linformer_jax.data import tokenizer as tokenizer_lib
 
 BYTES = tokenizer_lib.ByteTokenizer()
 
@@ -60,7 +60,7 @@ def assert_batches_equal(first, second):
 
 
 def train_iterator(sequences, seed=0, batch_size=8, **kwargs):
-  return input_pipeline.create_train_iterator(
+  return masked_lm.create_train_iterator(
       sequences, batch_size=batch_size, seed=seed, mask_rate=0.15,
       tokenizer=BYTES, **kwargs)
 
@@ -70,7 +70,7 @@ def train_iterator(sequences, seed=0, batch_size=8, **kwargs):
 @pytest.mark.parametrize('seq_len', [3, 16, 37])
 def test_packing_round_trips_the_token_stream(seq_len):
   documents = random_documents(seed=seq_len)
-  packed = input_pipeline.pack_documents(documents, seq_len, bos_id=1, eos_id=2,
+  packed = masked_lm.pack_documents(documents, seq_len, bos_id=1, eos_id=2,
                                          pad_id=0)
   expected = []
   for index, document in enumerate(documents):
@@ -84,17 +84,17 @@ def test_packing_round_trips_the_token_stream(seq_len):
 
 def test_packing_rejects_too_short_sequences_and_empty_input():
   with pytest.raises(ValueError, match='config.model.max_len'):
-    input_pipeline.pack_documents([[5, 6]], 2, bos_id=1, eos_id=2, pad_id=0)
+    masked_lm.pack_documents([[5, 6]], 2, bos_id=1, eos_id=2, pad_id=0)
   with pytest.raises(ValueError, match='no tokens'):
-    input_pipeline.pack_documents([[]], 8, bos_id=1, eos_id=2, pad_id=0)
+    masked_lm.pack_documents([[]], 8, bos_id=1, eos_id=2, pad_id=0)
 
 
 # Masking.
 
 def test_masking_rate_and_80_10_10_split():
-  packed = input_pipeline.pack_documents(random_documents(0, count=3000), 128,
+  packed = masked_lm.pack_documents(random_documents(0, count=3000), 128,
                                          bos_id=1, eos_id=2, pad_id=0)
-  masking = input_pipeline.DynamicMasking(BYTES, 0.15)
+  masking = masked_lm.DynamicMasking(BYTES, 0.15)
   examples = [masking.random_map(row, np.random.default_rng(i))
               for i, row in enumerate(packed)]
   batch = {key: np.stack([e[key] for e in examples]) for key in examples[0]}
@@ -122,8 +122,8 @@ def test_masking_rate_and_80_10_10_split():
 @pytest.mark.parametrize('seq_len,mask_rate', [(3, 0.15), (16, 0.15), (128, 0.15),
                                               (37, 0.3), (64, 0.9)])
 def test_max_predictions_bounds_the_masked_count_of_every_row(seq_len, mask_rate):
-  bound = input_pipeline.max_predictions(seq_len, mask_rate)
-  masking = input_pipeline.DynamicMasking(BYTES, mask_rate)
+  bound = masked_lm.max_predictions(seq_len, mask_rate)
+  masking = masked_lm.DynamicMasking(BYTES, mask_rate)
   row = np.full([seq_len], 100, np.int32)
   row[0], row[-1] = BYTES.bos_id, BYTES.eos_id
   counts = [masking.random_map(row, np.random.default_rng(i))['weights'].sum()
@@ -134,7 +134,7 @@ def test_max_predictions_bounds_the_masked_count_of_every_row(seq_len, mask_rate
 
 def test_bad_mask_rate_names_the_field():
   with pytest.raises(ValueError, match='config.data.mask_rate'):
-    input_pipeline.DynamicMasking(BYTES, 1.5)
+    masked_lm.DynamicMasking(BYTES, 1.5)
 
 
 # Training iterator.
@@ -213,7 +213,7 @@ def test_bad_process_settings_raise():
 
 def test_eval_batches_are_deterministic_and_drop_nothing():
   sequences = unique_sequences(21)
-  make = lambda **kw: input_pipeline.create_eval_batches(
+  make = lambda **kw: masked_lm.create_eval_batches(
       sequences, batch_size=4, seed=0, mask_rate=0.15, tokenizer=BYTES, **kw)
   batches = make()
   assert_batches_equal(batches, make())
@@ -228,7 +228,7 @@ def test_eval_batches_are_deterministic_and_drop_nothing():
 
 def test_eval_shards_have_equal_batch_counts_and_the_same_masks():
   sequences = unique_sequences(21)
-  make = lambda index, count: input_pipeline.create_eval_batches(
+  make = lambda index, count: masked_lm.create_eval_batches(
       sequences, batch_size=4, seed=0, mask_rate=0.15, tokenizer=BYTES,
       process_index=index, process_count=count)
   whole = {int(r[1]): w.tobytes() for b in make(0, 1)
@@ -395,7 +395,7 @@ def small_config(tmp_path, **data):
 
 def test_build_datasets_from_text_files(tmp_path):
   config = small_config(tmp_path)
-  datasets = input_pipeline.build_datasets(config, str(tmp_path / 'run'))
+  datasets = masked_lm.build_datasets(config, str(tmp_path / 'run'))
   validation = corpus.text_file_documents(config.data.path, 'validation',
                                           config.data.split_files)
   eval_chars = sum(len(doc.encode()) for doc in validation)
@@ -408,7 +408,7 @@ def test_build_datasets_from_text_files(tmp_path):
   assert batch['inputs'].shape == (4, 64)
   assert 'Book b ' not in BYTES.decode(batch['targets'].ravel())
   assert len(list((tmp_path / 'cache' / 'packed').glob('*.npy'))) == 2
-  again = input_pipeline.build_datasets(config, str(tmp_path / 'run'))
+  again = masked_lm.build_datasets(config, str(tmp_path / 'run'))
   assert_batches_equal(again.eval_batches, datasets.eval_batches)
   assert_batches_equal([next(again.train_iterator)], [batch])
 
@@ -424,12 +424,12 @@ def test_build_datasets_names_the_bad_field(tmp_path, field, value):
   (config[section] if section else config)[name] = value
   message = {'data.eval_split': 'split_files'}.get(field, field)
   with pytest.raises(ValueError, match=message.replace('.', r'\.')):
-    input_pipeline.build_datasets(config, str(tmp_path / 'run'))
+    masked_lm.build_datasets(config, str(tmp_path / 'run'))
 
 
 def test_build_datasets_checks_the_batch_divides_among_processes(tmp_path):
   config = small_config(tmp_path, mask_rate=0.15)
   config.batch_size = 6
   with pytest.raises(ValueError, match='config.batch_size'):
-    input_pipeline.build_datasets(config, str(tmp_path / 'run'), process_index=0,
+    masked_lm.build_datasets(config, str(tmp_path / 'run'), process_index=0,
                                   process_count=4)

@@ -1,0 +1,347 @@
+"""Inference time and memory of the whole model: Linformer against the Transformer.
+
+The library of `python -m linformer_jax.benchmark`.
+
+The Linformer paper's Table 3: the encoder (12 layers, 768 wide, 12 heads, MLP
+3072 by default; Linformer with one linear projection shared by every layer)
+runs a forward pass under `jax.jit` at every sequence length n, the Transformer
+once per n and Linformer once per projected length k < n. Each cell records
+
+  time          median, min and max of --repeats runs after a warm-up;
+  memory        XLA's compiled memory analysis (temporary and argument bytes,
+                exact and repeatable) and, on GPU, the device's peak bytes in
+                use so far in the process (JAX has no reset, so it bounds a
+                cell's own peak only where it rises above earlier cells');
+  throughput    tokens per second and microseconds per token (flat in n for a
+                model linear in n);
+  utilisation   XLA's FLOP count per second over the matrix-multiply rate of a
+                square `jnp.dot`s timed in the same process (the best of
+                --matmul_sizes: the rate the hardware reaches);
+  training      with --train_throughput, tokens per second of an MLM
+                forward + backward + SGD step.
+
+The matmul rate is measured in the benchmark's dtype (float32 by default).
+
+A cell whose compiled temporary + argument bytes exceed --memory_limit_gb, or
+whose compile or run runs out of memory, is skipped with a note. Writes
+results.csv, table.md (speed-up / memory saving per n and k, also printed) and
+time_per_token.png, memory.png into --out.
+"""
+
+import dataclasses
+import os
+import statistics
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from linformer_jax.analysis import benchmark_report
+from linformer_jax.model import models
+from linformer_jax.errors import ConfigError
+from linformer_jax.model.model_config import ModelConfig
+
+# Small enough that the embedding and its lookup do not dominate the encoder.
+VOCAB_SIZE = 1000
+# Share of the device's (or host's) memory a cell may plan to use by default.
+DEFAULT_MEMORY_FRACTION = 0.8
+# Lower-cased phrases of XLA's allocation failures on CPU and GPU.
+_OUT_OF_MEMORY_MARKERS = ('resource_exhausted', 'out of memory',
+                          'failed to allocate')
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkSettings:
+  """What to measure; invalid values raise a ConfigError naming the flag.
+
+  Attributes:
+    seq_lens: sequence lengths n.
+    projected_lens: Linformer's projected lengths k; only k < n are measured.
+    num_layers: encoder layers.
+    hidden_dim: model width.
+    num_heads: attention heads; must divide hidden_dim.
+    mlp_dim: hidden width of the feed-forward blocks.
+    batch: sequences per forward pass.
+    repeats: timed runs per cell, after one warm-up run.
+    dtype: compute dtype, 'float32' or 'bfloat16'.
+    train_throughput: also time a training step per cell.
+    memory_limit_bytes: cells planning more temporary + argument bytes are
+      skipped.
+  """
+  seq_lens: Sequence[int]
+  projected_lens: Sequence[int]
+  num_layers: int = 12
+  hidden_dim: int = 768
+  num_heads: int = 12
+  mlp_dim: int = 3072
+  batch: int = 1
+  repeats: int = 10
+  dtype: str = 'float32'
+  train_throughput: bool = False
+  memory_limit_bytes: float = float('inf')
+
+  def __post_init__(self):
+    object.__setattr__(self, 'seq_lens', tuple(self.seq_lens))
+    object.__setattr__(self, 'projected_lens', tuple(self.projected_lens))
+    for name in ('seq_lens', 'projected_lens'):
+      values = getattr(self, name)
+      if not values or any(v < 1 for v in values):
+        raise ConfigError(f'--{name}={",".join(map(str, values))} is not allowed: '
+                          'give one or more positive integers.')
+    for name in ('num_layers', 'hidden_dim', 'num_heads', 'mlp_dim', 'batch',
+                 'repeats'):
+      if getattr(self, name) < 1:
+        raise ConfigError(f'--{name}={getattr(self, name)} is not allowed: '
+                          'use a positive integer.')
+    if self.hidden_dim % self.num_heads:
+      raise ConfigError(f'--hidden_dim={self.hidden_dim} is not allowed: it must '
+                        f'be divisible by --num_heads={self.num_heads}.')
+    if min(self.projected_lens) >= max(self.seq_lens):
+      raise ConfigError(
+          f'--projected_lens={",".join(map(str, self.projected_lens))} leaves no '
+          f'Linformer cell: every k is >= every n in --seq_lens; use some k < '
+          f'{max(self.seq_lens)}.')
+    if not self.memory_limit_bytes > 0:
+      raise ConfigError('--memory_limit_gb must be positive.')
+
+  def model_config(self, attention: str, seq_len: int,
+                   projected_len: Optional[int] = None) -> ModelConfig:
+    """The encoder of one cell; k is unused (and set to n) for 'full'."""
+    return ModelConfig(
+        vocab_size=VOCAB_SIZE, max_len=seq_len, num_layers=self.num_layers,
+        num_heads=self.num_heads, hidden_dim=self.hidden_dim,
+        mlp_dim=self.mlp_dim, attention=attention,
+        projected_len=projected_len or seq_len, sharing='layerwise',
+        projection='linear', dropout_rate=0.0, dtype=self.dtype)
+
+
+def default_memory_limit_bytes() -> float:
+  """80% of what JAX may allocate on the first device, else of the host's RAM."""
+  stats = _memory_stats()
+  if stats and stats.get('bytes_limit'):
+    total = stats['bytes_limit']
+  else:
+    total = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+  return DEFAULT_MEMORY_FRACTION * total
+
+
+def _memory_stats() -> Optional[Dict[str, int]]:
+  try:
+    return jax.devices()[0].memory_stats()
+  except (NotImplementedError, RuntimeError):
+    return None
+
+
+def _time_ms(call: Callable[[], Any], repeats: int) -> List[float]:
+  """Wall times (ms) of `repeats` calls after one warm-up call."""
+  jax.block_until_ready(call())
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(call())
+    times.append((time.perf_counter() - start) * 1e3)
+  return times
+
+
+def measure_matmul_gflops(sizes: Sequence[int] = (1024, 2048, 4096),
+                          repeats: int = 5, dtype: str = 'float32') -> float:
+  """The machine's matrix-multiply rate in GFLOP/s: the best of square `jnp.dot`s.
+
+  Each [size, size] product is timed `repeats` times after a warm-up and the
+  fastest run of the fastest size counts, so the rate approximates what the
+  hardware can reach rather than a typical call (a single median of one size
+  sits below it, which would put the model's utilisation above 100%).
+  """
+  best = 0.0
+  keys = jax.random.split(jax.random.PRNGKey(0))
+  matmul = jax.jit(jnp.dot)
+  for size in sizes:
+    a, b = (jax.random.normal(key, (size, size), jnp.dtype(dtype)) for key in keys)
+    fastest_ms = min(_time_ms(lambda: matmul(a, b), repeats))  # pylint: disable=cell-var-from-loop
+    best = max(best, 2 * size ** 3 / (fastest_ms * 1e-3) / 1e9)
+  return best
+
+
+def _cost(compiled) -> Dict[str, Optional[float]]:
+  """XLA's cost analysis: FLOPs and bytes accessed (None where not reported)."""
+  analysis = compiled.cost_analysis()
+  if isinstance(analysis, (list, tuple)):
+    analysis = analysis[0] if analysis else None
+  analysis = analysis or {}
+  return {column: float(analysis[key]) if key in analysis else None
+          for column, key in (('flops', 'flops'),
+                              ('bytes_accessed', 'bytes accessed'))}
+
+
+def _is_out_of_memory(error: Exception) -> bool:
+  message = str(error).lower()
+  return any(marker in message for marker in _OUT_OF_MEMORY_MARKERS)
+
+
+def _first_line(error: Exception) -> str:
+  return ' '.join(str(error).split())[:200]
+
+
+def _planned_bytes(compiled) -> Dict[str, int]:
+  memory = compiled.memory_analysis()
+  return {'temp_bytes': int(memory.temp_size_in_bytes),
+          'argument_bytes': int(memory.argument_size_in_bytes),
+          'output_bytes': int(memory.output_size_in_bytes)}
+
+
+def _over_limit_note(what: str, planned: Dict[str, int], limit: float) -> str:
+  needed = planned['temp_bytes'] + planned['argument_bytes']
+  return (f'{what} skipped: needs {needed / 2**30:.2f} GiB (temp + arguments) > '
+          f'limit {limit / 2**30:.2f} GiB')
+
+
+def random_variables(abstract_variables: Any, seed: int) -> Any:
+  """Normal(0, 0.02) arrays of the given shapes and dtypes, drawn on the host.
+
+  The values do not change the work of a forward or backward pass, and drawing
+  them with numpy avoids compiling the model's initialiser once per cell, which
+  takes longer than compiling the forward pass itself.
+  """
+  rng = np.random.default_rng(seed)
+  return jax.tree_util.tree_map(
+      lambda leaf: jnp.asarray(
+          (0.02 * rng.standard_normal(leaf.shape, np.float32)).astype(leaf.dtype)),
+      nn.meta.unbox(abstract_variables))
+
+
+def _train_step(model: models.MaskedLanguageModel,
+                optimizer: optax.GradientTransformation):
+  """One MLM step predicting every token: forward, backward and SGD update."""
+
+  def step(params, opt_state, tokens):
+    def loss_fn(p):
+      logits = model.apply({'params': p}, tokens, deterministic=True)
+      return optax.softmax_cross_entropy_with_integer_labels(logits, tokens).mean()
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+  return step
+
+
+def _train_tokens_per_s(config: ModelConfig, tokens: jax.Array,
+                        settings: BenchmarkSettings) -> Dict[str, Any]:
+  """Tokens per second of a training step, or a note saying why it was skipped."""
+  model = models.MaskedLanguageModel(config)
+  optimizer = optax.sgd(1e-3)
+  try:
+    params = random_variables(jax.eval_shape(
+        model.init, jax.random.PRNGKey(0), tokens)['params'], seed=1)
+    opt_state = optimizer.init(params)
+    compiled = jax.jit(_train_step(model, optimizer)).lower(
+        params, opt_state, tokens).compile()
+    planned = _planned_bytes(compiled)
+    if planned['temp_bytes'] + planned['argument_bytes'] > settings.memory_limit_bytes:
+      return {'note': _over_limit_note('train step', planned,
+                                       settings.memory_limit_bytes)}
+    times = _time_ms(lambda: compiled(params, opt_state, tokens), settings.repeats)
+  except Exception as error:  # pylint: disable=broad-except
+    if not _is_out_of_memory(error):
+      raise
+    return {'note': f'train step out of memory: {_first_line(error)}'}
+  return {'train_tokens_per_s': tokens.size / (statistics.median(times) * 1e-3)}
+
+
+def benchmark_cell(settings: BenchmarkSettings, attention: str, seq_len: int,
+                   projected_len: Optional[int] = None,
+                   matmul_gflops: Optional[float] = None) -> Dict[str, Any]:
+  """Measures one model at one n (and k).
+
+  Args:
+    settings: the model dimensions, batch, repeats and memory limit.
+    attention: 'full' (the Transformer) or 'linformer'.
+    seq_len: the sequence length n.
+    projected_len: Linformer's k; None for the Transformer.
+    matmul_gflops: the machine's matrix-multiply rate, for `utilisation`.
+
+  Returns:
+    The row, keyed by benchmark_report.COLUMNS; fields that were not
+    measured are None and `note` says why.
+  """
+  row: Dict[str, Any] = dict.fromkeys(benchmark_report.COLUMNS)
+  row.update(model='transformer' if attention == 'full' else 'linformer',
+             seq_len=seq_len, projected_len=projected_len or 0,
+             batch=settings.batch, note='')
+  config = settings.model_config(attention, seq_len, projected_len)
+  model = models.Encoder(config)
+
+  def forward(variables, tokens):
+    return model.apply(variables, tokens, deterministic=True)
+
+  tokens_shape = jax.ShapeDtypeStruct((settings.batch, seq_len), jnp.int32)
+  try:
+    abstract_variables = nn.meta.unbox(jax.eval_shape(
+        model.init, jax.random.PRNGKey(0), tokens_shape))
+    compiled = jax.jit(forward).lower(abstract_variables, tokens_shape).compile()
+    row.update(_planned_bytes(compiled))
+    row.update(_cost(compiled))
+    if row['temp_bytes'] + row['argument_bytes'] > settings.memory_limit_bytes:
+      row['note'] = _over_limit_note('cell', row, settings.memory_limit_bytes)
+      return row
+    tokens = jnp.asarray(np.random.default_rng(seq_len).integers(
+        0, VOCAB_SIZE, tokens_shape.shape, np.int32))
+    variables = random_variables(abstract_variables, seed=0)
+    times = _time_ms(lambda: compiled(variables, tokens), settings.repeats)
+  except Exception as error:  # pylint: disable=broad-except
+    if not _is_out_of_memory(error):
+      raise
+    row['note'] = f'cell skipped: out of memory: {_first_line(error)}'
+    return row
+  stats = _memory_stats()
+  if stats and 'peak_bytes_in_use' in stats:
+    row['peak_bytes'] = int(stats['peak_bytes_in_use'])
+  median_ms = statistics.median(times)
+  num_tokens = settings.batch * seq_len
+  row.update(time_ms=median_ms, time_min_ms=min(times), time_max_ms=max(times),
+             tokens_per_s=num_tokens / (median_ms * 1e-3),
+             us_per_token=median_ms * 1e3 / num_tokens)
+  if row['flops'] is not None and matmul_gflops:
+    row['utilisation'] = row['flops'] / (median_ms * 1e-3) / (matmul_gflops * 1e9)
+  if settings.train_throughput:
+    del variables
+    train = _train_tokens_per_s(config, tokens, settings)
+    row['train_tokens_per_s'] = train.get('train_tokens_per_s')
+    row['note'] = train.get('note', '')
+  return row
+
+
+def grid_cells(settings: BenchmarkSettings):
+  """(attention, n, k) of every cell: the Transformer once per n, then each k < n."""
+  for seq_len in settings.seq_lens:
+    yield 'full', seq_len, None
+    for projected_len in settings.projected_lens:
+      if projected_len < seq_len:
+        yield 'linformer', seq_len, projected_len
+
+
+def run_grid(settings: BenchmarkSettings, matmul_gflops: float,
+             progress: Optional[Callable[[Dict[str, Any]], None]] = None
+             ) -> List[Dict[str, Any]]:
+  """Measures every cell of the grid; returns one row per (model, n, k)."""
+  rows = []
+  for attention, seq_len, projected_len in grid_cells(settings):
+    row = benchmark_cell(settings, attention, seq_len, projected_len, matmul_gflops)
+    rows.append(row)
+    if progress:
+      progress(row)
+  return rows
+
+
+def describe_run(settings: BenchmarkSettings) -> str:
+  """One line naming the device and the settings, for the top of table.md."""
+  device = jax.devices()[0]
+  return (f'Device: {device.device_kind} ({jax.default_backend()}); '
+          f'{settings.num_layers} layers, hidden {settings.hidden_dim}, '
+          f'{settings.num_heads} heads, MLP {settings.mlp_dim}, '
+          f'batch {settings.batch}, {settings.dtype}, forward pass, median of '
+          f'{settings.repeats} runs.')

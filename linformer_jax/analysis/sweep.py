@@ -1,0 +1,378 @@
+"""Ablation sweeps: train every variant of a sweep file, then tabulate and plot.
+
+The library of `python -m linformer_jax.sweep`. A sweep file is a Python file whose `get_sweep()` returns a `Sweep`: a base
+config and an ordered list of named `Variant`s, each a dict of dotted
+overrides such as `{'model.projected_len': 64}`. Every variant trains in
+WORKDIR/<name> with `trainer.train_and_evaluate`. A variant whose
+eval_results.json already reaches its total_steps is skipped and an
+interrupted one resumes from its checkpoint, so rerunning the command picks up
+where it stopped. `--set` overrides apply to every variant (after the sweep's
+own), with each value parsed as the type of the base config's field.
+
+At the end (also when stopped by an error) it writes WORKDIR/results.md, a
+table with one row per variant, and WORKDIR/perplexity.png, evaluation
+perplexity against steps for all variants (log scale; the paper's Figure 3).
+Bad input (an unknown key, a bad value, an unknown variant) ends with a
+one-line error and exit code 2 before anything is trained.
+"""
+
+import ast
+import copy
+import dataclasses
+import difflib
+import importlib.util
+import json
+import math
+import os
+import re
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import ml_collections
+
+from linformer_jax.training import run_config
+from linformer_jax.training import trainer
+from linformer_jax.errors import ConfigError
+from linformer_jax.training.metric_writers import read_metrics
+
+REPORT_FILE = 'results.md'
+FIGURE_FILE = 'perplexity.png'
+_VARIANT_NAME = re.compile(r'^[A-Za-z0-9][A-Za-z0-9_.+-]*$')
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  """One run of a sweep.
+
+  Attributes:
+    name: the run's subdirectory of the sweep's workdir and its row label.
+    overrides: dotted config keys and the values they take in this run.
+  """
+  name: str
+  overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+  """A base config and the variants that change it.
+
+  Attributes:
+    base: the config every variant starts from.
+    variants: the runs, in the order they train and appear in the report.
+    title: the heading of results.md and of the figure.
+  """
+  base: ml_collections.ConfigDict
+  variants: Sequence[Variant]
+  title: str = 'Sweep'
+
+
+def _checked_sweep(candidate: Any, origin: str) -> Sweep:
+  """A `Sweep` with unique, path-safe variant names, or a ConfigError."""
+  # Compared by attributes, not by class: run as `python -m`, this module is
+  # `__main__`, while sweep files import `linformer_jax.sweep`.
+  base = getattr(candidate, 'base', None)
+  variants = getattr(candidate, 'variants', None)
+  if not isinstance(base, ml_collections.ConfigDict) or variants is None:
+    raise ConfigError(f'{origin}: get_sweep() must return a Sweep(base=ConfigDict, '
+                      'variants=[Variant(name, overrides), ...]).')
+  checked = []
+  for variant in variants:
+    name, overrides = getattr(variant, 'name', None), getattr(variant, 'overrides', None)
+    if not isinstance(name, str) or not _VARIANT_NAME.match(name):
+      raise ConfigError(f'{origin}: variant name {name!r} is not allowed: use letters, '
+                        'digits and _.+- (it names a directory).')
+    if not isinstance(overrides, Mapping):
+      raise ConfigError(f'{origin}: variant {name!r} needs a dict of overrides, '
+                        f'not {overrides!r}.')
+    if name in [v.name for v in checked]:
+      raise ConfigError(f'{origin}: two variants are named {name!r}.')
+    checked.append(Variant(name, dict(overrides)))
+  if not checked:
+    raise ConfigError(f'{origin}: the sweep has no variants.')
+  return Sweep(base=base, variants=tuple(checked),
+               title=getattr(candidate, 'title', None) or 'Sweep')
+
+
+def load_sweep(path: str) -> Sweep:
+  """Runs the sweep file at `path` and returns its `get_sweep()`."""
+  if not os.path.isfile(path):
+    raise ConfigError(f'--sweep={path}: no such file; pass a sweep file such as '
+                      'configs/sweeps/projected_len.py.')
+  module_name = '_sweep_file_' + re.sub(r'\W', '_', os.path.splitext(
+      os.path.basename(path))[0])
+  spec = importlib.util.spec_from_file_location(module_name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  if not callable(getattr(module, 'get_sweep', None)):
+    raise ConfigError(f'{path} defines no get_sweep() function.')
+  return _checked_sweep(module.get_sweep(), path)
+
+
+def _field(config: ml_collections.ConfigDict, key: str,
+           origin: str) -> Tuple[ml_collections.ConfigDict, str]:
+  """The ConfigDict holding dotted `key` and the field's name in it."""
+  *groups, name = key.split('.')
+  node, path = config, 'config'
+  for group in groups + [name]:
+    if not isinstance(node, ml_collections.ConfigDict) or group not in node:
+      known = list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+      guess = difflib.get_close_matches(group, known, n=1)
+      hint = f'; did you mean {path}.{guess[0]}?' if guess else ''
+      raise ConfigError(f'{origin}: unknown config key {key!r} (no field '
+                        f'{path}.{group}){hint}')
+    parent, node, path = node, node[group], f'{path}.{group}'
+  if isinstance(node, ml_collections.ConfigDict):
+    raise ConfigError(f'{origin}: config key {key!r} is a group of fields; set one '
+                      f'of them, e.g. {key}.{next(iter(node.keys()), "FIELD")}.')
+  return parent, name
+
+
+def _is_tuple_of(value: Any, element_type: type) -> bool:
+  return isinstance(value, (tuple, list)) and all(
+      isinstance(x, element_type) and not isinstance(x, bool) for x in value)
+
+
+def _assign(config: ml_collections.ConfigDict, key: str, value: Any,
+            origin: str) -> None:
+  """Sets dotted `key`, keeping ml_collections' type rules.
+
+  One exception: an int field also takes a tuple of ints, so that
+  model.projected_len can be given one k per layer.
+  """
+  parent, name = _field(config, key, origin)
+  if isinstance(value, list):
+    value = tuple(value)
+  try:
+    parent[name] = value
+  except TypeError:
+    if not (parent.get_type(name) is int and value and _is_tuple_of(value, int)):
+      raise ConfigError(f'{origin}: {key}={value!r} is not allowed: config.{key} '
+                        f'holds a {parent.get_type(name).__name__}.') from None
+    with parent.ignore_type():
+      parent[name] = value
+
+
+def _parse_value(text: str, field_type: type) -> Any:
+  """`text` as a value of `field_type`; raises ValueError if it is not one."""
+  if field_type is bool:
+    words = {'true': True, '1': True, 'yes': True,
+             'false': False, '0': False, 'no': False}
+    if text.strip().lower() not in words:
+      raise ValueError(text)
+    return words[text.strip().lower()]
+  if field_type is str:
+    return text
+  if field_type in (int, float):
+    try:
+      return field_type(text)
+    except ValueError:
+      value = ast.literal_eval(text)  # one value per layer, e.g. (16, 32, 64)
+      if field_type is int and value and _is_tuple_of(value, int):
+        return tuple(value)
+      raise
+  value = ast.literal_eval(text)
+  if field_type in (tuple, list):
+    if not isinstance(value, (tuple, list)):
+      raise ValueError(text)
+    return tuple(value)
+  return value
+
+
+def parse_sets(base: ml_collections.ConfigDict,
+               sets: Sequence[str]) -> Dict[str, Any]:
+  """`KEY=VALUE` strings as typed values, each of its base field's type."""
+  parsed = {}
+  for item in sets:
+    key, equals, text = item.partition('=')
+    key = key.strip()
+    if not equals or not key:
+      raise ConfigError(f'--set={item!r} is not KEY=VALUE, e.g. --set=total_steps=50.')
+    parent, name = _field(base, key, f'--set={item}')
+    field_type = parent.get_type(name)
+    try:
+      parsed[key] = _parse_value(text, field_type)
+    except (ValueError, SyntaxError, TypeError):
+      raise ConfigError(
+          f'--set={item}: {text!r} is not a valid {field_type.__name__} for '
+          f'config.{key} (now {parent[name]!r}).') from None
+  return parsed
+
+
+def variant_configs(sweep: Sweep, sets: Sequence[str] = ()
+                    ) -> Dict[str, ml_collections.ConfigDict]:
+  """Every variant's validated config, in order: base, its overrides, then sets.
+
+  Raises:
+    ConfigError: an unknown key or a bad value in the sweep or in `sets`,
+      naming the variant and the key.
+  """
+  typed_sets = parse_sets(sweep.base, sets)
+  configs = {}
+  for variant in sweep.variants:
+    config = copy.deepcopy(sweep.base)
+    for key, value in variant.overrides.items():
+      _assign(config, key, value, f'sweep variant {variant.name!r}')
+    for key, value in typed_sets.items():
+      _assign(config, key, value, f'--set={key}')
+    try:
+      run_config.validate(config)
+    except ConfigError as error:
+      raise ConfigError(f'sweep variant {variant.name!r}: {error}') from None
+    configs[variant.name] = config
+  return configs
+
+
+def _results(variant_dir: str) -> Optional[Dict[str, Any]]:
+  path = os.path.join(variant_dir, trainer.RESULTS_FILE)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def _check_existing_run(variant_dir: str, config: ml_collections.ConfigDict) -> None:
+  """Refuses a variant directory that holds a run of another model."""
+  path = os.path.join(variant_dir, 'config.json')
+  if os.path.exists(path):
+    with open(path) as f:
+      run_config.check_same_model(json.load(f), config, variant_dir)
+
+
+def _selected(sweep: Sweep, only: Optional[Sequence[str]]) -> List[Variant]:
+  if not only:
+    return list(sweep.variants)
+  names = [variant.name for variant in sweep.variants]
+  unknown = [name for name in only if name not in names]
+  if unknown:
+    raise ConfigError(f'--only: no variant named {", ".join(unknown)}; the sweep '
+                      f'has {", ".join(names)}.')
+  return [variant for variant in sweep.variants if variant.name in only]
+
+
+def run_sweep(sweep: Sweep, workdir: str, only: Optional[Sequence[str]] = None,
+              sets: Sequence[str] = ()) -> Dict[str, Dict[str, Any]]:
+  """Trains the variants not finished yet, then writes the report and figure.
+
+  Args:
+    sweep: the sweep, e.g. from `load_sweep`.
+    workdir: the sweep's directory; variant NAME runs in workdir/NAME.
+    only: names of the variants to run (default: all of them).
+    sets: `KEY=VALUE` overrides for every variant, e.g. 'total_steps=50'.
+
+  Returns:
+    The final results of each variant run, name -> eval_results.json contents.
+
+  Raises:
+    ConfigError: bad sweep, sets or names, or a variant directory holding a
+      run of another model; raised before anything is trained or written.
+  """
+  configs = variant_configs(sweep, sets)
+  selected = _selected(sweep, only)
+  for variant in selected:
+    _check_existing_run(os.path.join(workdir, variant.name), configs[variant.name])
+  os.makedirs(workdir, exist_ok=True)
+  finished = {}
+  try:
+    for number, variant in enumerate(selected, 1):
+      variant_dir = os.path.join(workdir, variant.name)
+      config = configs[variant.name]
+      results = _results(variant_dir)
+      if results is not None and results.get('step') == config.total_steps:
+        trainer.report(f'Variant {variant.name} ({number}/{len(selected)}) finished '
+                       f'its {config.total_steps} steps before; skipping it.')
+      else:
+        trainer.report(f'Variant {variant.name} ({number}/{len(selected)}): '
+                       f'{_describe(variant.overrides)}')
+        results = trainer.train_and_evaluate(config, variant_dir)
+      finished[variant.name] = results
+  finally:
+    write_report(sweep, workdir)
+  return finished
+
+
+def _describe(overrides: Mapping[str, Any]) -> str:
+  if not overrides:
+    return 'the base config'
+  return ', '.join(f'{key}={value!r}' for key, value in overrides.items())
+
+
+def _number(value: Optional[float], digits: int) -> str:
+  if value is None:
+    return '–'
+  if not math.isfinite(value):
+    return str(value)
+  return f'{value:,.{digits}f}'
+
+
+def _eval_split(sweep: Sweep, workdir: str) -> str:
+  """The split the variants were evaluated on (a --set may have changed it)."""
+  for variant in sweep.variants:
+    results = _results(os.path.join(workdir, variant.name))
+    if results is not None:
+      return results.get('eval_split', sweep.base.data.eval_split)
+  return sweep.base.data.eval_split
+
+
+def report_table(sweep: Sweep, workdir: str) -> str:
+  """The markdown table of results.md: one row per variant of the sweep."""
+  rows = []
+  split = _eval_split(sweep, workdir)
+  for variant in sweep.variants:
+    results = _results(os.path.join(workdir, variant.name))
+    overrides = _describe(variant.overrides).replace('|', '\\|')
+    if results is None:
+      rows.append(f'| {variant.name} | {overrides} | not finished | – | – | – | – | – |')
+      continue
+    rows.append(
+        f'| {variant.name} | {overrides} | {results["step"]} '
+        f'| {_number(results["eval_perplexity"], 2)} '
+        f'| {_number(results["eval_accuracy"], 4)} '
+        f'| {_number(results["unigram_perplexity"], 2)} '
+        f'| {results["parameters"]:,} | {_number(results["wall_time_s"], 0)} |')
+  header = (f'| variant | overrides | steps | {split} perplexity | {split} accuracy '
+            '| unigram perplexity | parameters | wall time (s) |\n'
+            '|---|---|---:|---:|---:|---:|---:|---:|')
+  return '\n'.join([header] + rows)
+
+
+def plot_perplexity(sweep: Sweep, workdir: str, path: str) -> None:
+  """Saves evaluation perplexity against steps of every variant (log y axis)."""
+  # The figure is drawn on its own Agg canvas, leaving pyplot's backend alone.
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  figure = Figure(figsize=(6.4, 4.4))
+  FigureCanvasAgg(figure)
+  axes = figure.add_subplot()
+  for variant in sweep.variants:
+    points = [(m['step'], m['eval_perplexity'])
+              for m in read_metrics(os.path.join(workdir, variant.name))
+              if math.isfinite(m.get('eval_perplexity', math.nan))]
+    if points:
+      steps, perplexities = zip(*points)
+      axes.plot(steps, perplexities, marker='o', markersize=3, label=variant.name)
+  axes.set_yscale('log')
+  # Plain numbers (250, not 2.5 x 10^2): curves often span less than a decade.
+  axes.yaxis.set_major_formatter(ticker.LogFormatter(labelOnlyBase=False))
+  axes.yaxis.set_minor_formatter(ticker.LogFormatter(labelOnlyBase=False))
+  axes.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+  axes.set_xlabel('training step')
+  axes.set_ylabel(f'{_eval_split(sweep, workdir)} perplexity')
+  axes.set_title(sweep.title)
+  axes.grid(True, which='both', alpha=0.3)
+  if axes.get_lines():
+    axes.legend()
+  figure.tight_layout()
+  figure.savefig(path, dpi=120)
+
+
+def write_report(sweep: Sweep, workdir: str) -> str:
+  """Writes workdir/results.md and workdir/perplexity.png; returns the table."""
+  table = report_table(sweep, workdir)
+  text = (f'# {sweep.title}\n\n{table}\n\nPerplexities and accuracy are on the '
+          'evaluation split at the last step; wall time is that of the session '
+          'that finished the run. Evaluation perplexity against steps: '
+          f'{FIGURE_FILE}.\n')
+  with open(os.path.join(workdir, REPORT_FILE), 'w') as f:
+    f.write(text)
+  plot_perplexity(sweep, workdir, os.path.join(workdir, FIGURE_FILE))
+  return table

@@ -36,7 +36,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.keep_checkpoints = 2      # newest checkpoints kept in WORKDIR/checkpoints
   config.init_from = ''            # another run's workdir to take parameters from ('' = none)
   config.mesh_shape = (-1, 1)      # devices along ('data', 'model'); -1 = all remaining
-  # Logical parameter axes -> mesh axes (None = replicated); see linformer_jax/sharding.py.
+  # Logical parameter axes -> mesh axes (None = replicated); see linformer_jax/training/sharding.py.
   config.axis_rules = (('batch', 'data'), ('heads', 'model'), ('mlp', 'model'),
                        ('vocab', 'model'))
 

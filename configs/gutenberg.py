@@ -5,8 +5,8 @@ Splits follow ../shared/data/README.md (whole books never cross splits):
   python -m linformer_jax.train --config configs/gutenberg.py --workdir runs/gutenberg \
       --config.data.path=../shared/data/gutenberg
 
-At this small CPU scale it prints a validation perplexity in the README's
-"Results" table.
+At this small CPU scale it prints a validation perplexity in the table of
+docs/results_gutenberg.md.
 """
 
 from configs import default

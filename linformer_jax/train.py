@@ -2,7 +2,7 @@
 
   python -m linformer_jax.train --config configs/default.py --workdir runs/default
   python -m linformer_jax.train --config configs/finetune_sst2.py --workdir runs/sst2 \
-      --config.init_from=runs/default
+      --config.init_from=runs/gutenberg
 
 Resumes from the newest checkpoint in --workdir. Bad input (config, data path,
 a workdir of another model) ends with a one-line error and exit code 2.
@@ -13,6 +13,7 @@ import json
 from absl import flags
 
 from linformer_jax import cli
+from linformer_jax.training import tasks
 from linformer_jax.training import trainer
 
 cli.define_config_flags()
@@ -25,14 +26,7 @@ def main(argv):
   cli.start_processes()
   results = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   print(json.dumps(results, indent=2, sort_keys=True), flush=True)
-  if results['task'] == 'classification':
-    summary = (f'{results["eval_split"]} accuracy {results["eval_accuracy"]:.2%} after '
-               f'{results["step"]} steps (the majority class: '
-               f'{results["majority_class_accuracy"]:.2%})')
-  else:
-    summary = (f'{results["eval_split"]} perplexity {results["eval_perplexity"]:.1f} '
-               f'after {results["step"]} steps (a unigram model: '
-               f'{results["unigram_perplexity"]:.1f})')
+  summary = tasks.task_of(FLAGS.config).summary(results)
   print(f'{summary}; results in {FLAGS.workdir}/{trainer.RESULTS_FILE}', flush=True)
 
 

@@ -9,8 +9,8 @@ sharing (one matrix for the whole model, the k64 row):
   python -m linformer_jax.sweep --sweep configs/sweeps/gutenberg.py \
       --workdir runs/sweeps/gutenberg
 
-It writes runs/sweeps/gutenberg/results.md and perplexity.png (the README's
-"Results on the Gutenberg novels"). Each run is configs/gutenberg.py's budget;
+It writes runs/sweeps/gutenberg/results.md and perplexity.png (the table and figure of
+docs/results_gutenberg.md). Each run is configs/gutenberg.py's budget;
 run from the repository root, or pass --set=data.path=... to point at the books
 from elsewhere.
 """

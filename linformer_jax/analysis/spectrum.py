@@ -36,17 +36,13 @@ import numpy as np
 
 from linformer_jax.model import attention
 from linformer_jax.model import models
-from linformer_jax.training import trainer
-from linformer_jax.training.checkpoints import CheckpointStore
+from linformer_jax.training import run_builder
 from linformer_jax.errors import ConfigError
 from linformer_jax.model.model_config import ModelConfig
 
 SPECTRUM_FILE = 'spectrum.json'
 CURVES_PLOT = 'cumulative_singular_values.png'
 HEATMAP_PLOT = 'heatmap.png'
-# Logit of a masked key, finite like the model's so that a row whose keys are
-# all masked is uniform instead of NaN.
-_MASKED_LOGIT = -1e30
 # Decimals kept in spectrum.json; rounding keeps curves monotone and ending at 1.
 _DECIMALS = 6
 
@@ -74,7 +70,7 @@ def attention_matrix(q: np.ndarray, k: np.ndarray,
   logits = np.einsum('bqhd,bkhd->bhqk', q, k) / np.sqrt(q.shape[-1])
   if key_padding_mask is not None:
     logits = np.where(np.asarray(key_padding_mask)[:, None, None, :], logits,
-                      _MASKED_LOGIT)
+                      attention.MASKED_LOGIT)
   weights = np.exp(logits - logits.max(axis=-1, keepdims=True))
   weights /= weights.sum(axis=-1, keepdims=True)
   if query_padding_mask is not None:
@@ -346,22 +342,15 @@ def compute_spectrum(config: ml_collections.ConfigDict, workdir: str, *,
     raise ConfigError(f'--num_sequences={num_sequences}: use a positive number.')
   if index < 1:
     raise ConfigError(f'--index={index}: use a positive (1-based) index.')
-  with CheckpointStore(trainer.checkpoint_directory(workdir)) as store:
-    if store.latest_step() is None:
-      raise ConfigError(f'{workdir} holds no checkpoint; train first or fix '
-                        '--workdir.')
-  run = trainer.Run(config, workdir)
-  try:
-    model_config = run.model.config
-    step = make_spectrum_step(run.model)
-    curves, count = mean_curves(step, run.state.variables(), run.data.eval_batches,
-                                num_sequences, run.device_batch)
-  finally:
-    run.store.close()
+  loaded = run_builder.load_for_evaluation(config, workdir)
+  model_config = loaded.parts.model_config
+  step = make_spectrum_step(loaded.parts.model)
+  curves, count = mean_curves(step, loaded.variables, loaded.data.eval_batches,
+                              num_sequences, loaded.parts.device_batch)
   linformer = model_config.attention != 'full'
   projected = model_config.projected_len
   facts = {
-      'step': int(run.state.step),
+      'step': loaded.step,
       'workdir': os.path.abspath(workdir),
       'eval_split': config.data.eval_split,
       'attention': model_config.attention,

@@ -9,7 +9,7 @@
   tfds     a prepared TFDS dataset ('glue/sst2', 'glue/qnli', 'glue/qqp',
            'imdb_reviews'): text_columns and label_column name features;
   listops  the Long Range Arena's ListOps, generated and cached by
-           `linformer_jax.listops` from config.data.listops.
+           `linformer_jax.data.listops` from config.data.listops.
 
 Texts are tokenized by the run's tokenizer: the pretrained run's SentencePiece
 model (copied from config.init_from), one trained on the training texts, or
@@ -42,6 +42,7 @@ import numpy as np
 
 from linformer_jax.data import corpus
 from linformer_jax.data import listops
+from linformer_jax.data import loaders
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
 
@@ -241,16 +242,10 @@ def create_train_iterator(split: EncodedSplit, *, batch_size: int, seed: int,
   if len(source) < batch_size * process_count:
     raise ConfigError(f'The training split has {len(source)} examples, fewer than '
                      f'one batch of config.batch_size={batch_size * process_count}.')
-  shard = grain.sharding.ShardOptions(shard_index=process_index,
-                                      shard_count=process_count, drop_remainder=True)
-  sampler = grain.samplers.IndexSampler(num_records=len(source), shard_options=shard,
-                                        shuffle=True, num_epochs=None, seed=seed)
-  loader = grain.DataLoader(
-      data_source=source, sampler=sampler, shard_options=shard,
-      operations=[grain.transforms.Batch(batch_size, drop_remainder=True)],
-      worker_count=worker_count,
-      read_options=grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
-  return iter(loader)
+  return loaders.shuffled_batches(source, batch_size=batch_size, seed=seed,
+                                  process_index=process_index,
+                                  process_count=process_count,
+                                  worker_count=worker_count)
 
 
 def create_eval_batches(split: EncodedSplit, *, batch_size: int,
@@ -282,7 +277,7 @@ def create_eval_batches(split: EncodedSplit, *, batch_size: int,
 class ClassificationDatasets(NamedTuple):
   """What `build_datasets` returns for a classification run."""
   tokenizer: Optional[tokenizer_lib.Tokenizer]  # None for ListOps (own vocabulary)
-  train_iterator: grain.DataLoaderIterator
+  train_iterator: Optional[grain.DataLoaderIterator]  # None for evaluation only
   eval_batches: List[Batch]
   train_sequences: int
   eval_sequences: int
@@ -347,15 +342,15 @@ def num_classes(config) -> int:
 
 
 def build_datasets(config, workdir: str, process_index: int = 0,
-                   process_count: int = 1) -> ClassificationDatasets:
-  """Tokenizer, training iterator and evaluation batches of a classification run."""
+                   process_count: int = 1, train: bool = True) -> ClassificationDatasets:
+  """Tokenizer, training iterator and evaluation batches of a classification run.
+
+  Without `train` (evaluation only), `train_iterator` is None.
+  """
   _check_fields(config)
   data = config.data
   seq_len = config.model.max_len
-  for field in ('batch_size', 'eval_batch_size'):
-    if config[field] % process_count:
-      raise ConfigError(f'config.{field}={config[field]} is not divisible by the '
-                       f'{process_count} processes; change it to a multiple.')
+  batch_size, eval_batch_size = loaders.per_process_batch_sizes(config, process_count)
   tokenizer = None
   if data.source == 'listops':
     splits = _listops_splits(config, seq_len)
@@ -363,7 +358,7 @@ def build_datasets(config, workdir: str, process_index: int = 0,
       if split not in splits:
         raise ConfigError(f'ListOps has splits {tuple(splits)}, not {split!r}; '
                          'change config.data.train_split/eval_split.')
-    train, evaluation = splits[data.train_split], splits[data.eval_split]
+    train_split, evaluation = splits[data.train_split], splits[data.eval_split]
     vocab_size = listops.VOCAB_SIZE
   else:
     train_examples = load_examples(data, data.train_split)
@@ -374,7 +369,7 @@ def build_datasets(config, workdir: str, process_index: int = 0,
                                 train_examples.labels[keep])
     tokenizer = _tokenizer(config, workdir, train_examples)
     vocab_size = tokenizer.vocab_size
-    train = encode_examples(train_examples, tokenizer, seq_len, data.truncation)
+    train_split = encode_examples(train_examples, tokenizer, seq_len, data.truncation)
     evaluation = encode_examples(load_examples(data, data.eval_split), tokenizer,
                                  seq_len, data.truncation)
   if config.model.vocab_size != vocab_size:
@@ -382,15 +377,17 @@ def build_datasets(config, workdir: str, process_index: int = 0,
         f'config.model.vocab_size={config.model.vocab_size} does not match the '
         f'{vocab_size} tokens of the data; set config.data.vocab_size={vocab_size} '
         '(config.model.vocab_size follows it).')
-  train_iterator = create_train_iterator(
-      train, batch_size=config.batch_size // process_count, seed=config.seed,
-      process_index=process_index, process_count=process_count,
-      worker_count=data.worker_count)
+  train_iterator = None
+  if train:
+    train_iterator = create_train_iterator(
+        train_split, batch_size=batch_size, seed=config.seed,
+        process_index=process_index, process_count=process_count,
+        worker_count=data.worker_count)
   eval_batches = create_eval_batches(
-      evaluation, batch_size=config.eval_batch_size // process_count,
+      evaluation, batch_size=eval_batch_size,
       max_batches=data.max_eval_batches or None, process_index=process_index,
       process_count=process_count)
   return ClassificationDatasets(
       tokenizer=tokenizer, train_iterator=train_iterator, eval_batches=eval_batches,
-      train_sequences=len(train.labels), eval_sequences=len(evaluation.labels),
-      train_label_counts=np.bincount(train.labels, minlength=num_classes(config)))
+      train_sequences=len(train_split.labels), eval_sequences=len(evaluation.labels),
+      train_label_counts=np.bincount(train_split.labels, minlength=num_classes(config)))

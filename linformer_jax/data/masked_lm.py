@@ -31,6 +31,7 @@ import grain
 import numpy as np
 
 from linformer_jax.data import corpus
+from linformer_jax.data import loaders
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
 
@@ -203,21 +204,10 @@ def create_train_iterator(packed_sequences: np.ndarray, *, batch_size: int,
   if len(source) < process_count:
     raise ConfigError(f'The training split has {len(source)} sequences, fewer than '
                      f'the {process_count} processes; use more data (config.data).')
-  shard = grain.sharding.ShardOptions(shard_index=process_index,
-                                      shard_count=process_count,
-                                      drop_remainder=True)
-  sampler = grain.samplers.IndexSampler(
-      num_records=len(source), shard_options=shard, shuffle=True,
-      num_epochs=None, seed=seed)
-  loader = grain.DataLoader(
-      data_source=source, sampler=sampler, shard_options=shard,
-      operations=[DynamicMasking(tokenizer, mask_rate),
-                  grain.transforms.Batch(batch_size, drop_remainder=True)],
-      worker_count=worker_count,
-      # Reading a row of an in-memory array needs no threads; grain's default
-      # 16 reader threads made batches 2-3x slower on 2 cores (GIL contention).
-      read_options=grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
-  return iter(loader)
+  return loaders.shuffled_batches(
+      source, batch_size=batch_size, seed=seed, process_index=process_index,
+      process_count=process_count, worker_count=worker_count,
+      transforms=[DynamicMasking(tokenizer, mask_rate)])
 
 
 def _empty_rows(count: int, seq_len: int, pad_id: int) -> Batch:
@@ -270,7 +260,7 @@ def create_eval_batches(packed_sequences: np.ndarray, *, batch_size: int, seed: 
 class Datasets(NamedTuple):
   """What `build_datasets` returns; token counts are over all processes."""
   tokenizer: tokenizer_lib.Tokenizer
-  train_iterator: grain.DataLoaderIterator
+  train_iterator: Optional[grain.DataLoaderIterator]  # None for evaluation only
   eval_batches: List[Batch]
   train_tokens: int   # non-padding tokens (bos/eos included) of the train split
   eval_tokens: int    # same for the evaluation split, all of it
@@ -320,22 +310,19 @@ def _packed_split(data_config, split: str, seq_len: int,
 
 
 def build_datasets(config, workdir: str, process_index: int = 0,
-                   process_count: int = 1) -> Datasets:
+                   process_count: int = 1, train: bool = True) -> Datasets:
   """Tokenizer, training iterator and evaluation batches of a run's config.
 
   Reads config.seed, batch_size, eval_batch_size (global; divided among the
   processes), model.max_len and config.data.*. The tokenizer lives in
-  `workdir`; packed splits are cached under config.data.cache_dir.
+  `workdir`; packed splits are cached under config.data.cache_dir. Without
+  `train` (evaluation only), `train_iterator` is None.
   """
   data = config.data
   seq_len = _check_int('config.model.max_len', config.model.max_len, 3)
-  batch_size = _check_int('config.batch_size', config.batch_size, 1)
-  eval_batch_size = _check_int('config.eval_batch_size', config.eval_batch_size, 1)
-  for field, value in (('config.batch_size', batch_size),
-                       ('config.eval_batch_size', eval_batch_size)):
-    if value % process_count:
-      raise ConfigError(f'{field}={value} is not divisible by the {process_count} '
-                       'processes; change it to a multiple.')
+  _check_int('config.batch_size', config.batch_size, 1)
+  _check_int('config.eval_batch_size', config.eval_batch_size, 1)
+  batch_size, eval_batch_size = loaders.per_process_batch_sizes(config, process_count)
   for field in ('train_split', 'eval_split'):
     if not isinstance(data[field], str) or not data[field]:
       raise ConfigError(f'config.data.{field}={data[field]!r} is not allowed; name a '
@@ -360,23 +347,25 @@ def build_datasets(config, workdir: str, process_index: int = 0,
         f'{tokenizer.vocab_size} tokens; set config.data.vocab_size='
         f'{tokenizer.vocab_size} (config.model.vocab_size follows it).')
   cache_root = corpus.cache_root(data.cache_dir)
-  train = _packed_split(data, data.train_split, seq_len, tokenizer, cache_root,
-                        documents)
+  train_split = _packed_split(data, data.train_split, seq_len, tokenizer, cache_root,
+                              documents)
   evaluation = _packed_split(data, data.eval_split, seq_len, tokenizer, cache_root,
                              documents)
-  train_iterator = create_train_iterator(
-      train, batch_size=batch_size // process_count, seed=config.seed,
-      mask_rate=data.mask_rate, tokenizer=tokenizer, process_index=process_index,
-      process_count=process_count, worker_count=data.worker_count)
+  train_iterator = None
+  if train:
+    train_iterator = create_train_iterator(
+        train_split, batch_size=batch_size, seed=config.seed,
+        mask_rate=data.mask_rate, tokenizer=tokenizer, process_index=process_index,
+        process_count=process_count, worker_count=data.worker_count)
   eval_batches = create_eval_batches(
-      evaluation, batch_size=eval_batch_size // process_count,
+      evaluation, batch_size=eval_batch_size,
       seed=EVAL_MASKING_SEED, mask_rate=data.mask_rate, tokenizer=tokenizer,
       max_batches=data.max_eval_batches or None, process_index=process_index,
       process_count=process_count)
   return Datasets(
       tokenizer=tokenizer, train_iterator=train_iterator, eval_batches=eval_batches,
-      train_tokens=int(np.count_nonzero(train != tokenizer.pad_id)),
+      train_tokens=int(np.count_nonzero(train_split != tokenizer.pad_id)),
       eval_tokens=int(np.count_nonzero(evaluation != tokenizer.pad_id)),
-      train_sequences=len(train), eval_sequences=len(evaluation),
-      train_token_counts=np.bincount(train[train != tokenizer.pad_id],
+      train_sequences=len(train_split), eval_sequences=len(evaluation),
+      train_token_counts=np.bincount(train_split[train_split != tokenizer.pad_id],
                                      minlength=tokenizer.vocab_size))

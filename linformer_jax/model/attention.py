@@ -31,7 +31,7 @@ Array = jax.Array
 
 # Logit given to masked keys. Finite (not -inf) so that a row whose keys are all
 # masked yields a uniform distribution instead of NaNs.
-_MASKED_LOGIT = -1e30
+MASKED_LOGIT = -1e30
 
 
 def _check_qkv(q: Array, k: Array, v: Array) -> None:
@@ -73,7 +73,7 @@ def attend(q: Array, k: Array, v: Array,
                       preferred_element_type=jnp.float32)
   logits = logits / jnp.sqrt(jnp.float32(head_dim))
   if key_mask is not None:
-    logits = jnp.where(key_mask[:, None, None, :], logits, _MASKED_LOGIT)
+    logits = jnp.where(key_mask[:, None, None, :], logits, MASKED_LOGIT)
   weights = jax.nn.softmax(logits, axis=-1)
   out = jnp.einsum('bhqk,bkhd->bqhd', weights, v.astype(jnp.float32),
                    preferred_element_type=jnp.float32)

@@ -1,7 +1,7 @@
 """Flax modules of the RoBERTa-style encoder with full or Linformer attention.
 
 The modules only hold parameters and call the pure functions of
-`linformer_jax.attention`. One `ModelConfig` selects everything an ablation
+`linformer_jax.model.attention`. One `ModelConfig` selects everything an ablation
 changes: `attention` ('full' is the Transformer baseline, same code otherwise),
 the projected length k (one or per layer), the parameter sharing mode and the
 sequence projection.
@@ -48,6 +48,16 @@ def johnson_lindenstrauss_init(projected_len: int):
 
 def _partitioned(init, names):
   return nn.with_logical_partitioning(init, names)
+
+
+def _dense(features, in_axes: Tuple[str, ...], out_axes: Tuple[str, ...], *,
+           name: str, dtype, axis=-1) -> nn.DenseGeneral:
+  """A float32-parameter dense layer whose kernel carries the logical axes
+  in_axes + out_axes and whose bias carries out_axes."""
+  return nn.DenseGeneral(
+      features, axis=axis, dtype=dtype, param_dtype=jnp.float32, name=name,
+      kernel_init=_partitioned(_DENSE_INIT, in_axes + out_axes),
+      bias_init=_partitioned(nn.initializers.zeros, out_axes))
 
 
 def _layer_norm(name: str, dtype) -> nn.LayerNorm:
@@ -119,14 +129,9 @@ class SelfAttention(nn.Module):
     cfg = self.config
     dtype = cfg.compute_dtype
 
-    def dense_heads(name):
-      return nn.DenseGeneral(
-          (cfg.num_heads, cfg.head_dim), dtype=dtype, param_dtype=jnp.float32,
-          name=name,
-          kernel_init=_partitioned(_DENSE_INIT, (axes.EMBED, axes.HEADS, axes.HEAD_DIM)),
-          bias_init=_partitioned(nn.initializers.zeros, (axes.HEADS, axes.HEAD_DIM)))
-
-    q, k, v = (dense_heads(name)(x) for name in ('query', 'key', 'value'))
+    q, k, v = (_dense((cfg.num_heads, cfg.head_dim), (axes.EMBED,),
+                      (axes.HEADS, axes.HEAD_DIM), name=name, dtype=dtype)(x)
+               for name in ('query', 'key', 'value'))
     if cfg.attention == 'full':
       out = attention.dot_product_attention(q, k, v, key_padding_mask=padding_mask)
     else:
@@ -141,11 +146,8 @@ class SelfAttention(nn.Module):
           q, k, v, projection=cfg.projection, key_weight=key_weight,
           value_weight=value_weight, max_len=cfg.max_len,
           projected_len=projected_len, key_padding_mask=padding_mask)
-    out = nn.DenseGeneral(
-        cfg.hidden_dim, axis=(-2, -1), dtype=dtype, param_dtype=jnp.float32,
-        name='out',
-        kernel_init=_partitioned(_DENSE_INIT, (axes.HEADS, axes.HEAD_DIM, axes.EMBED)),
-        bias_init=_partitioned(nn.initializers.zeros, (axes.EMBED,)))(out)
+    out = _dense(cfg.hidden_dim, (axes.HEADS, axes.HEAD_DIM), (axes.EMBED,),
+                 name='out', dtype=dtype, axis=(-2, -1))(out)
     return nn.Dropout(cfg.dropout_rate)(out, deterministic=deterministic)
 
 
@@ -157,14 +159,10 @@ class FeedForward(nn.Module):
   def __call__(self, x: Array, deterministic: bool) -> Array:
     cfg = self.config
     dtype = cfg.compute_dtype
-    h = nn.Dense(cfg.mlp_dim, dtype=dtype, param_dtype=jnp.float32, name='wi',
-                 kernel_init=_partitioned(_DENSE_INIT, (axes.EMBED, axes.MLP)),
-                 bias_init=_partitioned(nn.initializers.zeros, (axes.MLP,)))(x)
+    h = _dense(cfg.mlp_dim, (axes.EMBED,), (axes.MLP,), name='wi', dtype=dtype)(x)
     h = nn.gelu(h, approximate=False)
     h = nn.Dropout(cfg.dropout_rate)(h, deterministic=deterministic)
-    h = nn.Dense(cfg.hidden_dim, dtype=dtype, param_dtype=jnp.float32, name='wo',
-                 kernel_init=_partitioned(_DENSE_INIT, (axes.MLP, axes.EMBED)),
-                 bias_init=_partitioned(nn.initializers.zeros, (axes.EMBED,)))(h)
+    h = _dense(cfg.hidden_dim, (axes.MLP,), (axes.EMBED,), name='wo', dtype=dtype)(h)
     return nn.Dropout(cfg.dropout_rate)(h, deterministic=deterministic)
 
 
@@ -279,10 +277,8 @@ class MaskedLanguageModel(nn.Module):
     h = encoder(tokens, padding_mask, deterministic=deterministic)
     if positions is not None:
       h = jnp.take_along_axis(h, positions[:, :, None], axis=1)
-    h = nn.Dense(cfg.hidden_dim, dtype=dtype, param_dtype=jnp.float32,
-                 name='mlm_dense',
-                 kernel_init=_partitioned(_DENSE_INIT, (axes.EMBED, axes.EMBED_OUT)),
-                 bias_init=_partitioned(nn.initializers.zeros, (axes.EMBED_OUT,)))(h)
+    h = _dense(cfg.hidden_dim, (axes.EMBED,), (axes.EMBED_OUT,), name='mlm_dense',
+               dtype=dtype)(h)
     h = _layer_norm('mlm_norm', dtype)(nn.gelu(h, approximate=False))
     logits = encoder.logits_from_embedding(h)
     bias = self.param('mlm_bias', _partitioned(nn.initializers.zeros, (axes.VOCAB,)),
@@ -314,15 +310,11 @@ class SequenceClassifier(nn.Module):
            / jnp.maximum(weights.sum(axis=1, keepdims=True), 1.0)).astype(h.dtype)
     else:
       h = h[:, 0]
-    h = nn.Dense(cfg.hidden_dim, dtype=dtype, param_dtype=jnp.float32,
-                 name='classifier_dense',
-                 kernel_init=_partitioned(_DENSE_INIT, (axes.EMBED, axes.EMBED_OUT)),
-                 bias_init=_partitioned(nn.initializers.zeros, (axes.EMBED_OUT,)))(h)
+    h = _dense(cfg.hidden_dim, (axes.EMBED,), (axes.EMBED_OUT,),
+               name='classifier_dense', dtype=dtype)(h)
     h = nn.Dropout(cfg.dropout_rate)(jnp.tanh(h), deterministic=deterministic)
-    logits = nn.Dense(self.num_classes, dtype=dtype, param_dtype=jnp.float32,
-                      name='classifier_out',
-                      kernel_init=_partitioned(_DENSE_INIT, (axes.EMBED_OUT, axes.CLASSES)),
-                      bias_init=_partitioned(nn.initializers.zeros, (axes.CLASSES,)))(h)
+    logits = _dense(self.num_classes, (axes.EMBED_OUT,), (axes.CLASSES,),
+                    name='classifier_out', dtype=dtype)(h)
     return logits.astype(jnp.float32)
 
 

@@ -10,9 +10,10 @@ from typing import Any, Dict, List, Tuple
 
 import ml_collections
 
+from linformer_jax.errors import ConfigError
+from linformer_jax.training import run_config
 from linformer_jax.training.checkpoints import CheckpointStore
 from linformer_jax.training.checkpoints import checkpoint_directory
-from linformer_jax.errors import ConfigError
 from linformer_jax.training.train_steps import TrainState
 
 # Encoder parameters that a fine-tuned model may add to a pretrained encoder
@@ -35,21 +36,23 @@ def check_pretrained_encoder(config: ml_collections.ConfigDict) -> Dict[str, Any
                       'point it at a pretraining run\'s workdir.')
   saved = store.restore_config()
   store.close()
-  for field in ENCODER_FIELDS:
-    old, new = saved['model'].get(field), config.model.get(field)
-    old, new = (tuple(v) if isinstance(v, list) else v for v in (old, new))
-    if old != new:
-      raise ConfigError(
-          f'config.init_from={config.init_from!r} was trained with '
-          f'model.{field}={old!r}, this config has {new!r}; set '
-          f'--config.model.{field}={old!r} to fine-tune it.')
-  for field in ('tokenizer', 'vocab_size'):
-    old = saved.get('data', {}).get(field)
-    if old is not None and old != config.data.get(field):
-      raise ConfigError(
-          f'config.init_from={config.init_from!r} used data.{field}={old!r}, this '
-          f'config has {config.data.get(field)!r}; set --config.data.{field}='
-          f'{old!r}.')
+  difference = run_config.first_difference(
+      saved['model'], config.model.to_dict(), ENCODER_FIELDS,
+      defaults=run_config.MODEL_DEFAULTS)
+  if difference:
+    field, old, new = difference
+    raise ConfigError(
+        f'config.init_from={config.init_from!r} was trained with '
+        f'model.{field}={old!r}, this config has {new!r}; set '
+        f'--config.model.{field}={old!r} to fine-tune it.')
+  difference = run_config.first_difference(
+      saved.get('data', {}), config.data.to_dict(), run_config.DATA_FIELDS_FIXED_BY_A_RUN,
+      skip_unsaved=True)
+  if difference:
+    field, old, new = difference
+    raise ConfigError(
+        f'config.init_from={config.init_from!r} used data.{field}={old!r}, this '
+        f'config has {new!r}; set --config.data.{field}={old!r}.')
   return saved['model']
 
 

@@ -5,7 +5,7 @@ rest and compares a workdir's saved run with the requested one.
 """
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping, Optional, Tuple
 
 import ml_collections
 
@@ -16,18 +16,13 @@ _POSITIVE_INTS = ('total_steps', 'batch_size', 'eval_batch_size', 'grad_accum_st
                   'log_every', 'eval_every', 'checkpoint_every', 'keep_checkpoints')
 _NON_NEGATIVE_FLOATS = ('learning_rate', 'end_learning_rate', 'weight_decay',
                         'grad_clip_norm')
-_MODEL_DEFAULTS = {field.name: field.default for field in dataclasses.fields(ModelConfig)}
+MODEL_DEFAULTS = {field.name: field.default for field in dataclasses.fields(ModelConfig)}
 # Data fields that change the token ids, and so the meaning of the parameters.
-_DATA_FIELDS_FIXED_BY_A_RUN = ('tokenizer', 'vocab_size')
-
-
-TASKS = ('masked_lm', 'classification')
+DATA_FIELDS_FIXED_BY_A_RUN = ('tokenizer', 'vocab_size')
 
 
 def validate(config: ml_collections.ConfigDict) -> ModelConfig:
   """Raises ConfigError for a bad training field; returns the model config."""
-  if config.get('task', 'masked_lm') not in TASKS:
-    raise ConfigError(f'config.task={config.task!r} is not allowed: use one of {TASKS}.')
   for field in _POSITIVE_INTS:
     value = config[field]
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -55,24 +50,51 @@ def validate(config: ml_collections.ConfigDict) -> ModelConfig:
   return ModelConfig.from_config(config.model)
 
 
+def _comparable(value: Any) -> Any:
+  """JSON gives lists where the config holds tuples; compare them as tuples."""
+  return tuple(value) if isinstance(value, list) else value
+
+
+def first_difference(saved: Mapping[str, Any], requested: Mapping[str, Any],
+                     fields: Iterable[str], *,
+                     defaults: Optional[Mapping[str, Any]] = None,
+                     skip_unsaved: bool = False) -> Optional[Tuple[str, Any, Any]]:
+  """The first field whose saved value differs from the requested one.
+
+  Args:
+    saved: a section ('model', 'data') of a saved run's config.
+    requested: the same section of the requested config.
+    fields: the fields to compare, in order.
+    defaults: values for fields a run saved before they existed.
+    skip_unsaved: ignore fields the saved run lacks (instead of None).
+
+  Returns:
+    (field, saved value, requested value), or None when all agree.
+  """
+  defaults = defaults or {}
+  for field in fields:
+    if skip_unsaved and saved.get(field) is None:
+      continue
+    old = _comparable(saved.get(field, defaults.get(field)))
+    new = _comparable(requested.get(field))
+    if old != new:
+      return field, old, new
+  return None
+
+
 def check_same_model(saved: Mapping[str, Any], config: ml_collections.ConfigDict,
                      workdir: str) -> None:
   """Refuses to resume a workdir whose run used another model or tokenizer."""
-  requested = {'model': config.model.to_dict(),
-               'data': {k: config.data[k] for k in _DATA_FIELDS_FIXED_BY_A_RUN}}
-  stored = {'model': dict(saved.get('model', {})),
-            'data': {k: saved.get('data', {}).get(k)
-                     for k in _DATA_FIELDS_FIXED_BY_A_RUN}}
-  for section in ('model', 'data'):
-    for key in sorted(set(requested[section]) | set(stored[section])):
-      old, new = stored[section].get(key), requested[section].get(key)
-      if section == 'model' and key not in stored[section]:
-        old = _MODEL_DEFAULTS.get(key)  # a run saved before the field existed
-      if isinstance(old, list):
-        old = tuple(old)
-      if isinstance(new, list):
-        new = tuple(new)
-      if old != new:
-        raise ConfigError(
-            f'{workdir} holds a run with config.{section}.{key}={old!r}, not {new!r}; '
-            'use another --workdir, or the same value to resume it.')
+  saved_model = dict(saved.get('model', {}))
+  requested_model = config.model.to_dict()
+  for section, old, new, fields, defaults in (
+      ('model', saved_model, requested_model,
+       sorted(set(saved_model) | set(requested_model)), MODEL_DEFAULTS),
+      ('data', dict(saved.get('data', {})), config.data.to_dict(),
+       DATA_FIELDS_FIXED_BY_A_RUN, None)):
+    difference = first_difference(old, new, fields, defaults=defaults)
+    if difference:
+      field, old_value, new_value = difference
+      raise ConfigError(
+          f'{workdir} holds a run with config.{section}.{field}={old_value!r}, not '
+          f'{new_value!r}; use another --workdir, or the same value to resume it.')

@@ -2,7 +2,7 @@
 
 A run's devices form a mesh with axes ('data', 'model') of shape
 `config.mesh_shape`. Parameters carry logical axis names
-(`linformer_jax.logical_axes`); `config.axis_rules` maps them to mesh axes, so
+(`linformer_jax.model.logical_axes`); `config.axis_rules` maps them to mesh axes, so
 how a model is split is a config value. Batches are split over 'data'. All of
 it goes through `jax.jit` with explicit shardings; XLA inserts the collectives.
 
@@ -147,35 +147,6 @@ def replicated(mesh: Mesh) -> NamedSharding:
 def batch_sharding(mesh: Mesh, rules) -> NamedSharding:
   """Splits the leading (batch) dimension over the mesh axis of 'batch'."""
   return NamedSharding(mesh, PartitionSpec(_mesh_axis_of('batch', rules)))
-
-
-def like_parameters(tree: Any, params: Any, param_shardings: Any,
-                    mesh: Mesh) -> Any:
-  """Shardings for a tree holding parameter-shaped leaves (optimizer state).
-
-  A leaf whose key path ends with a parameter's path and whose shape matches
-  it (Adam's moments) gets that parameter's sharding; any other leaf (step
-  counts, scalars) is replicated.
-  """
-  by_path: Dict[Tuple[str, ...], Tuple[Tuple[int, ...], Any]] = {
-      _names(path): (leaf.shape, sharding)
-      for (path, leaf), sharding in zip(jax.tree_util.tree_leaves_with_path(params),
-                                        jax.tree_util.tree_leaves(param_shardings))}
-
-  def choose(path, leaf):
-    names = _names(path)
-    for start in range(len(names)):
-      match = by_path.get(names[start:])
-      if match is not None and tuple(match[0]) == tuple(np.shape(leaf)):
-        return match[1]
-    return replicated(mesh)
-
-  return jax.tree_util.tree_map_with_path(choose, tree)
-
-
-def _names(path) -> Tuple[str, ...]:
-  return tuple(str(getattr(key, 'key', getattr(key, 'name', getattr(key, 'idx', key))))
-               for key in path)
 
 
 def global_batch(local_batch: Mapping[str, np.ndarray], sharding: NamedSharding

@@ -138,6 +138,12 @@ def classification_loss(model: nn.Module) -> LossSums:
   return sums
 
 
+def all_finite(tree: Any) -> Array:
+  """A boolean scalar: every element of every array in `tree` is finite."""
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf))
+                            for leaf in jax.tree_util.tree_leaves(tree)]))
+
+
 def _microbatches(batch: Batch, count: int) -> Batch:
   return jax.tree_util.tree_map(
       lambda x: x.reshape((count, x.shape[0] // count) + x.shape[1:]), batch)
@@ -161,7 +167,9 @@ def train_step(state: TrainState, batch: Batch, dropout_key: Array, *,
     loss_sums, optimizer, grad_accum_steps: bound with functools.partial.
 
   Returns:
-    The new state and metrics: loss, accuracy, grad_norm.
+    The new state and metrics: loss, accuracy, grad_norm, and `finite`, True
+    when the loss and every new parameter are finite (checked on the device,
+    so the loop need not fetch anything to know the state is safe to save).
   """
   total_weight = jnp.maximum(jnp.sum(batch['weights']), 1.0)
   step_key = jax.random.fold_in(dropout_key, state.step)
@@ -192,41 +200,46 @@ def train_step(state: TrainState, batch: Batch, dropout_key: Array, *,
   params = optax.apply_updates(state.params, updates)
   new_state = state.replace(step=state.step + 1, params=params,
                             opt_state=opt_state)
+  loss = sums['loss_sum'] / total_weight
   metrics = {
-      'loss': sums['loss_sum'] / total_weight,
+      'loss': loss,
       'accuracy': sums['correct_sum'] / total_weight,
       'grad_norm': optax.tree.norm(grads),
+      'finite': jnp.isfinite(loss) & all_finite(params),
   }
   return new_state, metrics
 
 
-def eval_step(state: TrainState, batch: Batch, *,
+def eval_step(variables: Dict[str, Any], batch: Batch, *,
               loss_sums: LossSums) -> Dict[str, Array]:
   """The loss sums of one evaluation batch (no dropout)."""
-  return loss_sums(state.variables(), batch, deterministic=True)
+  return loss_sums(variables, batch, deterministic=True)
 
 
-def jit_step_functions(loss_sums: LossSums, optimizer: optax.GradientTransformation,
-                       grad_accum_steps: int, *,
-                       state_shardings: Any = None, batch_sharding: Any = None):
-  """The jitted train step (state donated) and eval step of a run's task.
+def _replicated_like(sharding: jax.sharding.NamedSharding) -> jax.sharding.NamedSharding:
+  return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
 
-  With `state_shardings` (a TrainState of shardings) and `batch_sharding`, the
-  steps take and return arrays split over the mesh as given; metrics come back
-  replicated.
+
+def jit_train_step(loss_sums: LossSums, optimizer: optax.GradientTransformation,
+                   grad_accum_steps: int, *, state_shardings: Any,
+                   batch_sharding: jax.sharding.NamedSharding):
+  """The jitted train step of a task, state donated.
+
+  It takes and returns the state split over the mesh as `state_shardings` (a
+  TrainState of shardings) and batches as `batch_sharding`; the dropout key
+  and the metrics are replicated.
   """
-  train_kwargs, eval_kwargs = {}, {}
-  if state_shardings is not None:
-    mesh = batch_sharding.mesh
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    train_kwargs = dict(in_shardings=(state_shardings, batch_sharding, replicated),
-                        out_shardings=(state_shardings, replicated))
-    eval_kwargs = dict(in_shardings=(state_shardings, batch_sharding),
-                       out_shardings=replicated)
-  train = jax.jit(functools.partial(train_step, loss_sums=loss_sums,
-                                    optimizer=optimizer,
-                                    grad_accum_steps=grad_accum_steps),
-                  donate_argnums=0, **train_kwargs)
-  evaluate = jax.jit(functools.partial(eval_step, loss_sums=loss_sums),
-                     **eval_kwargs)
-  return train, evaluate
+  replicated = _replicated_like(batch_sharding)
+  return jax.jit(functools.partial(train_step, loss_sums=loss_sums, optimizer=optimizer,
+                                   grad_accum_steps=grad_accum_steps),
+                 donate_argnums=0,
+                 in_shardings=(state_shardings, batch_sharding, replicated),
+                 out_shardings=(state_shardings, replicated))
+
+
+def jit_eval_step(loss_sums: LossSums, *, variable_shardings: Any,
+                  batch_sharding: jax.sharding.NamedSharding):
+  """The jitted eval step of a task: (variables, batch) -> replicated loss sums."""
+  return jax.jit(functools.partial(eval_step, loss_sums=loss_sums),
+                 in_shardings=(variable_shardings, batch_sharding),
+                 out_shardings=_replicated_like(batch_sharding))

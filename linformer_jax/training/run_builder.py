@@ -1,0 +1,209 @@
+"""Builds a run's parts in one place, for training, evaluation, spectrum and
+mesh memory.
+
+`build_parts(config)` checks the config and returns `RunParts`: the task, the
+model, the device mesh and its axis rules. From them come the abstract train
+state (shapes and shardings, nothing computed), the jitted step functions and
+this process's data. `load_for_evaluation(config, workdir)` restores only the
+model's variables of a run's newest checkpoint, with the evaluation data: no
+optimizer, no training iterator.
+"""
+
+import dataclasses
+from typing import Any, Dict, Mapping, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.experimental import multihost_utils
+import ml_collections
+import numpy as np
+import optax
+
+from linformer_jax.errors import ConfigError
+from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.training import run_config
+from linformer_jax.training import sharding as sharding_lib
+from linformer_jax.training import tasks
+from linformer_jax.training import train_steps
+from linformer_jax.training.checkpoints import CheckpointStore
+from linformer_jax.training.checkpoints import checkpoint_directory
+
+_OTHER_RUN_ADVICE = ('the workdir holds a run with a different model config; '
+                     'use another --workdir')
+
+
+def _with_shardings(shapes: Any, shardings: Any) -> Any:
+  return jax.tree_util.tree_map(
+      lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+      shapes, shardings)
+
+
+def shardings_of(abstract_tree: Any) -> Any:
+  """The tree of shardings of a tree of `jax.ShapeDtypeStruct`s."""
+  return jax.tree_util.tree_map(lambda x: x.sharding, abstract_tree)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunParts:
+  """What every use of a run's config shares: task, model and mesh.
+
+  Attributes:
+    config: the run's config.
+    model_config: its checked model fields.
+    task: the task object of config.task.
+    model: the task's Flax model.
+    mesh: the ('data', 'model') device mesh of config.mesh_shape.
+    rules: logical axis name -> mesh axis (config.axis_rules).
+    batch_sharding: batches split over the 'data' axis.
+  """
+  config: ml_collections.ConfigDict
+  model_config: ModelConfig
+  task: tasks.Task
+  model: nn.Module
+  mesh: jax.sharding.Mesh
+  rules: Tuple[Tuple[str, Any], ...]
+  batch_sharding: jax.sharding.NamedSharding
+
+  def _boxed_variables(self) -> Dict[str, Any]:
+    """The model's variables as abstract arrays inside their logical-axis boxes."""
+    tokens = jnp.ones((1, self.model_config.max_len), jnp.int32)
+    return jax.eval_shape(self.model.init, jax.random.PRNGKey(0), tokens)
+
+  def abstract_variables(self) -> Dict[str, Any]:
+    """{'params': ..., other collections...} as `jax.ShapeDtypeStruct`s carrying
+    their shardings: what `TrainState.variables()` returns, uncomputed."""
+    boxed = self._boxed_variables()
+    return _with_shardings(nn.meta.unbox(boxed),
+                           sharding_lib.parameter_shardings(boxed, self.mesh, self.rules))
+
+  def abstract_train_state(self, optimizer: optax.GradientTransformation
+                           ) -> train_steps.TrainState:
+    """The train state as `jax.ShapeDtypeStruct`s carrying their shardings.
+
+    Parameters and constants follow their logical axis names through the
+    rules. The optimizer is initialised (abstractly) on the boxed parameters,
+    so each moment inherits its parameter's logical axes exactly; the step and
+    other scalars are replicated.
+    """
+    boxed = self._boxed_variables()
+    boxed_opt_state = jax.eval_shape(optimizer.init, boxed['params'])
+    variables = _with_shardings(
+        nn.meta.unbox(boxed), sharding_lib.parameter_shardings(boxed, self.mesh, self.rules))
+    opt_state = _with_shardings(
+        nn.meta.unbox(boxed_opt_state),
+        sharding_lib.parameter_shardings(boxed_opt_state, self.mesh, self.rules))
+    params = variables.pop('params')
+    step = jax.ShapeDtypeStruct((), jnp.int32, sharding=sharding_lib.replicated(self.mesh))
+    return train_steps.TrainState(step=step, params=params, opt_state=opt_state,
+                                  constants=variables)
+
+  def jit_train_step(self, optimizer: optax.GradientTransformation,
+                     abstract_state: train_steps.TrainState):
+    """The jitted train step on the mesh, state donated."""
+    return train_steps.jit_train_step(
+        self.task.loss_sums(self.model, self.config), optimizer,
+        self.config.grad_accum_steps, state_shardings=shardings_of(abstract_state),
+        batch_sharding=self.batch_sharding)
+
+  def jit_eval_step(self, abstract_variables: Mapping[str, Any]):
+    """The jitted eval step on the mesh: (variables, batch) -> loss sums."""
+    return train_steps.jit_eval_step(
+        self.task.loss_sums(self.model, self.config),
+        variable_shardings=shardings_of(abstract_variables),
+        batch_sharding=self.batch_sharding)
+
+  def abstract_batch(self) -> Dict[str, jax.ShapeDtypeStruct]:
+    """A global training batch as `jax.ShapeDtypeStruct`s (for compiling only)."""
+    return {name: jax.ShapeDtypeStruct(shape, dtype, sharding=self.batch_sharding)
+            for name, (shape, dtype) in self.task.batch_shapes(self.config).items()}
+
+  def device_batch(self, local_batch: Mapping[str, np.ndarray]) -> Dict[str, jax.Array]:
+    """This process's rows of a batch as global arrays split over the mesh."""
+    return sharding_lib.global_batch(local_batch, self.batch_sharding)
+
+  def build_data(self, workdir: str, *, train: bool = True) -> Any:
+    """This process's data; process 0 goes first and trains the tokenizer.
+
+    The other processes wait for it, then load the tokenizer it saved in the
+    workdir, so that all of them use the same token ids. Without `train`, the
+    data has no training iterator (evaluation only).
+    """
+    build = lambda: self.task.build_data(
+        self.config, workdir, process_index=jax.process_index(),
+        process_count=jax.process_count(), train=train)
+    if jax.process_count() == 1:
+      return build()
+    data = build() if jax.process_index() == 0 else None
+    multihost_utils.sync_global_devices('linformer_jax: tokenizer and data cache ready')
+    return data if data is not None else build()
+
+
+def build_parts(config: ml_collections.ConfigDict) -> RunParts:
+  """Checks the config and builds the task, model and mesh of a run.
+
+  Raises:
+    ConfigError: a bad config field, or a mesh that cannot split the model or
+      the batches; nothing is compiled or written.
+  """
+  task = tasks.task_of(config)
+  model_config = run_config.validate(config)
+  mesh = sharding_lib.create_mesh(config.mesh_shape)
+  rules = sharding_lib.axis_rules(config)
+  sharding_lib.check_divisibility(model_config, mesh, rules,
+                                  batch_size=config.batch_size,
+                                  eval_batch_size=config.eval_batch_size)
+  # The data builders check model.vocab_size against the tokenizer.
+  return RunParts(config=config, model_config=model_config, task=task,
+                  model=task.create_model(model_config, config), mesh=mesh,
+                  rules=rules, batch_sharding=sharding_lib.batch_sharding(mesh, rules))
+
+
+@dataclasses.dataclass
+class EvaluationRun:
+  """A run's newest checkpoint loaded for evaluation only.
+
+  Attributes:
+    parts: the run's parts.
+    step: the checkpoint's step.
+    variables: the model's restored variables (params and constants).
+    data: this process's data, without a training iterator.
+    eval_step: the jitted (variables, batch) -> loss sums.
+  """
+  parts: RunParts
+  step: int
+  variables: Dict[str, Any]
+  data: Any
+  eval_step: Any
+
+  def evaluate(self) -> Dict[str, float]:
+    """The task's metrics over all evaluation batches."""
+    return tasks.evaluate_batches(self.parts.task, self.eval_step, self.variables,
+                                  self.data.eval_batches, self.parts.device_batch)
+
+
+def load_for_evaluation(config: ml_collections.ConfigDict, workdir: str
+                        ) -> EvaluationRun:
+  """The model variables of `workdir`'s newest checkpoint and the evaluation data.
+
+  Raises:
+    ConfigError: a bad config, no checkpoint in workdir, or a workdir of
+      another model or tokenizer.
+  """
+  parts = build_parts(config)
+  with CheckpointStore(checkpoint_directory(workdir)) as store:
+    step = store.latest_step()
+    if step is None:
+      raise ConfigError(f'{workdir} holds no checkpoint; train first or fix --workdir.')
+    run_config.check_same_model(store.restore_config(step), config, workdir)
+  data = parts.build_data(workdir, train=False)
+  abstract = parts.abstract_variables()
+  subtrees = {('params',): abstract['params']}
+  for collection, variables in abstract.items():
+    if collection != 'params':
+      subtrees[('constants', collection)] = variables
+  restored = CheckpointStore.restore_subtrees(workdir, subtrees, step=step,
+                                              advice=_OTHER_RUN_ADVICE)
+  variables = {path[-1]: value for path, value in restored.items()}
+  return EvaluationRun(parts=parts, step=step, variables=variables, data=data,
+                       eval_step=parts.jit_eval_step(abstract))

@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 VENV_PYTHON := $(VENV)/bin/python
 
-.PHONY: train test venv
+.PHONY: train test test-fast lint format venv
 
 venv: $(VENV)/.installed
 
@@ -25,3 +25,18 @@ test: venv
 	$(VENV_PYTHON) -m pytest -q; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status
+
+# The edit loop: the suite without the tests marked slow (subprocess runs, the
+# notebook, two processes).
+test-fast: venv
+	$(VENV_PYTHON) -m pytest -q -m "not slow"
+
+# Lint (ruff) and format check (pyink, Google style as Flax writes it); both are
+# configured in pyproject.toml. `make format` rewrites the tree to pass.
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pyink --check --quiet .
+
+format: venv
+	$(VENV)/bin/ruff check --fix --exit-zero --quiet .
+	$(VENV)/bin/pyink --quiet .

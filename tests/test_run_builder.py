@@ -1,0 +1,108 @@
+"""The run builder and the task objects: abstract state, shardings, evaluation-only loading."""
+
+import dataclasses
+
+import jax
+from jax.sharding import AbstractMesh
+from jax.sharding import PartitionSpec
+import numpy as np
+import optax
+import pytest
+
+from configs import tiny
+from linformer_jax.errors import ConfigError
+from linformer_jax.training import run_builder
+from linformer_jax.training import sharding
+from linformer_jax.training import tasks
+from linformer_jax.training import train_steps
+from linformer_jax.training import trainer
+
+
+def tiny_config(**overrides):
+  config = tiny.get_config()
+  for key, value in overrides.items():
+    config[key] = value
+  return config
+
+
+def test_the_abstract_state_is_what_initialisation_returns():
+  config = tiny_config()
+  parts = run_builder.build_parts(config)
+  optimizer = train_steps.create_optimizer(config)
+  abstract = parts.abstract_train_state(optimizer)
+  real = jax.eval_shape(
+      lambda rng: train_steps.init_train_state(
+          rng, model=parts.model, optimizer=optimizer, seq_len=config.model.max_len),
+      jax.random.PRNGKey(0))
+  assert jax.tree_util.tree_structure(abstract) == jax.tree_util.tree_structure(real)
+  for want, got in zip(jax.tree_util.tree_leaves(real), jax.tree_util.tree_leaves(abstract)):
+    assert (want.shape, want.dtype) == (got.shape, got.dtype)
+
+
+def test_optimizer_moments_take_exactly_their_parameters_sharding():
+  # An abstract 2 x 4 mesh: heads, MLP units and vocabulary split over 'model'.
+  config = tiny_config(mesh_shape=(1, 1))
+  parts = run_builder.build_parts(config)
+  parts = dataclasses.replace(parts, mesh=AbstractMesh((2, 4), sharding.MESH_AXES))
+  optimizer = train_steps.create_optimizer(config)
+  state = parts.abstract_train_state(optimizer)
+  param_specs = jax.tree_util.tree_map(lambda x: x.sharding.spec, state.params)
+  split = [spec for spec in jax.tree_util.tree_leaves(
+      param_specs, is_leaf=lambda x: isinstance(x, PartitionSpec)) if 'model' in spec]
+  assert split, 'the model axis must split some parameters for this test to mean anything'
+  adam = [s for s in jax.tree_util.tree_leaves(
+      state.opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
+          if isinstance(s, optax.ScaleByAdamState)]
+  assert len(adam) == 1
+  for moments in (adam[0].mu, adam[0].nu):
+    moment_specs = jax.tree_util.tree_map(lambda x: x.sharding.spec, moments)
+    assert moment_specs == param_specs
+  assert adam[0].count.sharding.spec == PartitionSpec()
+  assert state.step.sharding.spec == PartitionSpec()
+
+
+def test_an_unknown_task_names_the_choices():
+  with pytest.raises(ConfigError, match="config.task='translation'.*masked_lm"):
+    run_builder.build_parts(tiny_config(task='translation'))
+
+
+@pytest.mark.parametrize('name,sums,expected', [
+    ('masked_lm', {'loss_sum': 6.0, 'correct_sum': 1.0, 'weight_sum': 4.0},
+     {'loss': 1.5, 'accuracy': 0.25, 'perplexity': np.exp(1.5), 'masked_tokens': 4.0}),
+    ('classification', {'loss_sum': 2.0, 'correct_sum': 3.0, 'weight_sum': 5.0},
+     {'loss': 0.4, 'accuracy': 0.6, 'examples': 5.0}),
+])
+def test_task_metrics_from_summed_batches(name, sums, expected):
+  metrics = tasks.TASKS[name].metrics(sums)
+  assert metrics.keys() == expected.keys()
+  for key, value in expected.items():
+    assert metrics[key] == pytest.approx(value)
+
+
+def test_reference_models_score_their_evaluation_batches():
+  # Unigram: train counts 3, 1 (add-one: 4/6, 2/6); masked targets 0, 1, 1.
+  batches = [{'targets': np.array([[0, 1], [1, 0]]),
+              'weights': np.array([[1.0, 1.0], [1.0, 0.0]])}]
+  expected = np.exp(-(np.log(4 / 6) + 2 * np.log(2 / 6)) / 3)
+  assert tasks.unigram_perplexity(np.array([3, 1]), batches) == pytest.approx(expected)
+  # Majority class 1 of train counts 2, 5; labels 1, 0, 1 and a weight-0 filler.
+  batches = [{'labels': np.array([1, 0, 1, 1]), 'weights': np.array([1.0, 1.0, 1.0, 0.0])}]
+  assert tasks.majority_accuracy(np.array([2, 5]), batches) == pytest.approx(2 / 3)
+
+
+def test_evaluation_only_loading_matches_the_run_and_builds_no_training_iterator(
+    tmp_path):
+  config = tiny_config(total_steps=4, warmup_steps=2, eval_every=4, log_every=2,
+                       checkpoint_every=4)
+  workdir = str(tmp_path)
+  results = trainer.train_and_evaluate(config, workdir)
+  loaded = run_builder.load_for_evaluation(config, workdir)
+  assert loaded.step == 4
+  assert loaded.data.train_iterator is None
+  assert sorted(loaded.variables) == ['params']
+  assert loaded.evaluate()['loss'] == pytest.approx(results['eval_loss'], rel=1e-6)
+
+
+def test_evaluation_only_loading_of_a_folder_without_checkpoint_is_an_error(tmp_path):
+  with pytest.raises(ConfigError, match='holds no checkpoint'):
+    run_builder.load_for_evaluation(tiny_config(), str(tmp_path))

@@ -19,14 +19,18 @@ os.environ['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={DEVICES}'
 os.environ['JAX_PLATFORMS'] = 'cpu'
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
-import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
+# JAX reads XLA_FLAGS when it is first imported, so these imports come after.
+# ruff: noqa: E402
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import jax
+import numpy as np
 
-from configs import tiny  # pylint: disable=g-import-not-at-top,wrong-import-position
-from linformer_jax.data import masked_lm  # pylint: disable=g-import-not-at-top,wrong-import-position
-from linformer_jax.training import multihost  # pylint: disable=g-import-not-at-top,wrong-import-position
-from linformer_jax.training import trainer  # pylint: disable=g-import-not-at-top,wrong-import-position
-from linformer_jax.training.metric_writers import read_metrics  # pylint: disable=g-import-not-at-top,wrong-import-position
+from configs import tiny
+from linformer_jax.data import masked_lm
+from linformer_jax.training import multihost, trainer
+from linformer_jax.training.metric_writers import read_metrics
+
+# pylint: enable=g-import-not-at-top,wrong-import-position
 
 
 def sharded_config(mesh_shape):
@@ -123,15 +127,16 @@ def read_as_processes(count):
   """
   build = masked_lm.build_datasets
 
-  def merged(config, workdir, process_index=0, process_count=1):
+  def merged(config, workdir, process_index=0, process_count=1, train=True):
     del process_index, process_count
-    parts = [build(config, workdir, index, count) for index in range(count)]
+    parts = [build(config, workdir, index, count, train) for index in range(count)]
     eval_batches = [
         {key: np.concatenate([p.eval_batches[i][key] for p in parts])
          for key in parts[0].eval_batches[i]}
         for i in range(len(parts[0].eval_batches))]
     return parts[0]._replace(
-        train_iterator=MergedIterator([p.train_iterator for p in parts]),
+        train_iterator=(MergedIterator([p.train_iterator for p in parts])
+                        if train else None),
         eval_batches=eval_batches)
 
   masked_lm.build_datasets = merged

@@ -1,8 +1,8 @@
 """The pure attention functions against a naive float64 reference and invariances."""
 
-import numpy as np
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from linformer_jax.model import attention

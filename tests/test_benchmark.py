@@ -1,29 +1,21 @@
-"""The whole-model benchmark on a tiny grid: rows, memory scaling, outputs, errors."""
+"""The whole-model benchmark on a tiny grid: rows, memory scaling, outputs, errors.
+
+The grid runs in-process; one `slow` test runs `python -m linformer_jax.benchmark`.
+"""
 
 import csv
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-from linformer_jax.analysis import benchmark
-from linformer_jax.analysis import benchmark_report
+from linformer_jax.analysis import benchmark, benchmark_report
 from linformer_jax.errors import ConfigError
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(seq_lens=(64, 128), projected_lens=(16, 32), num_layers=2,
             hidden_dim=64, num_heads=2, mlp_dim=128, repeats=2)
 TINY_FLAGS = ['--num_layers=2', '--hidden_dim=64', '--num_heads=2', '--mlp_dim=128',
               '--repeats=2', '--matmul_sizes=128,256']
-
-
-def run_cli(*args):
-  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS='cpu')
-  return subprocess.run([sys.executable, '-m', 'linformer_jax.benchmark', *args],
-                        cwd=REPO, env=env, capture_output=True, text=True,
-                        timeout=120, check=False)
 
 
 def read_csv(out_dir):
@@ -88,7 +80,7 @@ def test_table_and_plots_are_written(grid):
     assert f.read() == table
   assert '| n | k = 16 | k = 32 |' in table
   for n in (64, 128):
-    line = next(l for l in table.splitlines() if l.startswith(f'| {n} |'))
+    line = next(row for row in table.splitlines() if row.startswith(f'| {n} |'))
     assert len(re.findall(r'\d+\.\dx / \d+\.\dx', line)) == 2, line
   cells = by_cell(rows)
   full = cells['transformer', 128, 0]
@@ -134,15 +126,17 @@ def test_bad_settings_raise_an_error_naming_the_flag(overrides, flag):
     benchmark.BenchmarkSettings(**dict(TINY, **overrides))
 
 
+@pytest.mark.slow
 def test_the_command_line_skips_what_does_not_fit_and_rejects_bad_flags(
-    grid, tmp_path):
+    grid, tmp_path, run_command):
   # A limit between the Linformer's and the Transformer's bytes at n = 128.
   cells = by_cell(grid[0])
   limit = (benchmark_report.memory_bytes(cells['transformer', 128, 0])
            + benchmark_report.memory_bytes(cells['linformer', 128, 32])) / 2
   out_dir = str(tmp_path / 'cli')
-  result = run_cli(f'--out={out_dir}', '--seq_lens=64,128', '--projected_lens=32',
-                   f'--memory_limit_gb={limit / 2**30}', *TINY_FLAGS)
+  result = run_command('benchmark', f'--out={out_dir}', '--seq_lens=64,128',
+                       '--projected_lens=32', f'--memory_limit_gb={limit / 2**30}',
+                       *TINY_FLAGS, timeout=120)
   assert result.returncode == 0, result.stderr
   assert '| n | k = 32 |' in result.stdout
   rows = by_cell(read_csv(out_dir))
@@ -152,10 +146,11 @@ def test_the_command_line_skips_what_does_not_fit_and_rejects_bad_flags(
   assert float(rows['linformer', 128, 32]['time_ms']) > 0
   assert re.search(r'\| 128 \| – / \d+\.\dx \(\d+\.\dx\) \|', result.stdout)
 
-  result = run_cli(f'--out={out_dir}', '--seq_lens=64', '--projected_lens=64,128')
+  result = run_command('benchmark', f'--out={out_dir}', '--seq_lens=64',
+                       '--projected_lens=64,128', timeout=120)
   assert result.returncode == 2
   assert result.stderr.startswith('error: --projected_lens=64,128')
-  result = run_cli(f'--out={out_dir}', '--seq_lens=64', '--projected_lens=32',
-                   '--matmul_sizes=256,0')
+  result = run_command('benchmark', f'--out={out_dir}', '--seq_lens=64',
+                       '--projected_lens=32', '--matmul_sizes=256,0', timeout=120)
   assert result.returncode == 2
   assert result.stderr.startswith('error: --matmul_sizes=256,0')

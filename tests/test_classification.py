@@ -1,4 +1,8 @@
-"""Classification: pair encoding, TSV errors, fine-tuning from a pretrained run, ListOps."""
+"""Classification: pair encoding, TSV errors, fine-tuning from a pretrained run, ListOps.
+
+The fine-tuned run's reported evaluation is checked against a float64
+recomputation from the saved classifier and against the TSV files' labels.
+"""
 
 import os
 import random
@@ -7,18 +11,15 @@ import jax
 import numpy as np
 import pytest
 
-from configs import classification
-from configs import tiny
+from configs import classification, tiny
 from linformer_jax.data import classification as classification_data
-from linformer_jax.model import models
 from linformer_jax.data import tokenizer as tokenizer_lib
-from linformer_jax.training import trainer
-from linformer_jax.training.checkpoints import CheckpointStore
 from linformer_jax.errors import ConfigError
+from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.training import trainer
 
 BYTES = tokenizer_lib.ByteTokenizer()
-CACHE = os.environ.get('LINFORMER_TEST_CACHE', '')
 POSITIVE = ('good', 'great', 'fine', 'lovely', 'superb')
 NEGATIVE = ('bad', 'awful', 'poor', 'dull', 'weak')
 
@@ -43,7 +44,6 @@ def tiny_classifier_config(data_dir, **overrides):
   for field in ('tokenizer', 'vocab_size'):
     config.data[field] = pretrain.data[field]
   config.model.vocab_size = config.data.get_ref('vocab_size')
-  config.data.cache_dir = CACHE
   config.data.path = str(data_dir)
   config.data.split_files = {'train': ['train.tsv'], 'validation': ['dev.tsv']}
   config.update(dict(total_steps=30, batch_size=8, eval_batch_size=8, warmup_steps=3,
@@ -56,10 +56,47 @@ def tiny_classifier_config(data_dir, **overrides):
 @pytest.fixture(scope='module')
 def pretrained(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp('pretrained'))
-  config = tiny.get_config()
-  config.data.cache_dir = CACHE
-  trainer.train_and_evaluate(config, workdir)
+  trainer.train_and_evaluate(tiny.get_config(), workdir)
   return workdir
+
+
+def tsv_labels(folder, split):
+  rows = (folder / f'{split}.tsv').read_text().splitlines()[1:]
+  return [int(row.split('\t')[-1]) for row in rows]
+
+
+def majority_class_accuracy(folder):
+  """The share of dev.tsv's labels equal to train.tsv's most common one."""
+  train = tsv_labels(folder, 'train')
+  majority = max(sorted(set(train)), key=train.count)  # a tie: the lowest label
+  dev = tsv_labels(folder, 'dev')
+  return sum(label == majority for label in dev) / len(dev)
+
+
+def reference_evaluation(config, workdir):
+  """Loss and accuracy of a run's newest classifier on its evaluation split,
+  from its logits in float64, with the number of near-ties (whose argmax
+  float32 rounding may flip)."""
+  run = trainer.Run(config, workdir)
+  variables = run.state.variables()
+  run.store.close()
+  model = models.SequenceClassifier(ModelConfig.from_config(config.model),
+                                    classification_data.num_classes(config))
+  loss = correct = weight = near_ties = 0.0
+  for batch in classification_data.build_datasets(config, workdir,
+                                                  train=False).eval_batches:
+    logits = np.asarray(model.apply(variables, batch['inputs'], batch['padding_mask'],
+                                    segments=batch['segments']), np.float64)
+    log_probs = logits - logits.max(-1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+    labels, weights = batch['labels'], batch['weights']
+    loss -= np.sum(weights * log_probs[np.arange(len(labels)), labels])
+    correct += np.sum(weights * (logits.argmax(-1) == labels))
+    top_two = np.sort(logits, -1)[:, -2:]
+    near_ties += np.sum(weights * (top_two[:, 1] - top_two[:, 0] < 1e-4))
+    weight += weights.sum()
+  return {'loss': loss / weight, 'accuracy': correct / weight,
+          'near_ties': near_ties / weight, 'examples': weight}
 
 
 def test_single_texts_and_pairs_get_bos_eos_separators_and_segments():
@@ -101,24 +138,27 @@ def test_bad_tsv_files_name_the_file_and_what_to_change(tmp_path):
 def test_fine_tuning_loads_the_pretrained_encoder_and_trains(pretrained, tmp_path):
   write_sentiment_tsv(tmp_path / 'data')
   config = tiny_classifier_config(tmp_path / 'data', init_from=pretrained)
+  pretrained_run = trainer.Run(tiny.get_config(), pretrained)
+  pretrained_encoder = jax.device_get(pretrained_run.state.params['encoder'])
+  pretrained_run.store.close()
   run = trainer.Run(config, str(tmp_path / 'start'))
-  stored = CheckpointStore.restore_params(
-      pretrained, trainer.abstract_train_state(
-          models.MaskedLanguageModel(ModelConfig.from_config(config.model)),
-          run.optimizer, config.model.max_len, run.mesh,
-          (('batch', 'data'),)).params)
   # Every encoder array equals the pretrained one; the head is new.
   jax.tree_util.tree_map(np.testing.assert_array_equal,
-                         jax.device_get(run.state.params['encoder']),
-                         jax.device_get(stored['encoder']))
+                         jax.device_get(run.state.params['encoder']), pretrained_encoder)
   assert set(run.state.params) == {'encoder', 'classifier_dense', 'classifier_out'}
   run.store.close()
 
-  results = trainer.train_and_evaluate(config, str(tmp_path / 'finetuned'))
+  workdir = str(tmp_path / 'finetuned')
+  results = trainer.train_and_evaluate(config, workdir)
   assert results['task'] == 'classification' and results['step'] == 30
   assert results['eval_examples'] == 32
-  assert 0.0 <= results['eval_accuracy'] <= 1.0
-  assert 0.0 < results['majority_class_accuracy'] < 1.0
+  expected = reference_evaluation(config, workdir)
+  assert expected['examples'] == 32
+  assert results['eval_loss'] == pytest.approx(expected['loss'], rel=1e-4)
+  assert abs(results['eval_accuracy'] - expected['accuracy']) <= (
+      expected['near_ties'] + 1e-6)
+  assert results['majority_class_accuracy'] == pytest.approx(
+      majority_class_accuracy(tmp_path / 'data'), abs=1e-9)
   assert os.path.exists(tmp_path / 'finetuned' / tokenizer_lib.MODEL_FILENAME) is False
 
 
@@ -213,15 +253,14 @@ def test_fine_tuning_uses_the_pretrained_runs_sentencepiece_model(tmp_path):
   config = tiny_classifier_config(tmp_path / 'data', init_from=str(pretrained),
                                   **{'data.tokenizer': 'sentencepiece',
                                      'data.vocab_size': 30})
-  examples = classification_data.load_examples(config.data, 'train')
   workdir = tmp_path / 'run'
-  tokenizer = classification_data._tokenizer(config, str(workdir), examples)  # pylint: disable=protected-access
-  assert tokenizer.fingerprint == model.fingerprint
+  datasets = classification_data.build_datasets(config, str(workdir))
+  assert datasets.tokenizer.fingerprint == model.fingerprint
   assert (workdir / tokenizer_lib.MODEL_FILENAME).read_bytes() == (
       pretrained / tokenizer_lib.MODEL_FILENAME).read_bytes()
   config.init_from = str(tmp_path / 'no_tokenizer')
   with pytest.raises(ConfigError, match='has no tokenizer.model'):
-    classification_data._tokenizer(config, str(tmp_path / 'other'), examples)  # pylint: disable=protected-access
+    classification_data.build_datasets(config, str(tmp_path / 'other'))
 
 
 def test_an_unprepared_tfds_dataset_says_how_to_get_it(tmp_path):

@@ -1,15 +1,20 @@
-"""The data pipeline: corpora, tokenizers, packing, masking, grain iterators."""
+"""The data pipeline: corpora, tokenizers, packing, masking, grain iterators, the
+cache folder.
+
+Token and sequence counts are worked out from the documents themselves (bytes,
+separators, rows of max_len - 2 tokens), not read back from the pipeline.
+"""
 
 import json
 import math
+import pathlib
 import sys
 
 import ml_collections
 import numpy as np
 import pytest
 
-from linformer_jax.data import corpus
-from linformer_jax.data import masked_lm
+from linformer_jax.data import corpus, masked_lm
 from linformer_jax.data import tokenizer as tokenizer_lib
 
 BYTES = tokenizer_lib.ByteTokenizer()
@@ -66,6 +71,12 @@ def train_iterator(sequences, seed=0, batch_size=8, **kwargs):
 
 
 # Packing.
+
+def test_packing_a_hand_worked_example():
+  # The stream 5 6 7 eos 8 in rows of 4 - 2 tokens between bos and eos.
+  packed = masked_lm.pack_documents([[5, 6, 7], [8]], 4, bos_id=1, eos_id=2, pad_id=0)
+  np.testing.assert_array_equal(packed, [[1, 5, 6, 2], [1, 7, 2, 2], [1, 8, 2, 0]])
+
 
 @pytest.mark.parametrize('seq_len', [3, 16, 37])
 def test_packing_round_trips_the_token_stream(seq_len):
@@ -222,7 +233,9 @@ def test_eval_batches_are_deterministic_and_drop_nothing():
   np.testing.assert_array_equal(stacked['targets'][:21], sequences)
   assert not stacked['padding_mask'][21:].any()
   assert not stacked['weights'][21:].any()
-  assert stacked['weights'][:21].sum() > 0
+  # 14 maskable tokens a row (all but bos and eos) at rate 0.15: 2.1, rounded
+  # at random to 2 or 3 positions.
+  assert set(stacked['weights'][:21].sum(axis=1)) <= {2.0, 3.0}
   assert len(make(max_batches=2)) == 2
 
 
@@ -307,6 +320,20 @@ def test_embedded_corpus_is_deterministic_and_splits_are_disjoint(tmp_path):
   assert corpus.embedded_documents('train', str(tmp_path / 'again')) == train
   with pytest.raises(ValueError, match='config.data.train_split'):
     corpus.embedded_documents('test', str(tmp_path))
+
+
+def test_the_cache_folder_is_the_config_value_else_the_variable_else_home(
+    monkeypatch, tmp_path):
+  monkeypatch.setenv('LINFORMER_JAX_CACHE_DIR', str(tmp_path / 'variable'))
+  assert corpus.cache_root(str(tmp_path / 'config')) == tmp_path / 'config'
+  assert corpus.cache_root('') == tmp_path / 'variable'
+  monkeypatch.delenv('LINFORMER_JAX_CACHE_DIR')
+  assert corpus.cache_root('') == pathlib.Path.home() / '.cache' / 'linformer_jax'
+
+
+def test_the_suite_uses_its_own_cache_not_the_users(data_cache):
+  assert corpus.cache_root('') == data_cache
+  assert corpus.cache_root('') != pathlib.Path.home() / '.cache' / 'linformer_jax'
 
 
 def test_gutenberg_boilerplate_is_stripped():
@@ -398,12 +425,14 @@ def test_build_datasets_from_text_files(tmp_path):
   datasets = masked_lm.build_datasets(config, str(tmp_path / 'run'))
   validation = corpus.text_file_documents(config.data.path, 'validation',
                                           config.data.split_files)
-  eval_chars = sum(len(doc.encode()) for doc in validation)
-  # Every byte, one eos between documents, bos and eos per sequence.
-  assert datasets.eval_tokens == (eval_chars + len(validation) - 1
-                                  + 2 * datasets.eval_sequences)
+  # Every byte and one eos between documents, in rows of 64 - 2 tokens; each
+  # row adds bos and eos; 4 rows a batch.
+  stream = sum(len(doc.encode()) for doc in validation) + len(validation) - 1
+  sequences = math.ceil(stream / 62)
+  assert datasets.eval_sequences == sequences
+  assert datasets.eval_tokens == stream + 2 * sequences
   assert datasets.train_tokens > datasets.eval_tokens
-  assert len(datasets.eval_batches) == -(-datasets.eval_sequences // 4)
+  assert len(datasets.eval_batches) == math.ceil(sequences / 4)
   batch = next(datasets.train_iterator)
   assert batch['inputs'].shape == (4, 64)
   assert 'Book b ' not in BYTES.decode(batch['targets'].ravel())

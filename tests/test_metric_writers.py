@@ -1,10 +1,16 @@
-"""MetricLogger: JSON lines, TensorBoard event files and progress lines."""
+"""MetricLogger: JSON lines, TensorBoard event files and progress lines.
+
+Event files are read back with TensorBoard's own reader; progress rates and
+ETAs run on a fake clock and are compared with values worked out by hand.
+"""
 
 import os
 import time
 
 import jax.numpy as jnp
 import numpy as np
+from tensorboard.backend.event_processing import event_file_loader
+from tensorboard.util import tensor_util
 
 from linformer_jax.training.metric_writers import METRICS_FILE, MetricLogger, read_metrics
 
@@ -31,9 +37,16 @@ def test_tensorboard_event_file_is_written(tmp_path):
   workdir = str(tmp_path)
   logger = MetricLogger(workdir, total_steps=10)
   logger.write_scalars(3, {'eval_loss': 4.0})
+  logger.write_scalars(5, {'eval_loss': 2.5, 'eval_accuracy': 0.75})
   logger.close()
-  events = [name for name in os.listdir(workdir) if name.startswith('events.out.tfevents')]
-  assert events and os.path.getsize(os.path.join(workdir, events[0])) > 0
+  (events,) = [name for name in os.listdir(workdir)
+               if name.startswith('events.out.tfevents')]
+  scalars = [(event.step, value.tag, float(tensor_util.make_ndarray(value.tensor)))
+             for event in event_file_loader.EventFileLoader(
+                 os.path.join(workdir, events)).Load()
+             for value in event.summary.value]
+  assert sorted(scalars) == [(3, 'eval_loss', 4.0), (5, 'eval_accuracy', 0.75),
+                             (5, 'eval_loss', 2.5)]
 
 
 def test_non_primary_processes_write_no_files(tmp_path):
@@ -57,17 +70,24 @@ def test_discard_after_drops_the_records_of_later_steps(tmp_path):
       (1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)]
 
 
-def test_progress_prints_a_line_with_rates_and_eta(tmp_path, capsys):
+def test_progress_prints_a_line_with_rates_and_eta(tmp_path, capsys, monkeypatch):
   logger = MetricLogger(str(tmp_path), total_steps=1000)
-  time.sleep(0.01)
+  now = [100.0]
+  monkeypatch.setattr(time, 'monotonic', lambda: now[0])
+  logger.discard_after(0)  # counts from step 0 at t = 100 s
+  now[0] = 110.0
   rates = logger.progress(120, tokens_per_step=256, loss=5.1234)
-  time.sleep(0.01)
+  now[0] = 130.0
   later = logger.progress(240, tokens_per_step=256)
+  now[0] = 5530.0
+  slow = logger.progress(250, tokens_per_step=256)
   logger.close()
-  assert rates['steps_per_sec'] > 0 and later['steps_per_sec'] > 0
-  assert rates['tokens_per_sec'] == rates['steps_per_sec'] * 256
-  lines = capsys.readouterr().out.splitlines()
-  assert len(lines) == 2
-  assert lines[0].startswith('step 120/1000 | loss 5.123 | ')
-  assert 'tokens/s' in lines[0] and 'ETA ' in lines[0]
-  assert lines[1].startswith('step 240/1000 | ') and 'ETA ' in lines[1]
+  # 120 steps in 10 s; then 120 steps in 20 s; then 10 steps in 5400 s.
+  assert rates == {'steps_per_sec': 12.0, 'tokens_per_sec': 3072.0}
+  assert later == {'steps_per_sec': 6.0, 'tokens_per_sec': 1536.0}
+  assert slow['steps_per_sec'] == 10 / 5400
+  # ETAs: 880 steps at 12/s is 73 s; 760 at 6/s 127 s; 750 at 1/540 s 112.5 h.
+  assert capsys.readouterr().out.splitlines() == [
+      'step 120/1000 | loss 5.123 | 12 steps/s | 3,072 tokens/s | ETA 1m13s',
+      'step 240/1000 | 6 steps/s | 1,536 tokens/s | ETA 2m07s',
+      'step 250/1000 | 0.00185 steps/s | 0 tokens/s | ETA 112h30m']

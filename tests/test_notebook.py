@@ -1,22 +1,25 @@
-"""The experiments notebook runs headlessly from top to bottom on tiny settings."""
+"""The experiments notebook runs headlessly from top to bottom on tiny settings.
+
+Its kernel is another process, started with this one's environment (the
+session's data cache included); the test is `slow`.
+"""
 
 import os
 
-import nbformat
 from nbclient import NotebookClient
+import nbformat
+import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NOTEBOOK = os.path.join(REPO, 'experiments', 'linformer_tour.ipynb')
 
-
-def test_the_tour_notebook_runs(tmp_path, monkeypatch):
+@pytest.mark.slow
+def test_the_tour_notebook_runs(tmp_path, monkeypatch, repo_root):
   monkeypatch.setenv('LINFORMER_NOTEBOOK_TINY', '1')
   monkeypatch.setenv('LINFORMER_NOTEBOOK_WORKDIR', str(tmp_path / 'run'))
   monkeypatch.setenv('JAX_PLATFORMS', 'cpu')
-  notebook = nbformat.read(NOTEBOOK, as_version=4)
+  experiments = repo_root / 'experiments'
+  notebook = nbformat.read(experiments / 'linformer_tour.ipynb', as_version=4)
   NotebookClient(notebook, timeout=300, kernel_name='python3',
-                 resources={'metadata': {'path': os.path.join(REPO, 'experiments')}}
-                 ).execute()
+                 resources={'metadata': {'path': str(experiments)}}).execute()
   outputs = [output for cell in notebook.cells if cell.cell_type == 'code'
              for output in cell.get('outputs', [])]
   assert not [o for o in outputs if o.output_type == 'error']

@@ -1,35 +1,34 @@
 """Sharding changes nothing but speed: meshes, cross-mesh restore, two processes.
 
-The multi-device checks run tests/sharding_worker.py in subprocesses with 8
-fake CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8), since a
-process's device count is fixed when JAX starts.
+The multi-device checks (all `slow`) run tests/sharding_worker.py in
+subprocesses with 8 fake CPU devices
+(XLA_FLAGS=--xla_force_host_platform_device_count=8, set by the worker), since
+a process's device count is fixed when JAX starts. The rest check, in this
+process, how configs and logical axes become meshes and shardings.
 """
 
 import os
 import socket
-import subprocess
-import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from configs import tiny
-from linformer_jax.training import sharding
 from linformer_jax.errors import ConfigError
+from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.training import sharding
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKER = os.path.join(REPO, 'tests', 'sharding_worker.py')
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'sharding_worker.py')
 MESHES = [(8, 1), (4, 2), (2, 4), (1, 8)]
-
-
-def start_worker(devices, root, *jobs):
-  env = {**os.environ, 'PYTHONPATH': REPO}
-  env.pop('XLA_FLAGS', None)
-  return subprocess.Popen([sys.executable, WORKER, str(devices), str(root), *jobs],
-                          cwd=REPO, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+# The two-process run picks a free port, then its coordinator binds it: in
+# between another program may take it. The coordinator then fails at once
+# (gRPC logs this line, then JAX raises or the process even crashes), and the
+# launch is retried on a new port, at most this many times in all.
+PORT_TAKEN = 'Failed to add port to server'
+PORT_ATTEMPTS = 3
 
 
 def finish(process, timeout=400):
@@ -43,21 +42,46 @@ def load(root, name):
 
 
 def free_port():
+  """A port no program listens on now (it may be taken before it is used)."""
   with socket.socket() as s:
-    s.bind(('localhost', 0))
+    s.bind(('', 0))
     return s.getsockname()[1]
 
 
+def train_as_two_processes(run_python, root):
+  """Runs the worker's `process` jobs: process 0 coordinates, process 1 joins.
+
+  Their output goes to files: a pipe read only after the other process ends
+  could fill up and stall the two, which wait for each other.
+  """
+  for attempt in range(PORT_ATTEMPTS):
+    port = free_port()
+    logs = [root / f'process_{index}_attempt_{attempt}.log' for index in range(2)]
+    processes = [run_python(WORKER, 4, root, f'process:{index}:2:{port}', wait=False,
+                            log=logs[index]) for index in range(2)]
+    try:
+      coordinator_failed = processes[0].wait(timeout=400) != 0
+      if coordinator_failed and PORT_TAKEN in logs[0].read_text():
+        continue  # process 1, waiting for a coordinator, is stopped below
+      assert not coordinator_failed, logs[0].read_text()[-4000:]
+      assert processes[1].wait(timeout=400) == 0, logs[1].read_text()[-4000:]
+      return
+    finally:
+      for process in processes:
+        if process.poll() is None:
+          process.kill()
+          process.wait()
+  raise AssertionError(f'{PORT_ATTEMPTS} free ports in a row were taken before the '
+                       f'coordinator could bind them; see {root}/process_0_*.log')
+
+
 @pytest.fixture(scope='module')
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, run_python):
   root = tmp_path_factory.mktemp('sharding')
-  finish(start_worker(8, root, *[f'train:{d},{m}' for d, m in MESHES],
-                      'restore:mesh_4_2:2,4', 'merged:2'))
-  finish(start_worker(1, root, 'train:1,1', 'restore:mesh_4_2:1,1'))
-  port = free_port()
-  processes = [start_worker(4, root, f'process:{i}:2:{port}') for i in range(2)]
-  for process in processes:
-    finish(process)
+  finish(run_python(WORKER, 8, root, *[f'train:{d},{m}' for d, m in MESHES],
+                    'restore:mesh_4_2:2,4', 'merged:2', wait=False))
+  finish(run_python(WORKER, 1, root, 'train:1,1', 'restore:mesh_4_2:1,1', wait=False))
+  train_as_two_processes(run_python, root)
   return root
 
 
@@ -69,6 +93,7 @@ def assert_params_close(first, second, rtol):
                                err_msg=key)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('mesh', MESHES)
 def test_every_mesh_trains_like_one_device(runs, mesh):
   single = load(runs, 'train_1_1')
@@ -78,6 +103,7 @@ def test_every_mesh_trains_like_one_device(runs, mesh):
   assert_params_close(sharded, single, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_the_model_axis_really_splits_parameters(runs):
   # Attention and MLP weights are split model-axis ways; the rest replicated.
   assert load(runs, 'train_1_1')['shard_counts'].max() == 1
@@ -86,6 +112,7 @@ def test_the_model_axis_really_splits_parameters(runs):
   assert load(runs, 'train_1_8')['shard_counts'].max() == 8
 
 
+@pytest.mark.slow
 def test_a_checkpoint_restores_onto_other_meshes(runs):
   saved = load(runs, 'train_4_2')
   onto_2_4 = load(runs, 'restore_mesh_4_2_to_2_4')
@@ -95,6 +122,7 @@ def test_a_checkpoint_restores_onto_other_meshes(runs):
   assert_params_close(onto_one, saved, rtol=0)
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one(runs):
   reference = load(runs, 'merged')
   processes = load(runs, 'processes')
@@ -149,9 +177,27 @@ def test_axis_rules_must_name_mesh_axes():
     sharding.axis_rules(config)
 
 
+def model_shardings(mesh, **overrides):
+  """The model's parameter shardings on `mesh`, by '/'-joined key path."""
+  config = small_model(**overrides)
+  boxed = jax.eval_shape(models.MaskedLanguageModel(config).init,
+                         jax.random.PRNGKey(0), jnp.ones((1, 32), jnp.int32))
+  shardings = sharding.parameter_shardings(boxed, mesh,
+                                           sharding.axis_rules(tiny.get_config()))
+  return {'/'.join(key.key for key in path): leaf.spec
+          for path, leaf in jax.tree_util.tree_leaves_with_path(shardings)}
+
+
 def test_a_vocabulary_that_does_not_divide_is_replicated():
   mesh = jax.sharding.AbstractMesh((1, 8), sharding.MESH_AXES)
-  spec = jax.sharding.PartitionSpec('model', None)
   P = jax.sharding.PartitionSpec
-  assert sharding._fits(spec, (260, 32), mesh) == P(None, None)
-  assert sharding._fits(spec, (8000, 32), mesh) == P('model', None)
+  embedding = 'params/encoder/token_embedding/embedding'
+  query = 'params/encoder/layers_0/attention/query/kernel'  # [embed, heads, head_dim]
+  # 260 byte ids do not split 8 ways: the table is replicated, not refused.
+  bytes_vocabulary = model_shardings(mesh, vocab_size=260)
+  assert bytes_vocabulary[embedding] == P(None, None)
+  assert bytes_vocabulary[query] == P(None, 'model', None)
+  # 8000 ids do: the vocabulary axis is split over the model axis.
+  divisible = model_shardings(mesh, vocab_size=8000)
+  assert divisible[embedding] == P('model', None)
+  assert divisible[query] == P(None, 'model', None)

@@ -1,9 +1,10 @@
-"""The spectrum of P: hand cases, a float64 reference, the model's keys, the CLI."""
+"""The spectrum of P: hand cases, a float64 reference, the model's keys, the CLI.
+
+The `slow` tests run `python -m linformer_jax.spectrum` on a checkpointed run.
+"""
 
 import json
 import os
-import subprocess
-import sys
 
 import flax.linen as nn
 import jax
@@ -12,12 +13,10 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from linformer_jax.model import models
 from linformer_jax.analysis import spectrum
-from linformer_jax.training import trainer
+from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from linformer_jax.training import trainer
 
 
 def naive_attention_matrix(q, k, key_mask, query_mask):
@@ -48,6 +47,18 @@ def test_a_rank_one_matrix_reaches_one_at_the_first_index():
   curve = spectrum.normalised_cumulative_singular_values(p)
   assert curve.shape == (5,)
   np.testing.assert_allclose(curve, np.ones(5), rtol=1e-12)
+
+
+def test_a_rotated_and_permuted_diagonal_gives_its_hand_computed_shares():
+  # Singular values 3 and 1 (rotations and permutations keep them): 3/4, then 1.
+  c, s = np.cos(0.3), np.sin(0.3)
+  p = np.array([[c, -s], [s, c]]) @ np.diag([1.0, 3.0]) @ np.array([[0, 1], [1, 0]])
+  np.testing.assert_allclose(spectrum.normalised_cumulative_singular_values(p),
+                             [0.75, 1.0], rtol=1e-12)
+  # Orthogonal columns of norms 1, 4 and 3: singular values 4, 3, 1 (sum 8).
+  q = np.array([[1.0, 0, 0], [0, 0, 3], [0, 4, 0], [0, 0, 0]])
+  np.testing.assert_allclose(spectrum.normalised_cumulative_singular_values(q),
+                             [4 / 8, 7 / 8, 1.0], rtol=1e-12)
 
 
 def test_curves_are_monotone_in_the_unit_interval_and_end_at_one():
@@ -140,21 +151,12 @@ def test_keys_are_the_ones_the_model_attends_over(sharing, projection):
   assert [c.shape for c in curves] == [(2, 4)] * 2
 
 
-def run_spectrum(workdir, out, *overrides):
-  command = [sys.executable, '-m', 'linformer_jax.spectrum',
-             '--config', os.path.join(REPO, 'configs', 'tiny.py'),
-             '--workdir', str(workdir), '--out', str(out), *overrides]
-  env = {**os.environ, 'PYTHONPATH': REPO, 'JAX_PLATFORMS': 'cpu'}
-  return subprocess.run(command, cwd=REPO, env=env, capture_output=True,
-                        text=True, timeout=300)
+def spectrum_flags(workdir, out):
+  """The command-line flags of the spectrum of a configs/tiny.py run."""
+  return ['--config', 'configs/tiny.py', '--workdir', str(workdir), '--out', str(out)]
 
 
-@pytest.fixture(scope='module')
-def cache_dir(tmp_path_factory):
-  return str(tmp_path_factory.mktemp('cache'))
-
-
-def checkpointed_run(workdir, cache, attention):
+def checkpointed_run(workdir, attention):
   """A tiny run's checkpoint as the trainer writes it, at its initial step.
 
   The spectrum reads any checkpoint the same way; skipping the training steps
@@ -162,7 +164,6 @@ def checkpointed_run(workdir, cache, attention):
   """
   config = tiny.get_config()
   config.model.attention = attention
-  config.data.cache_dir = cache
   run = trainer.Run(config, str(workdir))
   run.save()
   run.store.close()
@@ -181,12 +182,13 @@ def check_curves(report, width):
       assert curve[-1] == pytest.approx(1.0, abs=1e-6)
 
 
-def test_the_command_on_a_full_attention_run(tmp_path, cache_dir):
-  checkpointed_run(tmp_path / 'run', cache_dir, 'full')
+@pytest.mark.slow
+def test_the_command_on_a_full_attention_run(tmp_path, run_command):
+  checkpointed_run(tmp_path / 'run', 'full')
   out = tmp_path / 'out'
-  result = run_spectrum(tmp_path / 'run', out, '--config.model.attention=full',
-                        f'--config.data.cache_dir={cache_dir}',
-                        '--num_sequences=6', '--index=8')
+  result = run_command('spectrum', *spectrum_flags(tmp_path / 'run', out),
+                       '--config.model.attention=full', '--num_sequences=6',
+                       '--index=8')
   assert result.returncode == 0, result.stderr
   with open(out / 'spectrum.json') as f:
     report = json.load(f)
@@ -201,8 +203,8 @@ def test_the_command_on_a_full_attention_run(tmp_path, cache_dir):
   assert 'layer 1: cumulative singular value at index 8 of 32' in result.stdout
 
 
-def test_a_linformer_run_has_k_wide_curves_and_a_clamped_index(tmp_path, cache_dir):
-  config = checkpointed_run(tmp_path / 'run', cache_dir, 'linformer')
+def test_a_linformer_run_has_k_wide_curves_and_a_clamped_index(tmp_path):
+  config = checkpointed_run(tmp_path / 'run', 'linformer')
   report = spectrum.compute_spectrum(config, str(tmp_path / 'run'), index=128)
   assert (report['attention'], report['n'], report['k']) == ('linformer', 32, 8)
   assert report['num_sequences'] == 8  # all the tiny config's evaluation rows
@@ -213,8 +215,9 @@ def test_a_linformer_run_has_k_wide_curves_and_a_clamped_index(tmp_path, cache_d
   assert all(os.path.getsize(path) > 0 for path in paths)
 
 
-def test_a_workdir_without_a_checkpoint_is_a_one_line_error(tmp_path):
-  result = run_spectrum(tmp_path, tmp_path / 'out')
+@pytest.mark.slow
+def test_a_workdir_without_a_checkpoint_is_a_one_line_error(tmp_path, run_command):
+  result = run_command('spectrum', *spectrum_flags(tmp_path, tmp_path / 'out'))
   assert result.returncode == 2
   assert result.stderr.startswith('error: ') and result.stderr.count('\n') == 1
   assert 'holds no checkpoint' in result.stderr

@@ -1,24 +1,20 @@
 """Sweeps: a real two-variant run of tiny configs, resume, --set, errors, the CLI.
 
+The sweep runs in-process; the `slow` tests run `python -m linformer_jax.sweep`.
+
   python -m pytest -q tests/test_sweep.py
 """
 
-import glob
+import hashlib
 import json
 import math
 import os
-import subprocess
-import sys
-import time
 
 import pytest
 
-from linformer_jax.training import run_config
 from linformer_jax.analysis import sweep as sweep_lib
-from linformer_jax.training import trainer
 from linformer_jax.errors import ConfigError
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from linformer_jax.training import run_config, trainer
 
 TINY_SWEEP = '''"""Transformer against Linformer k=4 on configs/tiny.py, for tests."""
 
@@ -32,30 +28,23 @@ def get_sweep():
   base.total_steps = 3  # a few steps: the loop, not the model, is under test
   base.warmup_steps = 1  # at most total_steps
   base.model.num_layers = 1  # less to compile
-  base.data.cache_dir = {cache_dir!r}  # packed data shared by the tests
   return Sweep(title='tiny sweep', base=base, variants=[
-      Variant('transformer', {{'model.attention': 'full'}}),  # standard attention
-      Variant('k4', {{'model.projected_len': 4}}),  # Linformer, k = n/8
+      Variant('transformer', {'model.attention': 'full'}),  # standard attention
+      Variant('k4', {'model.projected_len': 4}),  # Linformer, k = n/8
   ])
 '''
 
 
-def write_sweep_file(directory, cache_dir, text=TINY_SWEEP):
+def write_sweep_file(directory, text=TINY_SWEEP):
   path = os.path.join(str(directory), 'tiny_sweep.py')
   with open(path, 'w') as f:
-    f.write(text.format(cache_dir=str(cache_dir)))
+    f.write(text)
   return path
 
 
 @pytest.fixture(scope='module')
-def cache_dir(tmp_path_factory):
-  return tmp_path_factory.mktemp('cache')
-
-
-@pytest.fixture(scope='module')
-def tiny_sweep(tmp_path_factory, cache_dir):
-  return sweep_lib.load_sweep(write_sweep_file(tmp_path_factory.mktemp('sweep'),
-                                               cache_dir))
+def tiny_sweep(tmp_path_factory):
+  return sweep_lib.load_sweep(write_sweep_file(tmp_path_factory.mktemp('sweep')))
 
 
 @pytest.fixture(scope='module')
@@ -108,19 +97,35 @@ def test_report_has_a_row_per_variant_and_a_figure(finished_sweep):
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
 
 
-def test_a_rerun_skips_finished_variants(finished_sweep, tiny_sweep, monkeypatch):
+def variant_files(workdir, names):
+  """Each file under the variants' directories -> (modification time, SHA-256)."""
+  files = {}
+  for name in names:
+    for root, _, filenames in os.walk(os.path.join(workdir, name)):
+      for filename in filenames:
+        path = os.path.join(root, filename)
+        with open(path, 'rb') as f:
+          files[path] = (os.path.getmtime(path), hashlib.sha256(f.read()).hexdigest())
+  return files
+
+
+def test_a_rerun_skips_finished_variants(finished_sweep, tiny_sweep, monkeypatch,
+                                         capsys):
   workdir, results = finished_sweep
-  paths = [os.path.join(workdir, name, trainer.RESULTS_FILE) for name in results]
-  mtimes = [os.path.getmtime(path) for path in paths]
+  before = variant_files(workdir, results)
+  assert any(path.endswith(trainer.RESULTS_FILE) for path in before)
 
   def must_not_train(*args, **kwargs):
     raise AssertionError(f'a finished variant was trained again: {args}, {kwargs}')
 
   monkeypatch.setattr(trainer, 'train_and_evaluate', must_not_train)
-  start = time.monotonic()
+  capsys.readouterr()
   again = sweep_lib.run_sweep(tiny_sweep, workdir)
-  assert time.monotonic() - start < 15
-  assert [os.path.getmtime(path) for path in paths] == mtimes
+  printed = capsys.readouterr().out
+  assert 'Variant transformer (1/2) finished its 3 steps before; skipping it.' in printed
+  assert 'Variant k4 (2/2) finished its 3 steps before; skipping it.' in printed
+  # Nothing of the finished runs was touched: results, metrics, checkpoints.
+  assert variant_files(workdir, results) == before
   assert again == results
   assert list(table_rows(workdir)) == ['transformer', 'k4']
 
@@ -175,14 +180,15 @@ def test_bad_variants_and_names_are_errors(tiny_sweep):
     sweep_lib.run_sweep(tiny_sweep, '/nonexistent/never', only=['k99'])
 
 
-def test_a_sweep_file_with_two_variants_of_one_name_is_refused(tmp_path, cache_dir):
+def test_a_sweep_file_with_two_variants_of_one_name_is_refused(tmp_path):
   text = TINY_SWEEP.replace("Variant('k4'", "Variant('transformer'")
   with pytest.raises(ConfigError, match="two variants are named 'transformer'"):
-    sweep_lib.load_sweep(write_sweep_file(tmp_path, cache_dir, text))
+    sweep_lib.load_sweep(write_sweep_file(tmp_path, text))
 
 
-def test_every_sweep_file_loads_and_its_variants_validate():
-  paths = sorted(glob.glob(os.path.join(REPO, 'configs', 'sweeps', '[!_]*.py')))
+def test_every_sweep_file_loads_and_its_variants_validate(repo_root):
+  sweeps = repo_root / 'configs' / 'sweeps'
+  paths = sorted(str(path) for path in sweeps.glob('[!_]*.py'))
   names = {os.path.basename(path)[:-3] for path in paths}
   assert {'projected_len', 'sharing', 'projection', 'seq_len', 'gutenberg'} <= names
   for path in paths:
@@ -191,34 +197,28 @@ def test_every_sweep_file_loads_and_its_variants_validate():
     assert list(configs) == [variant.name for variant in sweep.variants]
     for config in configs.values():
       run_config.validate(config)
-  seq_len = sweep_lib.variant_configs(
-      sweep_lib.load_sweep(os.path.join(REPO, 'configs', 'sweeps', 'seq_len.py')))
+  seq_len = sweep_lib.variant_configs(sweep_lib.load_sweep(str(sweeps / 'seq_len.py')))
   assert {c.batch_size * c.model.max_len for c in seq_len.values()} == {4096}
   assert {c.model.projected_len for c in seq_len.values()} == {32}
 
 
-def run_cli(*args):
-  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS='cpu')
-  return subprocess.run([sys.executable, '-m', 'linformer_jax.sweep', *args],
-                        cwd=REPO, env=env, capture_output=True, text=True,
-                        timeout=300)
-
-
-def test_cli_reports_a_finished_sweep(finished_sweep, tmp_path, cache_dir):
+@pytest.mark.slow
+def test_cli_reports_a_finished_sweep(finished_sweep, tmp_path, run_command):
   workdir, _ = finished_sweep
-  process = run_cli(f'--sweep={write_sweep_file(tmp_path, cache_dir)}',
-                    f'--workdir={workdir}', '--only=k4', '--set=total_steps=3')
+  process = run_command('sweep', f'--sweep={write_sweep_file(tmp_path)}',
+                        f'--workdir={workdir}', '--only=k4', '--set=total_steps=3')
   assert process.returncode == 0, process.stderr
   assert 'k4 (1/1) finished its 3 steps before; skipping it' in process.stdout
   assert '| transformer |' in process.stdout and '| k4 |' in process.stdout
   assert list(table_rows(workdir)) == ['transformer', 'k4']
 
 
-def test_cli_bad_key_is_a_one_line_error(tmp_path, cache_dir):
-  sweep_file = write_sweep_file(tmp_path, cache_dir)
+@pytest.mark.slow
+def test_cli_bad_key_is_a_one_line_error(tmp_path, run_command):
+  sweep_file = write_sweep_file(tmp_path)
   workdir = tmp_path / 'cli_error'
-  process = run_cli(f'--sweep={sweep_file}', f'--workdir={workdir}',
-                    '--set=model.projected_lenn=4')
+  process = run_command('sweep', f'--sweep={sweep_file}', f'--workdir={workdir}',
+                        '--set=model.projected_lenn=4')
   assert process.returncode == 2
   lines = process.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith('error: ')

@@ -1,11 +1,14 @@
-"""The real training loop on tiny settings: results, exact resume, signals, errors."""
+"""The real training loop on tiny settings: results, exact resume, signals, errors.
+
+In-process runs check results, metrics, checkpoints and exact resume; the
+`slow` tests run `python -m linformer_jax.train` and `.evaluate` as a user
+would, for signals, one-line errors and refused workdirs.
+"""
 
 import hashlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import jax
@@ -17,12 +20,9 @@ from linformer_jax.training import trainer
 from linformer_jax.training.checkpoints import CheckpointStore
 from linformer_jax.training.metric_writers import read_metrics
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def tiny_config(**overrides):
   config = tiny.get_config()
-  config.data.cache_dir = os.environ.get('LINFORMER_TEST_CACHE', '')
   for key, value in overrides.items():
     target = config
     *parents, field = key.split('.')
@@ -82,16 +82,9 @@ def test_resume_is_exact(tmp_path):
   jax.tree_util.tree_map(np.testing.assert_array_equal, params_a, params_b)
 
 
-def run_cli(module, workdir, *overrides, wait=True):
-  command = [sys.executable, '-m', f'linformer_jax.{module}',
-             '--config', os.path.join(REPO, 'configs', 'tiny.py'),
-             '--workdir', workdir, *overrides]
-  env = {**os.environ, 'PYTHONPATH': REPO, 'JAX_PLATFORMS': 'cpu'}
-  if wait:
-    return subprocess.run(command, cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
-  return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+def tiny_flags(workdir):
+  """The command-line flags of a run of configs/tiny.py in `workdir`."""
+  return ['--config', 'configs/tiny.py', '--workdir', str(workdir)]
 
 
 def wait_for_step(workdir, step, process, timeout=180):
@@ -105,11 +98,12 @@ def wait_for_step(workdir, step, process, timeout=180):
   raise AssertionError(f'the run never reached step {step}')
 
 
-def test_sigterm_saves_a_checkpoint_before_exiting(tmp_path):
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_before_exiting(tmp_path, run_command):
   workdir = str(tmp_path)
-  process = run_cli('train', workdir, '--config.total_steps=100000',
-                    '--config.log_every=1', '--config.checkpoint_every=100000',
-                    '--config.eval_every=100000', wait=False)
+  process = run_command('train', *tiny_flags(workdir), '--config.total_steps=100000',
+                        '--config.log_every=1', '--config.checkpoint_every=100000',
+                        '--config.eval_every=100000', wait=False)
   wait_for_step(workdir, 3, process)
   process.send_signal(signal.SIGTERM)
   assert process.wait(timeout=120) == 128 + signal.SIGTERM
@@ -126,13 +120,14 @@ def latest_checkpoint(workdir):
     store.close()
 
 
-def test_sigkill_resumes_from_the_last_checkpoint(tmp_path):
+@pytest.mark.slow
+def test_sigkill_resumes_from_the_last_checkpoint(tmp_path, run_command):
   workdir = str(tmp_path)
   config = tiny_config(total_steps=100000, log_every=1, checkpoint_every=4,
                        eval_every=100000)
-  process = run_cli('train', workdir, '--config.total_steps=100000',
-                    '--config.log_every=1', '--config.checkpoint_every=4',
-                    '--config.eval_every=100000', wait=False)
+  process = run_command('train', *tiny_flags(workdir), '--config.total_steps=100000',
+                        '--config.log_every=1', '--config.checkpoint_every=4',
+                        '--config.eval_every=100000', wait=False)
   wait_for_step(workdir, 10, process)
   # Checkpoints are written asynchronously: wait until one is complete on disk.
   deadline = time.time() + 120
@@ -148,18 +143,35 @@ def test_sigkill_resumes_from_the_last_checkpoint(tmp_path):
   assert steps == list(range(1, saved + 3))
 
 
-def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+def test_a_non_finite_step_is_never_saved_and_the_kept_checkpoint_resumes(tmp_path):
+  """The guard checks parameters, not only the loss.
+
+  The learning rate is 0 on step 1 (one warm-up step), then a weight decay so
+  large that step 2's update overflows every weight matrix to inf while step
+  2's loss, computed before the update, is still finite. Saving every step,
+  only step 1 may be kept; resuming from it with a sane weight decay trains on.
+  """
   workdir = str(tmp_path)
-  config = tiny_config(learning_rate=1e12, warmup_steps=0, grad_clip_norm=0.0,
-                       checkpoint_every=1, total_steps=50)
-  with pytest.raises(trainer.NonFiniteLossError, match='learning_rate'):
+  config = tiny_config(learning_rate=1e6, warmup_steps=1, weight_decay=1e35,
+                       grad_clip_norm=0.0, checkpoint_every=1, log_every=1,
+                       total_steps=20)
+  with pytest.raises(trainer.NonFiniteLossError, match='step 2 the parameters'):
     trainer.train_and_evaluate(config, workdir)
-  store = CheckpointStore(trainer.checkpoint_directory(workdir))
-  saved = store.latest_step()
-  store.close()
-  failed_at = max(m['step'] for m in read_metrics(workdir)) + 1 if read_metrics(workdir) else None
-  assert saved is not None and saved >= 1
-  assert failed_at is None or saved < failed_at
+  run = trainer.Run(config, workdir)
+  kept_step = int(run.state.step)
+  params = jax.tree_util.tree_leaves(jax.device_get(run.state.params))
+  run.store.close()
+  assert kept_step == 1
+  assert all(np.all(np.isfinite(p)) for p in params)
+  sane = tiny_config(learning_rate=1e-3, warmup_steps=0, weight_decay=0.01,
+                     grad_clip_norm=0.0, checkpoint_every=1, log_every=1,
+                     total_steps=6)
+  results = trainer.train_and_evaluate(sane, workdir)
+  resumed = {m['step']: m['train_loss'] for m in read_metrics(workdir)
+             if 'train_loss' in m and m['step'] > 1}
+  assert sorted(resumed) == [2, 3, 4, 5, 6]
+  assert all(np.isfinite(loss) for loss in resumed.values())
+  assert results['step'] == 6 and np.isfinite(results['eval_loss'])
 
 
 def snapshot(directory):
@@ -181,36 +193,41 @@ def snapshot(directory):
     (['--config.batch_size=0'], 'config.batch_size'),
     (['--config.data.vocab_size=300'], 'config.model.vocab_size=300'),
 ])
-def test_bad_input_is_one_line_and_exit_code_2(tmp_path, overrides, expected):
-  result = run_cli('train', str(tmp_path / 'run'), *overrides)
+@pytest.mark.slow
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path, run_command, overrides,
+                                               expected):
+  result = run_command('train', *tiny_flags(tmp_path / 'run'), *overrides)
   assert result.returncode == 2, result.stderr
-  error_lines = [l for l in result.stderr.splitlines() if l.startswith('error:')]
+  error_lines = [line for line in result.stderr.splitlines() if line.startswith('error:')]
   assert len(error_lines) == 1 and expected in error_lines[0], result.stderr
   assert not os.path.exists(tmp_path / 'run') or not snapshot(tmp_path / 'run')
 
 
-def test_empty_corpus_is_an_error(tmp_path):
+@pytest.mark.slow
+def test_empty_corpus_is_an_error(tmp_path, run_command):
   corpus = tmp_path / 'corpus'
   corpus.mkdir()
   (corpus / 'empty.txt').write_text('')
-  result = run_cli('train', str(tmp_path / 'run'), '--config.data.source=text_files',
-                   f'--config.data.path={corpus}')
+  result = run_command('train', *tiny_flags(tmp_path / 'run'),
+                       '--config.data.source=text_files', f'--config.data.path={corpus}')
   assert result.returncode == 2, result.stderr
   assert 'error:' in result.stderr
 
 
-def test_a_workdir_of_another_model_is_refused_untouched(finished_run):
+@pytest.mark.slow
+def test_a_workdir_of_another_model_is_refused_untouched(finished_run, run_command):
   workdir, _ = finished_run
   before = snapshot(workdir)
-  result = run_cli('train', workdir, '--config.model.hidden_dim=64')
+  result = run_command('train', *tiny_flags(workdir), '--config.model.hidden_dim=64')
   assert result.returncode == 2, result.stderr
   assert 'config.model.hidden_dim' in result.stderr
   assert snapshot(workdir) == before
 
 
-def test_evaluate_writes_json_for_a_split(finished_run):
+@pytest.mark.slow
+def test_evaluate_writes_json_for_a_split(finished_run, run_command):
   workdir, results = finished_run
-  result = run_cli('evaluate', workdir, '--split=validation')
+  result = run_command('evaluate', *tiny_flags(workdir), '--split=validation')
   assert result.returncode == 0, result.stderr
   with open(os.path.join(workdir, 'eval_validation.json')) as f:
     evaluated = json.load(f)

@@ -1,0 +1,87 @@
+"""Fixtures shared by the test suite: the repository root, a runner for the
+command-line programs, and a data cache that is never the user's.
+
+The data cache: the library reads its cache folder from config.data.cache_dir,
+else $LINFORMER_JAX_CACHE_DIR, else ~/.cache/linformer_jax. For the whole
+session the variable points at one fresh temporary folder, so the tests never
+read or write the user's cache, and the embedded corpus is still extracted and
+tokenized once per session. Programs started by the tests inherit it.
+
+Tests that start other processes are marked `slow` (see pytest.ini):
+`pytest -m "not slow"` is the fast loop, plain `pytest` runs everything.
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+from typing import Optional, Union
+
+import pytest
+
+from linformer_jax.data import corpus
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope='session', autouse=True)
+def data_cache(tmp_path_factory) -> pathlib.Path:
+  """The session's data cache, named by $LINFORMER_JAX_CACHE_DIR."""
+  folder = tmp_path_factory.mktemp('data_cache')
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv(corpus.CACHE_DIR_VARIABLE, str(folder))
+    yield folder
+
+
+@pytest.fixture(scope='session')
+def repo_root() -> pathlib.Path:
+  """The repository root (holds configs/, experiments/ and linformer_jax/)."""
+  return REPO_ROOT
+
+
+def _start_python(*arguments: str, wait: bool, timeout: float,
+                  log: Optional[Union[str, os.PathLike]]):
+  """Runs `python ARGUMENTS` in the repository root, on CPU.
+
+  With `wait`, returns the finished `subprocess.CompletedProcess`, its stdout
+  and stderr captured as text (killed after `timeout` seconds). Without, returns
+  the running `subprocess.Popen`, its stderr merged into stdout: a text pipe,
+  or the file `log` where given (a pipe nobody reads can fill and stall it).
+  """
+  command = [sys.executable, *arguments]
+  env = {**os.environ, 'PYTHONPATH': str(REPO_ROOT), 'JAX_PLATFORMS': 'cpu'}
+  if wait:
+    return subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+  if log is None:
+    return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+  with open(log, 'w') as output:
+    return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=output,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture(scope='session')
+def run_python():
+  """`run_python(script, *args, wait=True, timeout=300, log=None)` runs a Python
+  script in the repository root on CPU; see `_start_python`."""
+
+  def run(script, *args, wait=True, timeout=300, log=None):
+    return _start_python(str(script), *map(str, args), wait=wait, timeout=timeout,
+                         log=log)
+
+  return run
+
+
+@pytest.fixture(scope='session')
+def run_command():
+  """`run_command(module, *args, wait=True, timeout=300)` runs
+  `python -m linformer_jax.MODULE ARGS` in the repository root on CPU, as a user
+  would; see `_start_python`. Relative paths (configs/tiny.py) are from the root.
+  """
+
+  def run(module, *args, wait=True, timeout=300):
+    return _start_python('-m', f'linformer_jax.{module}', *map(str, args),
+                         wait=wait, timeout=timeout, log=None)
+
+  return run

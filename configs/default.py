@@ -16,61 +16,61 @@ import ml_collections
 
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
-  config.task = 'masked_lm'        # 'masked_lm' (pretraining) or 'classification'
-  config.seed = 0                  # seeds initialisation, shuffling, masking, dropout
-  config.total_steps = 1000        # optimizer steps to train for
-  config.batch_size = 32           # global batch, in sequences of model.max_len tokens
-  config.eval_batch_size = 32      # batch size for evaluation
-  config.grad_accum_steps = 1      # micro-batches per step (batch_size must divide evenly)
-  config.learning_rate = 2e-3      # peak learning rate after warm-up
-  config.warmup_steps = 100        # linear warm-up from 0 to learning_rate
-  config.end_learning_rate = 0.0   # learning rate reached by linear decay at total_steps
-  config.weight_decay = 0.01       # AdamW decoupled weight decay (not on biases/norms)
-  config.adam_b1 = 0.9             # AdamW beta1
-  config.adam_b2 = 0.98            # AdamW beta2 (RoBERTa)
-  config.adam_eps = 1e-6           # AdamW epsilon (RoBERTa)
-  config.grad_clip_norm = 1.0      # clip gradients to this global norm (0 disables)
-  config.log_every = 50            # steps between progress lines and train metrics
-  config.eval_every = 200          # steps between evaluations (and at the end)
-  config.checkpoint_every = 500    # steps between checkpoints (and at the end)
-  config.keep_checkpoints = 2      # newest checkpoints kept in WORKDIR/checkpoints
-  config.init_from = ''            # another run's workdir to take parameters from ('' = none)
-  config.mesh_shape = (-1, 1)      # devices along ('data', 'model'); -1 = all remaining
+  config.task = 'masked_lm'  # 'masked_lm' (pretraining) or 'classification'
+  config.seed = 0  # seeds initialisation, shuffling, masking, dropout
+  config.total_steps = 1000  # optimizer steps to train for
+  config.batch_size = 32  # global batch, in sequences of model.max_len tokens
+  config.eval_batch_size = 32  # batch size for evaluation
+  config.grad_accum_steps = 1  # micro-batches per step (batch_size must divide evenly)
+  config.learning_rate = 2e-3  # peak learning rate after warm-up
+  config.warmup_steps = 100  # linear warm-up from 0 to learning_rate
+  config.end_learning_rate = 0.0  # learning rate reached by linear decay at total_steps
+  config.weight_decay = 0.01  # AdamW decoupled weight decay (not on biases/norms)
+  config.adam_b1 = 0.9  # AdamW beta1
+  config.adam_b2 = 0.98  # AdamW beta2 (RoBERTa)
+  config.adam_eps = 1e-6  # AdamW epsilon (RoBERTa)
+  config.grad_clip_norm = 1.0  # clip gradients to this global norm (0 disables)
+  config.log_every = 50  # steps between progress lines and train metrics
+  config.eval_every = 200  # steps between evaluations (and at the end)
+  config.checkpoint_every = 500  # steps between checkpoints (and at the end)
+  config.keep_checkpoints = 2  # newest checkpoints kept in WORKDIR/checkpoints
+  config.init_from = ''  # another run's workdir to take parameters from ('' = none)
+  config.mesh_shape = (-1, 1)  # devices along ('data', 'model'); -1 = all remaining
   # Logical parameter axes -> mesh axes (None = replicated); see linformer_jax/training/sharding.py.
-  config.axis_rules = (('batch', 'data'), ('heads', 'model'), ('mlp', 'model'),
-                       ('vocab', 'model'))
+  config.axis_rules = (('batch', 'data'), ('heads', 'model'), ('mlp', 'model'), ('vocab', 'model'))
 
   config.data = ml_collections.ConfigDict()
   config.data.source = 'embedded'  # 'embedded' (Python's own docs), 'text_files' or 'tfds'
-  config.data.path = ''            # text file or folder for source='text_files'
-  config.data.split_files = {}     # split -> list of file names; train = all the others
-  config.data.tfds_name = ''       # TFDS dataset for source='tfds', e.g. 'wiki40b/en'
+  config.data.path = ''  # text file or folder for source='text_files'
+  config.data.split_files = {}  # split -> list of file names; train = all the others
+  config.data.tfds_name = ''  # TFDS dataset for source='tfds', e.g. 'wiki40b/en'
   config.data.tfds_text_key = 'text'  # feature holding the text in the TFDS dataset
-  config.data.tfds_data_dir = ''   # TFDS data_dir ('' = TFDS default)
+  config.data.tfds_data_dir = ''  # TFDS data_dir ('' = TFDS default)
   config.data.tfds_download = False  # let TFDS download (needs network)
   config.data.train_split = 'train'  # split to train on
   config.data.eval_split = 'validation'  # split evaluated during training
   config.data.tokenizer = 'sentencepiece'  # 'sentencepiece' (trained on train split) or 'byte'
-  config.data.vocab_size = 8000    # SentencePiece vocabulary size
-  config.data.mask_rate = 0.15     # fraction of tokens masked (80% <mask>, 10% random, 10% kept)
-  config.data.worker_count = 0     # grain worker processes (0 = in the main process)
-  config.data.cache_dir = ''       # cache for extracted/packed data ('' = $LINFORMER_JAX_CACHE_DIR or ~/.cache/linformer_jax)
+  config.data.vocab_size = 8000  # SentencePiece vocabulary size
+  config.data.mask_rate = 0.15  # fraction of tokens masked (80% <mask>, 10% random, 10% kept)
+  config.data.worker_count = 0  # grain worker processes (0 = in the main process)
+  # Cache for extracted/packed data ('' = $LINFORMER_JAX_CACHE_DIR or ~/.cache/linformer_jax).
+  config.data.cache_dir = ''
   config.data.max_eval_batches = 0  # cap on evaluation batches (0 = the whole split)
 
   config.model = ml_collections.ConfigDict()
   config.model.attention = 'linformer'  # 'linformer' or 'full' (the Transformer baseline)
-  config.model.max_len = 128       # n: sequence length the model is built for
+  config.model.max_len = 128  # n: sequence length the model is built for
   config.model.projected_len = 32  # k: compressed length of keys/values (int or one per layer)
   config.model.sharing = 'layerwise'  # E/F sharing: 'none', 'headwise', 'kv', 'layerwise'
   config.model.projection = 'linear'  # 'linear', 'random', 'mean', 'max' or 'conv'
-  config.model.num_layers = 3      # encoder layers
-  config.model.num_heads = 4       # attention heads per layer
-  config.model.hidden_dim = 128    # model width
-  config.model.mlp_dim = 512       # MLP hidden units
+  config.model.num_layers = 3  # encoder layers
+  config.model.num_heads = 4  # attention heads per layer
+  config.model.hidden_dim = 128  # model width
+  config.model.mlp_dim = 512  # MLP hidden units
   config.model.vocab_size = config.data.get_ref('vocab_size')  # must equal the tokenizer's
   config.model.dropout_rate = 0.1  # dropout on embeddings, attention output and MLP
   config.model.pre_layer_norm = False  # pre-LN instead of RoBERTa's post-LN
-  config.model.dtype = 'float32'   # compute dtype: 'float32' or 'bfloat16'
-  config.model.num_segments = 0    # segment embeddings (0: none, as RoBERTa; 2 for sentence pairs)
-  config.model.pooling = 'first'   # classifier input: 'first' token or 'mean' of real tokens
+  config.model.dtype = 'float32'  # compute dtype: 'float32' or 'bfloat16'
+  config.model.num_segments = 0  # segment embeddings (0: none, as RoBERTa; 2 for sentence pairs)
+  config.model.pooling = 'first'  # classifier input: 'first' token or 'mean' of real tokens
   return config

@@ -16,10 +16,13 @@ from configs import classification
 
 def get_config():
   config = classification.get_config()
-  config.init_from = ''            # the pretraining run's workdir (e.g. runs/gutenberg)
+  config.init_from = ''  # the pretraining run's workdir (e.g. runs/gutenberg)
   config.data.path = '../shared/data/imdb'  # folder with train.tsv, val.tsv, test.tsv
-  config.data.split_files = {'train': ['train.tsv'], 'validation': ['val.tsv'],
-                             'test': ['test.tsv']}
+  config.data.split_files = {
+      'train': ['train.tsv'],
+      'validation': ['val.tsv'],
+      'test': ['test.tsv'],
+  }
   config.data.tfds_name = 'imdb_reviews'  # used with --config.data.source=tfds
   config.data.text_columns = ('text',)  # the review
   config.data.label_column = 'label'

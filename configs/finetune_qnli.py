@@ -19,13 +19,13 @@ from configs import classification
 
 def get_config():
   config = classification.get_config()
-  config.init_from = ''            # the pretraining run's workdir (e.g. runs/gutenberg)
-  config.data.source = 'tfds'      # TFDS glue/qnli; 'tsv' for GLUE's files
+  config.init_from = ''  # the pretraining run's workdir (e.g. runs/gutenberg)
+  config.data.source = 'tfds'  # TFDS glue/qnli; 'tsv' for GLUE's files
   config.data.tfds_name = 'glue/qnli'
-  config.data.path = ''            # folder of GLUE's QNLI train.tsv / dev.tsv (source='tsv')
+  config.data.path = ''  # folder of GLUE's QNLI train.tsv / dev.tsv (source='tsv')
   config.data.split_files = {'train': ['train.tsv'], 'validation': ['dev.tsv']}
   config.data.text_columns = ('question', 'sentence')  # a pair per example
   config.data.label_column = 'label'
   config.data.labels = ('entailment', 'not_entailment')  # TFDS labels 0 and 1
-  config.model.num_segments = 2    # segment embeddings for the two texts
+  config.model.num_segments = 2  # segment embeddings for the two texts
   return config

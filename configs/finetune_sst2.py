@@ -18,7 +18,7 @@ from configs import classification
 
 def get_config():
   config = classification.get_config()
-  config.init_from = ''            # the pretraining run's workdir (e.g. runs/gutenberg)
+  config.init_from = ''  # the pretraining run's workdir (e.g. runs/gutenberg)
   config.data.path = '../shared/data/glue_sst2'  # folder with train.tsv and dev.tsv
   config.data.split_files = {'train': ['train.tsv'], 'validation': ['dev.tsv']}
   config.data.tfds_name = 'glue/sst2'  # used with --config.data.source=tfds

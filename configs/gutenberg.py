@@ -21,9 +21,9 @@ def get_config():
       'test': ['pg768.txt', 'pg8374.txt', 'pg2496.txt'],
   }
   config.data.max_eval_batches = 50  # cap; the 3 validation books give 45 batches of 32
-  config.model.max_len = 256       # n
+  config.model.max_len = 256  # n
   config.model.projected_len = 64  # k = n/4
-  config.total_steps = 500         # optimizer steps; about 10 minutes per run on a 2-core CPU
-  config.eval_every = 100          # steps between validation evaluations
-  config.checkpoint_every = 250    # steps between checkpoints
+  config.total_steps = 500  # optimizer steps; about 10 minutes per run on a 2-core CPU
+  config.eval_every = 100  # steps between validation evaluations
+  config.checkpoint_every = 250  # steps between checkpoints
   return config

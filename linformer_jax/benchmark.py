@@ -23,39 +23,45 @@ from linformer_jax.analysis.benchmark import measure_matmul_gflops
 from linformer_jax.analysis.benchmark import run_grid
 from linformer_jax.errors import ConfigError
 
-_OUT = flags.DEFINE_string('out', None, 'Directory for results.csv, table.md '
-                           'and the plots.')
+_OUT = flags.DEFINE_string('out', None, 'Directory for results.csv, table.md and the plots.')
 flags.mark_flag_as_required('out')
-_SEQ_LENS = flags.DEFINE_list(
-    'seq_lens', [str(2 ** p) for p in range(9, 17)], 'Sequence lengths n.')
+_SEQ_LENS = flags.DEFINE_list('seq_lens', [str(2**p) for p in range(9, 17)], 'Sequence lengths n.')
 _PROJECTED_LENS = flags.DEFINE_list(
-    'projected_lens', ['128', '256', '512', '1024', '2048'],
-    "Linformer's projected lengths k; only k < n are measured.")
+    'projected_lens',
+    ['128', '256', '512', '1024', '2048'],
+    "Linformer's projected lengths k; only k < n are measured.",
+)
 _NUM_LAYERS = flags.DEFINE_integer('num_layers', 12, 'Encoder layers.')
 _HIDDEN_DIM = flags.DEFINE_integer('hidden_dim', 768, 'Model width.')
 _NUM_HEADS = flags.DEFINE_integer('num_heads', 12, 'Attention heads.')
 _MLP_DIM = flags.DEFINE_integer('mlp_dim', 3072, 'Feed-forward hidden width.')
 _BATCH = flags.DEFINE_integer('batch', 1, 'Sequences per forward pass.')
 _REPEATS = flags.DEFINE_integer('repeats', 10, 'Timed runs per cell.')
-_DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'],
-                           'Compute dtype.')
+_DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'], 'Compute dtype.')
 _TRAIN_THROUGHPUT = flags.DEFINE_boolean(
-    'train_throughput', False, 'Also time an MLM training step per cell.')
+    'train_throughput', False, 'Also time an MLM training step per cell.'
+)
 _MATMUL_SIZES = flags.DEFINE_list(
-    'matmul_sizes', ['1024', '2048', '4096'],
-    'Sides of the square jnp.dots timed for the matmul rate (the best counts).')
+    'matmul_sizes',
+    ['1024', '2048', '4096'],
+    'Sides of the square jnp.dots timed for the matmul rate (the best counts).',
+)
 _MEMORY_LIMIT_GB = flags.DEFINE_float(
-    'memory_limit_gb', None, 'Skip cells planning more temporary + argument '
+    'memory_limit_gb',
+    None,
+    'Skip cells planning more temporary + argument '
     'GiB; default 80% of the device memory JAX may use (of the host RAM on '
-    'CPU).')
+    'CPU).',
+)
 
 
 def _int_list(name: str, values: List[str]) -> List[int]:
   try:
     return [int(value) for value in values]
   except ValueError:
-    raise ConfigError(f'--{name}={",".join(values)} is not allowed: give '
-                      'comma-separated integers.') from None
+    raise ConfigError(
+        f'--{name}={",".join(values)} is not allowed: give comma-separated integers.'
+    ) from None
 
 
 def settings_from_flags() -> BenchmarkSettings:
@@ -64,18 +70,21 @@ def settings_from_flags() -> BenchmarkSettings:
   return BenchmarkSettings(
       seq_lens=_int_list('seq_lens', _SEQ_LENS.value),
       projected_lens=_int_list('projected_lens', _PROJECTED_LENS.value),
-      num_layers=_NUM_LAYERS.value, hidden_dim=_HIDDEN_DIM.value,
-      num_heads=_NUM_HEADS.value, mlp_dim=_MLP_DIM.value, batch=_BATCH.value,
-      repeats=_REPEATS.value, dtype=_DTYPE.value,
+      num_layers=_NUM_LAYERS.value,
+      hidden_dim=_HIDDEN_DIM.value,
+      num_heads=_NUM_HEADS.value,
+      mlp_dim=_MLP_DIM.value,
+      batch=_BATCH.value,
+      repeats=_REPEATS.value,
+      dtype=_DTYPE.value,
       train_throughput=_TRAIN_THROUGHPUT.value,
-      memory_limit_bytes=(default_memory_limit_bytes() if limit_gb is None
-                          else limit_gb * 2**30))
+      memory_limit_bytes=(default_memory_limit_bytes() if limit_gb is None else limit_gb * 2**30),
+  )
 
 
 def _print_progress(row: Dict[str, Any]) -> None:
   result = f"{row['time_ms']:.1f} ms" if row['time_ms'] is not None else row['note']
-  print(f'{benchmark_report.cell_name(row)}: {result}', file=sys.stderr,
-        flush=True)
+  print(f'{benchmark_report.cell_name(row)}: {result}', file=sys.stderr, flush=True)
 
 
 def main(argv):
@@ -83,12 +92,13 @@ def main(argv):
   settings = settings_from_flags()
   matmul_sizes = _int_list('matmul_sizes', _MATMUL_SIZES.value)
   if not matmul_sizes or min(matmul_sizes) < 1:
-    raise ConfigError(f'--matmul_sizes={",".join(_MATMUL_SIZES.value)} is not '
-                      'allowed: give positive matrix sides, e.g. 1024,2048,4096.')
+    raise ConfigError(
+        f'--matmul_sizes={",".join(_MATMUL_SIZES.value)} is not '
+        'allowed: give positive matrix sides, e.g. 1024,2048,4096.'
+    )
   matmul_gflops = measure_matmul_gflops(matmul_sizes, dtype=settings.dtype)
   rows = run_grid(settings, matmul_gflops, progress=_print_progress)
-  print(benchmark_report.write_outputs(rows, _OUT.value, matmul_gflops,
-                                      describe_run(settings)))
+  print(benchmark_report.write_outputs(rows, _OUT.value, matmul_gflops, describe_run(settings)))
 
 
 if __name__ == '__main__':

@@ -20,8 +20,8 @@ from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-posit
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ml_collections import config_flags
 
-from linformer_jax.training import multihost  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top,wrong-import-position
+from linformer_jax.training import multihost  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 USAGE_ERROR_EXIT_CODE = 2
 
@@ -29,26 +29,47 @@ USAGE_ERROR_EXIT_CODE = 2
 def define_config_flags() -> None:
   """Defines --config (a Python config file, overridable per field) and --workdir."""
   config_flags.DEFINE_config_file(
-      'config', None, 'Config file, e.g. configs/default.py; any field can be '
-      'overridden as --config.model.projected_len=64.', lock_config=True)
-  flags.DEFINE_string('workdir', None, 'Directory of the run: checkpoints, '
-                      'metrics, TensorBoard events, results.')
+      'config',
+      None,
+      'Config file, e.g. configs/default.py; any field can be '
+      'overridden as --config.model.projected_len=64.',
+      lock_config=True,
+  )
+  flags.DEFINE_string(
+      'workdir', None, 'Directory of the run: checkpoints, metrics, TensorBoard events, results.'
+  )
   flags.mark_flags_as_required(['config', 'workdir'])
-  flags.DEFINE_string('coordinator_address', '', 'Multi-process runs: HOST:PORT of '
-                      'process 0 (or JAX_COORDINATOR_ADDRESS); not needed on TPU '
-                      'pods, SLURM or Open MPI.')
-  flags.DEFINE_integer('num_processes', None, 'Multi-process runs: how many '
-                       'processes (or JAX_NUM_PROCESSES).')
-  flags.DEFINE_integer('process_id', None, 'Multi-process runs: this process, '
-                       '0 .. num_processes - 1 (or JAX_PROCESS_ID).')
-  flags.DEFINE_enum('cpu_collectives', '', ['', 'gloo', 'mpi'], 'CPU-only '
-                    'multi-process runs: the collectives library.')
+  flags.DEFINE_string(
+      'coordinator_address',
+      '',
+      'Multi-process runs: HOST:PORT of '
+      'process 0 (or JAX_COORDINATOR_ADDRESS); not needed on TPU '
+      'pods, SLURM or Open MPI.',
+  )
+  flags.DEFINE_integer(
+      'num_processes', None, 'Multi-process runs: how many processes (or JAX_NUM_PROCESSES).'
+  )
+  flags.DEFINE_integer(
+      'process_id',
+      None,
+      'Multi-process runs: this process, 0 .. num_processes - 1 (or JAX_PROCESS_ID).',
+  )
+  flags.DEFINE_enum(
+      'cpu_collectives',
+      '',
+      ['', 'gloo', 'mpi'],
+      'CPU-only multi-process runs: the collectives library.',
+  )
 
 
 def start_processes() -> None:
   """Connects to the other processes of a multi-process run, if any."""
-  multihost.initialize(flags.FLAGS.coordinator_address, flags.FLAGS.num_processes,
-                       flags.FLAGS.process_id, flags.FLAGS.cpu_collectives)
+  multihost.initialize(
+      flags.FLAGS.coordinator_address,
+      flags.FLAGS.num_processes,
+      flags.FLAGS.process_id,
+      flags.FLAGS.cpu_collectives,
+  )
 
 
 def fail(message: str) -> None:

@@ -16,8 +16,9 @@ from linformer_jax import cli
 from linformer_jax.training import trainer
 
 cli.define_config_flags()
-_SPLIT = flags.DEFINE_string('split', 'validation',
-                             "Split to evaluate: 'validation', 'test' or 'train'.")
+_SPLIT = flags.DEFINE_string(
+    'split', 'validation', "Split to evaluate: 'validation', 'test' or 'train'."
+)
 FLAGS = flags.FLAGS
 
 

@@ -23,7 +23,7 @@ cli.define_config_flags()
 flags.FLAGS.set_default('workdir', '')  # nothing is written; --workdir is not needed
 _MESHES = flags.DEFINE_multi_string('meshes', ['-1,1'], 'Mesh shapes DATA,MODEL.')
 FLAGS = flags.FLAGS
-MIB = 2 ** 20
+MIB = 2**20
 
 
 def main(argv: List[str]) -> None:
@@ -38,9 +38,11 @@ def main(argv: List[str]) -> None:
     except ValueError:
       cli.fail(f'--meshes={text!r} is not DATA,MODEL (two ints)')
     memory = train_step_memory(FLAGS.config, mesh_shape)
-    print(f'| {mesh_shape} | {memory["arguments"] / MIB:.1f} | '
-          f'{memory["temporaries"] / MIB:.1f} | {memory["total"] / MIB:.1f} |',
-          flush=True)
+    print(
+        f'| {mesh_shape} | {memory["arguments"] / MIB:.1f} | '
+        f'{memory["temporaries"] / MIB:.1f} | {memory["total"] / MIB:.1f} |',
+        flush=True,
+    )
 
 
 if __name__ == '__main__':

@@ -27,21 +27,23 @@ def define_flags() -> None:
   cli.define_config_flags()
   flags.DEFINE_string('out', '', 'Output folder (default WORKDIR/spectrum).')
   flags.DEFINE_integer('num_sequences', 64, 'Evaluation sequences to average over.')
-  flags.DEFINE_integer('index', 128, '1-based singular value index to report (the '
-                       'paper: 128 of 512); clamped to the rank bound of P.')
+  flags.DEFINE_integer(
+      'index',
+      128,
+      '1-based singular value index to report (the '
+      'paper: 128 of 512); clamped to the rank bound of P.',
+  )
 
 
 def main(argv):
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
   parsed = flags.FLAGS
-  report = compute_spectrum(parsed.config, parsed.workdir,
-                            num_sequences=parsed.num_sequences,
-                            index=parsed.index)
-  paths = write_outputs(report, parsed.out
-                        or os.path.join(parsed.workdir, 'spectrum'))
-  print(f"{title(report)}: normalised cumulative singular values of P",
-        flush=True)
+  report = compute_spectrum(
+      parsed.config, parsed.workdir, num_sequences=parsed.num_sequences, index=parsed.index
+  )
+  paths = write_outputs(report, parsed.out or os.path.join(parsed.workdir, 'spectrum'))
+  print(f'{title(report)}: normalised cumulative singular values of P', flush=True)
   for line in summary_lines(report):
     print(line, flush=True)
   print(f"results in {', '.join(paths)}", flush=True)

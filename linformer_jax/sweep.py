@@ -28,12 +28,11 @@ __all__ = ['Sweep', 'Variant', 'main']
 
 def _define_flags() -> None:
   flags.DEFINE_string('sweep', None, 'Sweep file, e.g. configs/sweeps/projected_len.py.')
-  flags.DEFINE_string('workdir', None, 'Directory of the sweep; variant NAME runs '
-                      'in WORKDIR/NAME.')
-  flags.DEFINE_list('only', [], 'Comma-separated names of the variants to run '
-                    '(default: all).')
-  flags.DEFINE_multi_string('set', [], 'KEY=VALUE override for every variant, e.g. '
-                            '--set=total_steps=50; repeatable.')
+  flags.DEFINE_string('workdir', None, 'Directory of the sweep; variant NAME runs in WORKDIR/NAME.')
+  flags.DEFINE_list('only', [], 'Comma-separated names of the variants to run (default: all).')
+  flags.DEFINE_multi_string(
+      'set', [], 'KEY=VALUE override for every variant, e.g. --set=total_steps=50; repeatable.'
+  )
   flags.mark_flags_as_required(['sweep', 'workdir'])
 
 
@@ -44,8 +43,11 @@ def main(argv):
   sweep = load_sweep(settings.sweep)
   run_sweep(sweep, settings.workdir, only=settings.only, sets=settings.set)
   print(report_table(sweep, settings.workdir), flush=True)
-  print(f'Report in {os.path.join(settings.workdir, REPORT_FILE)}, figure in '
-        f'{os.path.join(settings.workdir, FIGURE_FILE)}.', flush=True)
+  print(
+      f'Report in {os.path.join(settings.workdir, REPORT_FILE)}, figure in '
+      f'{os.path.join(settings.workdir, FIGURE_FILE)}.',
+      flush=True,
+  )
 
 
 if __name__ == '__main__':

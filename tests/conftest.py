@@ -39,8 +39,9 @@ def repo_root() -> pathlib.Path:
   return REPO_ROOT
 
 
-def _start_python(*arguments: str, wait: bool, timeout: float,
-                  log: Optional[Union[str, os.PathLike]]):
+def _start_python(
+    *arguments: str, wait: bool, timeout: float, log: Optional[Union[str, os.PathLike]]
+):
   """Runs `python ARGUMENTS` in the repository root, on CPU.
 
   With `wait`, returns the finished `subprocess.CompletedProcess`, its stdout
@@ -51,14 +52,23 @@ def _start_python(*arguments: str, wait: bool, timeout: float,
   command = [sys.executable, *arguments]
   env = {**os.environ, 'PYTHONPATH': str(REPO_ROOT), 'JAX_PLATFORMS': 'cpu'}
   if wait:
-    return subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        command,
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
   if log is None:
-    return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
   with open(log, 'w') as output:
-    return subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=output,
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        command, cwd=REPO_ROOT, env=env, stdout=output, stderr=subprocess.STDOUT, text=True
+    )
 
 
 @pytest.fixture(scope='session')
@@ -67,8 +77,7 @@ def run_python():
   script in the repository root on CPU; see `_start_python`."""
 
   def run(script, *args, wait=True, timeout=300, log=None):
-    return _start_python(str(script), *map(str, args), wait=wait, timeout=timeout,
-                         log=log)
+    return _start_python(str(script), *map(str, args), wait=wait, timeout=timeout, log=log)
 
   return run
 
@@ -81,7 +90,8 @@ def run_command():
   """
 
   def run(module, *args, wait=True, timeout=300):
-    return _start_python('-m', f'linformer_jax.{module}', *map(str, args),
-                         wait=wait, timeout=timeout, log=None)
+    return _start_python(
+        '-m', f'linformer_jax.{module}', *map(str, args), wait=wait, timeout=timeout, log=None
+    )
 
   return run

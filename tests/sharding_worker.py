@@ -27,7 +27,8 @@ import numpy as np
 
 from configs import tiny
 from linformer_jax.data import masked_lm
-from linformer_jax.training import multihost, trainer
+from linformer_jax.training import multihost
+from linformer_jax.training import trainer
 from linformer_jax.training.metric_writers import read_metrics
 
 # pylint: enable=g-import-not-at-top,wrong-import-position
@@ -53,8 +54,7 @@ def sharded_config(mesh_shape):
 
 def flat_params(state):
   leaves = jax.tree_util.tree_leaves_with_path(state.params)
-  return {jax.tree_util.keystr(path): np.asarray(jax.device_get(leaf))
-          for path, leaf in leaves}
+  return {jax.tree_util.keystr(path): np.asarray(jax.device_get(leaf)) for path, leaf in leaves}
 
 
 def parse_mesh(text):
@@ -67,25 +67,32 @@ def write(root, name, params, losses=None, shardings=None):
     payload['loss_steps'] = np.array(sorted(losses))
     payload['losses'] = np.array([losses[step] for step in sorted(losses)])
   if shardings:
-    payload['shard_counts'] = np.array(
-        [shardings[key] for key in sorted(shardings)])
+    payload['shard_counts'] = np.array([shardings[key] for key in sorted(shardings)])
   np.savez(os.path.join(root, f'{name}.npz'), **payload)
 
 
 def shard_counts(state):
   """How many distinct pieces each parameter is split into."""
-  return {jax.tree_util.keystr(path): len({tuple(map(str, index)) for index in
-                                          leaf.sharding.devices_indices_map(
-                                              leaf.shape).values()})
-          for path, leaf in jax.tree_util.tree_leaves_with_path(state.params)}
+  return {
+      jax.tree_util.keystr(path): len(
+          {
+              tuple(map(str, index))
+              for index in leaf.sharding.devices_indices_map(leaf.shape).values()
+          }
+      )
+      for path, leaf in jax.tree_util.tree_leaves_with_path(state.params)
+  }
 
 
 def train(root, mesh_shape, workdir_name, name):
   config = sharded_config(mesh_shape)
   workdir = os.path.join(root, workdir_name)
   trainer.train_and_evaluate(config, workdir)
-  losses = {m['step']: m['train_loss'] for m in read_metrics(workdir)
-            if 'train_loss' in m} if jax.process_index() == 0 else {}
+  losses = (
+      {m['step']: m['train_loss'] for m in read_metrics(workdir) if 'train_loss' in m}
+      if jax.process_index() == 0
+      else {}
+  )
   run = trainer.Run(config, workdir)
   if jax.process_index() == 0:
     write(root, name, flat_params(run.state), losses, shard_counts(run.state))
@@ -111,8 +118,7 @@ class MergedIterator:
     return {key: np.concatenate([b[key] for b in batches]) for key in batches[0]}
 
   def get_state(self) -> bytes:
-    return json.dumps([iterator.get_state().decode()
-                       for iterator in self._iterators]).encode()
+    return json.dumps([iterator.get_state().decode() for iterator in self._iterators]).encode()
 
   def set_state(self, state: bytes) -> None:
     for iterator, part in zip(self._iterators, json.loads(state)):
@@ -131,13 +137,16 @@ def read_as_processes(count):
     del process_index, process_count
     parts = [build(config, workdir, index, count, train) for index in range(count)]
     eval_batches = [
-        {key: np.concatenate([p.eval_batches[i][key] for p in parts])
-         for key in parts[0].eval_batches[i]}
-        for i in range(len(parts[0].eval_batches))]
+        {
+            key: np.concatenate([p.eval_batches[i][key] for p in parts])
+            for key in parts[0].eval_batches[i]
+        }
+        for i in range(len(parts[0].eval_batches))
+    ]
     return parts[0]._replace(
-        train_iterator=(MergedIterator([p.train_iterator for p in parts])
-                        if train else None),
-        eval_batches=eval_batches)
+        train_iterator=(MergedIterator([p.train_iterator for p in parts]) if train else None),
+        eval_batches=eval_batches,
+    )
 
   masked_lm.build_datasets = merged
 

@@ -113,14 +113,21 @@ def test_padding_invariance(projection):
   window = max_len // PROJECTED
   weight = {
       'linear': jax.random.normal(jax.random.PRNGKey(10), (max_len, PROJECTED)),
-      'conv': jax.random.normal(jax.random.PRNGKey(10),
-                                (window, HEAD_DIM, HEAD_DIM)) / HEAD_DIM,
+      'conv': jax.random.normal(jax.random.PRNGKey(10), (window, HEAD_DIM, HEAD_DIM)) / HEAD_DIM,
   }.get(projection)
 
   def run(q, k, v, mask):
     return attention.compressed_attention(
-        q, k, v, projection=projection, key_weight=weight, value_weight=weight,
-        max_len=max_len, projected_len=PROJECTED, key_padding_mask=mask)
+        q,
+        k,
+        v,
+        projection=projection,
+        key_weight=weight,
+        value_weight=weight,
+        max_len=max_len,
+        projected_len=PROJECTED,
+        key_padding_mask=mask,
+    )
 
   q, k, v = random_qkv(seed=11, batch=3, length=max_len)
   alone = run(q[:1, :real_len], k[:1, :real_len], v[:1, :real_len], None)[0]
@@ -129,8 +136,7 @@ def test_padding_invariance(projection):
   for padded_len in (real_len, 13, 16, max_len):
     mask = padding_mask([real_len, padded_len, padded_len], length=padded_len)
     keep = mask[:, :, None, None]
-    batch = [jnp.where(keep, x[:, :padded_len], garbage[:, :padded_len])
-             for x in (q, k, v)]
+    batch = [jnp.where(keep, x[:, :padded_len], garbage[:, :padded_len]) for x in (q, k, v)]
     batched = run(*batch, mask)[0, :real_len]
     np.testing.assert_allclose(batched, alone, rtol=1e-6, atol=1e-6)
 
@@ -138,10 +144,10 @@ def test_padding_invariance(projection):
 def test_pooling_matches_a_naive_masked_window_reduction():
   x = jax.random.normal(jax.random.PRNGKey(12), (2, 10, HEADS, HEAD_DIM))
   mask = padding_mask([10, 5], length=10)
-  mean, mean_mask = attention.pool_sequence(x, window=4, max_len=12, kind='mean',
-                                            key_padding_mask=mask)
-  maximum, _ = attention.pool_sequence(x, window=4, max_len=12, kind='max',
-                                       key_padding_mask=mask)
+  mean, mean_mask = attention.pool_sequence(
+      x, window=4, max_len=12, kind='mean', key_padding_mask=mask
+  )
+  maximum, _ = attention.pool_sequence(x, window=4, max_len=12, kind='max', key_padding_mask=mask)
   x64 = np.asarray(x, np.float64)
   # Example 1 has real tokens 0..4: windows [0:4] full, [4:8] only position 4.
   np.testing.assert_allclose(mean[1, 0], x64[1, 0:4].mean(0), rtol=1e-5)

@@ -13,13 +13,13 @@ from linformer_jax.training.checkpoints import CheckpointStore
 
 SHARDING = jax.sharding.SingleDeviceSharding(jax.devices()[0])
 DATA_STATE = b'{"next_index": 12, "worker_count": 0}'
-CONFIG = {'seed': 3, 'model': {'hidden_dim': 8, 'sharing': 'layerwise'},
-          'betas': [0.9, 0.98]}
+CONFIG = {'seed': 3, 'model': {'hidden_dim': 8, 'sharing': 'layerwise'}, 'betas': [0.9, 0.98]}
 
 
 @flax.struct.dataclass
 class State:
   """Shaped like the trainer's train state: a pytree with named fields."""
+
   step: jax.Array
   params: dict
   opt_state: optax.OptState
@@ -29,29 +29,32 @@ class State:
 def make_state(step=7, hidden=8):
   """A state whose values differ from step to step."""
   keys = jax.random.split(jax.random.PRNGKey(step), 3)
-  params = {'dense': {'kernel': jax.random.normal(keys[0], (4, hidden)),
-                      'bias': jnp.zeros((hidden,))},
-            'embed': jax.random.normal(keys[1], (5, 4)).astype(jnp.bfloat16)}
+  params = {
+      'dense': {'kernel': jax.random.normal(keys[0], (4, hidden)), 'bias': jnp.zeros((hidden,))},
+      'embed': jax.random.normal(keys[1], (5, 4)).astype(jnp.bfloat16),
+  }
   # Weight decay masked to matrices, as in training, gives empty optax nodes.
-  optimizer = optax.adamw(1e-3, mask=lambda p: jax.tree_util.tree_map(
-      lambda x: x.ndim > 1, p))
+  optimizer = optax.adamw(1e-3, mask=lambda p: jax.tree_util.tree_map(lambda x: x.ndim > 1, p))
   opt_state = optimizer.init(params)
   # One update makes the moments non-zero, so restoring them is tested.
   _, opt_state = optimizer.update(params, opt_state, params)
-  return State(step=jnp.asarray(step, jnp.int32), params=params,
-               opt_state=(opt_state, optax.adamw(1e-3).init(params)),
-               constants={'projection': {'E': jax.random.normal(keys[2], (6, 3))}})
+  return State(
+      step=jnp.asarray(step, jnp.int32),
+      params=params,
+      opt_state=(opt_state, optax.adamw(1e-3).init(params)),
+      constants={'projection': {'E': jax.random.normal(keys[2], (6, 3))}},
+  )
 
 
 def abstract(tree, sharding=SHARDING):
   return jax.tree_util.tree_map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree
+  )
 
 
 def assert_bitwise_equal(expected, actual):
   assert jax.tree_util.tree_structure(expected) == jax.tree_util.tree_structure(actual)
-  for want, got in zip(jax.tree_util.tree_leaves(expected),
-                       jax.tree_util.tree_leaves(actual)):
+  for want, got in zip(jax.tree_util.tree_leaves(expected), jax.tree_util.tree_leaves(actual)):
     assert want.dtype == got.dtype and want.shape == got.shape
     assert np.asarray(want).tobytes() == np.asarray(got).tobytes()
 
@@ -59,8 +62,7 @@ def assert_bitwise_equal(expected, actual):
 def save_steps(directory, steps, **kwargs):
   with CheckpointStore(directory, **kwargs) as store:
     for step in steps:
-      assert store.save(step, state=make_state(step), data_state=DATA_STATE,
-                        config=CONFIG)
+      assert store.save(step, state=make_state(step), data_state=DATA_STATE, config=CONFIG)
 
 
 def test_round_trip_is_bitwise_exact(tmp_path):
@@ -117,8 +119,7 @@ def test_async_save_then_wait_then_latest_step(tmp_path):
   with CheckpointStore(str(tmp_path), async_save=True) as store:
     assert store.save(5, state=make_state(5), data_state=DATA_STATE, config=CONFIG)
     # A second save of the same step, even one still in flight, is skipped.
-    assert not store.save(5, state=make_state(5), data_state=DATA_STATE,
-                          config=CONFIG, force=True)
+    assert not store.save(5, state=make_state(5), data_state=DATA_STATE, config=CONFIG, force=True)
     store.wait()
     assert store.latest_step() == 5
   assert CheckpointStore(str(tmp_path)).latest_step() == 5

@@ -11,7 +11,8 @@ import jax
 import numpy as np
 import pytest
 
-from configs import classification, tiny
+from configs import classification
+from configs import tiny
 from linformer_jax.data import classification as classification_data
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
@@ -46,9 +47,18 @@ def tiny_classifier_config(data_dir, **overrides):
   config.model.vocab_size = config.data.get_ref('vocab_size')
   config.data.path = str(data_dir)
   config.data.split_files = {'train': ['train.tsv'], 'validation': ['dev.tsv']}
-  config.update(dict(total_steps=30, batch_size=8, eval_batch_size=8, warmup_steps=3,
-                     learning_rate=3e-3, log_every=10, eval_every=30,
-                     checkpoint_every=30))
+  config.update(
+      dict(
+          total_steps=30,
+          batch_size=8,
+          eval_batch_size=8,
+          warmup_steps=3,
+          learning_rate=3e-3,
+          log_every=10,
+          eval_every=30,
+          checkpoint_every=30,
+      )
+  )
   config.update_from_flattened_dict(overrides)
   return config
 
@@ -80,13 +90,15 @@ def reference_evaluation(config, workdir):
   run = trainer.Run(config, workdir)
   variables = run.state.variables()
   run.store.close()
-  model = models.SequenceClassifier(ModelConfig.from_config(config.model),
-                                    classification_data.num_classes(config))
+  model = models.SequenceClassifier(
+      ModelConfig.from_config(config.model), classification_data.num_classes(config)
+  )
   loss = correct = weight = near_ties = 0.0
-  for batch in classification_data.build_datasets(config, workdir,
-                                                  train=False).eval_batches:
-    logits = np.asarray(model.apply(variables, batch['inputs'], batch['padding_mask'],
-                                    segments=batch['segments']), np.float64)
+  for batch in classification_data.build_datasets(config, workdir, train=False).eval_batches:
+    logits = np.asarray(
+        model.apply(variables, batch['inputs'], batch['padding_mask'], segments=batch['segments']),
+        np.float64,
+    )
     log_probs = logits - logits.max(-1, keepdims=True)
     log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
     labels, weights = batch['labels'], batch['weights']
@@ -95,8 +107,12 @@ def reference_evaluation(config, workdir):
     top_two = np.sort(logits, -1)[:, -2:]
     near_ties += np.sum(weights * (top_two[:, 1] - top_two[:, 0] < 1e-4))
     weight += weights.sum()
-  return {'loss': loss / weight, 'accuracy': correct / weight,
-          'near_ties': near_ties / weight, 'examples': weight}
+  return {
+      'loss': loss / weight,
+      'accuracy': correct / weight,
+      'near_ties': near_ties / weight,
+      'examples': weight,
+  }
 
 
 def test_single_texts_and_pairs_get_bos_eos_separators_and_segments():
@@ -104,8 +120,14 @@ def test_single_texts_and_pairs_get_bos_eos_separators_and_segments():
   assert ids == [BYTES.bos_id, *BYTES.encode('ab'), BYTES.eos_id]
   assert segments == [0, 0, 0, 0]
   ids, segments = classification_data.encode_texts(['ab', 'xyz'], BYTES, 16)
-  assert ids == [BYTES.bos_id, *BYTES.encode('ab'), BYTES.eos_id, BYTES.eos_id,
-                 *BYTES.encode('xyz'), BYTES.eos_id]
+  assert ids == [
+      BYTES.bos_id,
+      *BYTES.encode('ab'),
+      BYTES.eos_id,
+      BYTES.eos_id,
+      *BYTES.encode('xyz'),
+      BYTES.eos_id,
+  ]
   assert segments == [0, 0, 0, 0, 1, 1, 1, 1, 1]
 
 
@@ -118,7 +140,7 @@ def test_long_texts_are_cut_to_fit_as_the_config_says():
   # A pair loses tokens from its longer text first.
   ids, segments = classification_data.encode_texts(['abcdefgh', 'xy'], BYTES, 10)
   assert len(ids) == 10 and segments.count(1) == 4  # 'xy' kept whole
-  assert BYTES.decode(ids[:segments.index(1)]) == 'abcd'
+  assert BYTES.decode(ids[: segments.index(1)]) == 'abcd'
 
 
 def test_bad_tsv_files_name_the_file_and_what_to_change(tmp_path):
@@ -127,8 +149,9 @@ def test_bad_tsv_files_name_the_file_and_what_to_change(tmp_path):
   with pytest.raises(ConfigError, match=r"train.tsv has no column 'sentence'.*text, label"):
     classification_data.read_tsv(path, ['sentence'], 'label', ['0', '1'])
   path.write_text('sentence\tlabel\nfine\t1\nodd\t7\n')
-  with pytest.raises(ConfigError, match=r"train.tsv:3: label '7' is not in "
-                     r"config.data.labels=\('0', '1'\)"):
+  with pytest.raises(
+      ConfigError, match=r"train.tsv:3: label '7' is not in config.data.labels=\('0', '1'\)"
+  ):
     classification_data.read_tsv(path, ['sentence'], 'label', ['0', '1'])
   path.write_text('sentence\tlabel\nfine\t1\textra\n')
   with pytest.raises(ConfigError, match='train.tsv:2: 3 fields'):
@@ -143,8 +166,9 @@ def test_fine_tuning_loads_the_pretrained_encoder_and_trains(pretrained, tmp_pat
   pretrained_run.store.close()
   run = trainer.Run(config, str(tmp_path / 'start'))
   # Every encoder array equals the pretrained one; the head is new.
-  jax.tree_util.tree_map(np.testing.assert_array_equal,
-                         jax.device_get(run.state.params['encoder']), pretrained_encoder)
+  jax.tree_util.tree_map(
+      np.testing.assert_array_equal, jax.device_get(run.state.params['encoder']), pretrained_encoder
+  )
   assert set(run.state.params) == {'encoder', 'classifier_dense', 'classifier_out'}
   run.store.close()
 
@@ -155,58 +179,65 @@ def test_fine_tuning_loads_the_pretrained_encoder_and_trains(pretrained, tmp_pat
   expected = reference_evaluation(config, workdir)
   assert expected['examples'] == 32
   assert results['eval_loss'] == pytest.approx(expected['loss'], rel=1e-4)
-  assert abs(results['eval_accuracy'] - expected['accuracy']) <= (
-      expected['near_ties'] + 1e-6)
+  assert abs(results['eval_accuracy'] - expected['accuracy']) <= (expected['near_ties'] + 1e-6)
   assert results['majority_class_accuracy'] == pytest.approx(
-      majority_class_accuracy(tmp_path / 'data'), abs=1e-9)
+      majority_class_accuracy(tmp_path / 'data'), abs=1e-9
+  )
   assert os.path.exists(tmp_path / 'finetuned' / tokenizer_lib.MODEL_FILENAME) is False
 
 
 def test_a_short_run_learns_the_toy_task(tmp_path):
   write_sentiment_tsv(tmp_path / 'data', count=256)
-  config = tiny_classifier_config(tmp_path / 'data', total_steps=120,
-                                  eval_every=120, checkpoint_every=120)
+  config = tiny_classifier_config(
+      tmp_path / 'data', total_steps=120, eval_every=120, checkpoint_every=120
+  )
   results = trainer.train_and_evaluate(config, str(tmp_path / 'run'))
   assert results['eval_accuracy'] >= 0.9, results
 
 
-def test_pairs_add_a_zero_segment_embedding_to_the_pretrained_encoder(
-    pretrained, tmp_path):
+def test_pairs_add_a_zero_segment_embedding_to_the_pretrained_encoder(pretrained, tmp_path):
   folder = tmp_path / 'pairs'
   folder.mkdir()
   for split in ('train', 'dev'):
     (folder / f'{split}.tsv').write_text(
-        'question\tsentence\tlabel\n' + ''.join(
-            f'is it {w}?\tit is {w}.\t{i % 2}\n' for i, w in
-            enumerate(POSITIVE + NEGATIVE)))
-  config = tiny_classifier_config(folder, init_from=pretrained, total_steps=2,
-                                  warmup_steps=1,
-                                  batch_size=2, eval_batch_size=4,
-                                  **{'model.num_segments': 2,
-                                     'data.text_columns': ('question', 'sentence')})
+        'question\tsentence\tlabel\n'
+        + ''.join(f'is it {w}?\tit is {w}.\t{i % 2}\n' for i, w in enumerate(POSITIVE + NEGATIVE))
+    )
+  config = tiny_classifier_config(
+      folder,
+      init_from=pretrained,
+      total_steps=2,
+      warmup_steps=1,
+      batch_size=2,
+      eval_batch_size=4,
+      **{'model.num_segments': 2, 'data.text_columns': ('question', 'sentence')},
+  )
   run = trainer.Run(config, str(tmp_path / 'run'))
   batch = run.data.eval_batches[0]
   first = batch['inputs'][0]
   eos = np.flatnonzero(first == BYTES.eos_id)
   assert len(eos) == 3
-  np.testing.assert_array_equal(batch['segments'][0][:eos[0] + 1], 0)
-  np.testing.assert_array_equal(batch['segments'][0][eos[1]:eos[2] + 1], 1)
-  assert not batch['padding_mask'][0][eos[2] + 1:].any()
+  np.testing.assert_array_equal(batch['segments'][0][: eos[0] + 1], 0)
+  np.testing.assert_array_equal(batch['segments'][0][eos[1] : eos[2] + 1], 1)
+  assert not batch['padding_mask'][0][eos[2] + 1 :].any()
   segment_embedding = np.asarray(run.state.params['encoder']['segment_embedding'])
   assert segment_embedding.shape == (2, 32) and not segment_embedding.any()
   run.store.close()
 
 
-@pytest.mark.parametrize('overrides, message', [
-    ({'model.hidden_dim': 64, 'model.num_heads': 2}, 'model.hidden_dim=32'),
-    ({'model.max_len': 64}, 'model.max_len=32'),
-    ({'model.sharing': 'headwise'}, "model.sharing='layerwise'"),
-])
+@pytest.mark.parametrize(
+    'overrides, message',
+    [
+        ({'model.hidden_dim': 64, 'model.num_heads': 2}, 'model.hidden_dim=32'),
+        ({'model.max_len': 64}, 'model.max_len=32'),
+        ({'model.sharing': 'headwise'}, "model.sharing='layerwise'"),
+    ],
+)
 def test_a_pretrained_run_of_another_shape_is_refused_naming_the_field(
-    pretrained, tmp_path, overrides, message):
+    pretrained, tmp_path, overrides, message
+):
   write_sentiment_tsv(tmp_path / 'data')
-  config = tiny_classifier_config(tmp_path / 'data', init_from=pretrained,
-                                  **overrides)
+  config = tiny_classifier_config(tmp_path / 'data', init_from=pretrained, **overrides)
   with pytest.raises(ConfigError, match=message):
     trainer.train_and_evaluate(config, str(tmp_path / 'run'))
   assert not os.path.exists(tmp_path / 'run' / 'checkpoints')
@@ -220,20 +251,38 @@ def test_fine_tuning_from_a_folder_without_a_run_is_refused(tmp_path):
 
 
 def test_listops_trains_from_scratch_on_generated_trees(tmp_path):
-  config = tiny_classifier_config(tmp_path, **{
-      'data.source': 'listops', 'data.tokenizer': 'listops', 'data.vocab_size': 16,
-      'data.listops': dict(num_train=64, num_validation=16, num_test=16,
-                           min_length=5, max_length=32),
-      'data.cache_dir': str(tmp_path / 'cache'), 'model.pooling': 'mean',
-      'total_steps': 10, 'eval_every': 10, 'checkpoint_every': 10})
+  config = tiny_classifier_config(
+      tmp_path,
+      **{
+          'data.source': 'listops',
+          'data.tokenizer': 'listops',
+          'data.vocab_size': 16,
+          'data.listops': dict(
+              num_train=64, num_validation=16, num_test=16, min_length=5, max_length=32
+          ),
+          'data.cache_dir': str(tmp_path / 'cache'),
+          'model.pooling': 'mean',
+          'total_steps': 10,
+          'eval_every': 10,
+          'checkpoint_every': 10,
+      },
+  )
   results = trainer.train_and_evaluate(config, str(tmp_path / 'run'))
   assert results['eval_examples'] == 16 and results['step'] == 10
   assert os.listdir(tmp_path / 'cache' / 'listops')
 
 
 def test_mean_pooling_ignores_padding():
-  config = ModelConfig(vocab_size=20, max_len=16, num_layers=1, num_heads=2,
-                       hidden_dim=8, mlp_dim=16, projected_len=4, pooling='mean')
+  config = ModelConfig(
+      vocab_size=20,
+      max_len=16,
+      num_layers=1,
+      num_heads=2,
+      hidden_dim=8,
+      mlp_dim=16,
+      projected_len=4,
+      pooling='mean',
+  )
   model = models.SequenceClassifier(config, num_classes=3)
   tokens = np.array([[5, 6, 7, 0, 0, 0, 0, 0]], np.int32)
   mask = tokens != 0
@@ -248,25 +297,34 @@ def test_fine_tuning_uses_the_pretrained_runs_sentencepiece_model(tmp_path):
   pretrained.mkdir()
   words = ' '.join(POSITIVE + NEGATIVE + ('the', 'film', 'was', 'indeed'))
   model = tokenizer_lib.SentencePieceTokenizer.train(
-      iter([words] * 50), 30, str(pretrained / tokenizer_lib.MODEL_FILENAME))
+      iter([words] * 50), 30, str(pretrained / tokenizer_lib.MODEL_FILENAME)
+  )
   write_sentiment_tsv(tmp_path / 'data')
-  config = tiny_classifier_config(tmp_path / 'data', init_from=str(pretrained),
-                                  **{'data.tokenizer': 'sentencepiece',
-                                     'data.vocab_size': 30})
+  config = tiny_classifier_config(
+      tmp_path / 'data',
+      init_from=str(pretrained),
+      **{'data.tokenizer': 'sentencepiece', 'data.vocab_size': 30},
+  )
   workdir = tmp_path / 'run'
   datasets = classification_data.build_datasets(config, str(workdir))
   assert datasets.tokenizer.fingerprint == model.fingerprint
   assert (workdir / tokenizer_lib.MODEL_FILENAME).read_bytes() == (
-      pretrained / tokenizer_lib.MODEL_FILENAME).read_bytes()
+      pretrained / tokenizer_lib.MODEL_FILENAME
+  ).read_bytes()
   config.init_from = str(tmp_path / 'no_tokenizer')
   with pytest.raises(ConfigError, match='has no tokenizer.model'):
     classification_data.build_datasets(config, str(tmp_path / 'other'))
 
 
 def test_an_unprepared_tfds_dataset_says_how_to_get_it(tmp_path):
-  config = tiny_classifier_config(tmp_path, **{
-      'data.source': 'tfds', 'data.tfds_name': 'glue/sst2',
-      'data.tfds_data_dir': str(tmp_path / 'tfds')})
+  config = tiny_classifier_config(
+      tmp_path,
+      **{
+          'data.source': 'tfds',
+          'data.tfds_name': 'glue/sst2',
+          'data.tfds_data_dir': str(tmp_path / 'tfds'),
+      },
+  )
   with pytest.raises(ConfigError, match='config.data.tfds_download'):
     classification_data.load_examples(config.data, 'train')
 

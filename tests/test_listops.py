@@ -15,18 +15,21 @@ from linformer_jax.data import listops
 SMALL = dict(num_train=300, num_validation=30, num_test=30)
 
 
-@pytest.mark.parametrize('source, value', [
-    ('[MAX 2 9 [MIN 4 7 ] 0 ]', 9),
-    ('[MIN 4 7 ]', 4),
-    ('[MED 1 8 3 ]', 3),
-    ('[MED 1 8 ]', 4),  # median 4.5, truncated
-    ('[MED 0 9 0 9 ]', 4),  # median 4.5
-    ('[SM 5 9 3 ]', 7),  # 17 mod 10
-    ('[SM [MAX 9 1 ] [MIN 8 9 ] 3 ]', 0),  # 9 + 8 + 3 = 20
-    ('[MED [SM 6 6 ] [MAX 0 3 ] 7 [MIN 5 9 ] ]', 4),  # median(2, 3, 7, 5) = 4
-    ('[MIN [MAX 2 [MED 7 [SM 3 4 ] 8 ] ] 9 ]', 7),  # MED(7, 7, 8) = 7
-    ('6', 6),
-])
+@pytest.mark.parametrize(
+    'source, value',
+    [
+        ('[MAX 2 9 [MIN 4 7 ] 0 ]', 9),
+        ('[MIN 4 7 ]', 4),
+        ('[MED 1 8 3 ]', 3),
+        ('[MED 1 8 ]', 4),  # median 4.5, truncated
+        ('[MED 0 9 0 9 ]', 4),  # median 4.5
+        ('[SM 5 9 3 ]', 7),  # 17 mod 10
+        ('[SM [MAX 9 1 ] [MIN 8 9 ] 3 ]', 0),  # 9 + 8 + 3 = 20
+        ('[MED [SM 6 6 ] [MAX 0 3 ] 7 [MIN 5 9 ] ]', 4),  # median(2, 3, 7, 5) = 4
+        ('[MIN [MAX 2 [MED 7 [SM 3 4 ] 8 ] ] 9 ]', 7),  # MED(7, 7, 8) = 7
+        ('6', 6),
+    ],
+)
 def test_hand_checked_values(source, value):
   tree = listops.parse(source)
   assert listops.evaluate(tree) == value
@@ -40,7 +43,10 @@ def splits():
 
 def test_splits_have_the_asked_sizes_and_are_unique_across_splits(splits):
   assert {name: len(examples) for name, examples in splits.items()} == {
-      'train': 300, 'validation': 30, 'test': 30}
+      'train': 300,
+      'validation': 30,
+      'test': 30,
+  }
   sources = [source for examples in splits.values() for source, _ in examples]
   assert len(set(sources)) == len(sources)
 
@@ -104,8 +110,7 @@ def test_encode_pads_and_rejects_what_does_not_fit():
   # The ids are part of every checkpoint: 0 pads, digits 0-9 are 1-10, then
   # [MIN 11, [MAX 12, [MED 13, [SM 14 and ] 15; 16 ids in all.
   assert listops.encode('[MAX 2 9 ]', 6) == [12, 3, 10, 15, 0, 0]
-  assert listops.encode('[SM 0 [MIN 9 ] [MED 1 ] ]', 10) == [
-      14, 1, 11, 10, 15, 13, 2, 15, 15, 0]
+  assert listops.encode('[SM 0 [MIN 9 ] [MED 1 ] ]', 10) == [14, 1, 11, 10, 15, 13, 2, 15, 15, 0]
   assert listops.VOCAB_SIZE == 16
   assert listops.encode('[MAX 2 9 ]', 4) == [12, 3, 10, 15]
   with pytest.raises(ValueError, match='model.max_len=3'):
@@ -114,11 +119,14 @@ def test_encode_pads_and_rejects_what_does_not_fit():
     listops.encode('[ADD 2 9 ]', 8)
 
 
-@pytest.mark.parametrize('content, message', [
-    ('Source\tLabel\n', 'header'),
-    ('Source\tTarget\n[MIN 4 7 ]\t12\n', ':2: expected'),
-    ('Source\tTarget\n[MIN 4 7 ]\n', ':2: expected'),
-])
+@pytest.mark.parametrize(
+    'content, message',
+    [
+        ('Source\tLabel\n', 'header'),
+        ('Source\tTarget\n[MIN 4 7 ]\t12\n', ':2: expected'),
+        ('Source\tTarget\n[MIN 4 7 ]\n', ':2: expected'),
+    ],
+)
 def test_bad_tsv_files_name_the_file_and_line(tmp_path, content, message):
   path = tmp_path / 'bad.tsv'
   path.write_text(content)
@@ -127,9 +135,15 @@ def test_bad_tsv_files_name_the_file_and_line(tmp_path, content, message):
   assert 'bad.tsv' in str(error.value)
 
 
-@pytest.mark.parametrize('overrides', [
-    dict(num_train=0), dict(min_length=10, max_length=5), dict(max_args=1),
-    dict(leaf_probability=1.0)])
+@pytest.mark.parametrize(
+    'overrides',
+    [
+        dict(num_train=0),
+        dict(min_length=10, max_length=5),
+        dict(max_args=1),
+        dict(leaf_probability=1.0),
+    ],
+)
 def test_bad_settings_are_refused(overrides):
   with pytest.raises(ValueError, match='ListOps'):
     listops.ListOpsSettings(**overrides)

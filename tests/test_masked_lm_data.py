@@ -14,7 +14,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from linformer_jax.data import corpus, masked_lm
+from linformer_jax.data import corpus
+from linformer_jax.data import masked_lm
 from linformer_jax.data import tokenizer as tokenizer_lib
 
 BYTES = tokenizer_lib.ByteTokenizer()
@@ -22,8 +23,7 @@ BYTES = tokenizer_lib.ByteTokenizer()
 
 def random_documents(seed, count=40, max_len=90):
   rng = np.random.default_rng(seed)
-  return [rng.integers(4, 260, size=rng.integers(1, max_len)).tolist()
-          for _ in range(count)]
+  return [rng.integers(4, 260, size=rng.integers(1, max_len)).tolist() for _ in range(count)]
 
 
 def unpack(sequences, pad_id, bos_id, eos_id):
@@ -66,11 +66,12 @@ def assert_batches_equal(first, second):
 
 def train_iterator(sequences, seed=0, batch_size=8, **kwargs):
   return masked_lm.create_train_iterator(
-      sequences, batch_size=batch_size, seed=seed, mask_rate=0.15,
-      tokenizer=BYTES, **kwargs)
+      sequences, batch_size=batch_size, seed=seed, mask_rate=0.15, tokenizer=BYTES, **kwargs
+  )
 
 
 # Packing.
+
 
 def test_packing_a_hand_worked_example():
   # The stream 5 6 7 eos 8 in rows of 4 - 2 tokens between bos and eos.
@@ -81,8 +82,7 @@ def test_packing_a_hand_worked_example():
 @pytest.mark.parametrize('seq_len', [3, 16, 37])
 def test_packing_round_trips_the_token_stream(seq_len):
   documents = random_documents(seed=seq_len)
-  packed = masked_lm.pack_documents(documents, seq_len, bos_id=1, eos_id=2,
-                                         pad_id=0)
+  packed = masked_lm.pack_documents(documents, seq_len, bos_id=1, eos_id=2, pad_id=0)
   expected = []
   for index, document in enumerate(documents):
     expected += ([2] if index else []) + document
@@ -102,12 +102,13 @@ def test_packing_rejects_too_short_sequences_and_empty_input():
 
 # Masking.
 
+
 def test_masking_rate_and_80_10_10_split():
-  packed = masked_lm.pack_documents(random_documents(0, count=3000), 128,
-                                         bos_id=1, eos_id=2, pad_id=0)
+  packed = masked_lm.pack_documents(
+      random_documents(0, count=3000), 128, bos_id=1, eos_id=2, pad_id=0
+  )
   masking = masked_lm.DynamicMasking(BYTES, 0.15)
-  examples = [masking.random_map(row, np.random.default_rng(i))
-              for i, row in enumerate(packed)]
+  examples = [masking.random_map(row, np.random.default_rng(i)) for i, row in enumerate(packed)]
   batch = {key: np.stack([e[key] for e in examples]) for key in examples[0]}
   inputs, targets, weights = batch['inputs'], batch['targets'], batch['weights']
   np.testing.assert_array_equal(targets, packed)
@@ -130,15 +131,15 @@ def test_masking_rate_and_80_10_10_split():
   assert not np.isin(inputs[replaced], BYTES.special_ids).any()
 
 
-@pytest.mark.parametrize('seq_len,mask_rate', [(3, 0.15), (16, 0.15), (128, 0.15),
-                                              (37, 0.3), (64, 0.9)])
+@pytest.mark.parametrize(
+    'seq_len,mask_rate', [(3, 0.15), (16, 0.15), (128, 0.15), (37, 0.3), (64, 0.9)]
+)
 def test_max_predictions_bounds_the_masked_count_of_every_row(seq_len, mask_rate):
   bound = masked_lm.max_predictions(seq_len, mask_rate)
   masking = masked_lm.DynamicMasking(BYTES, mask_rate)
   row = np.full([seq_len], 100, np.int32)
   row[0], row[-1] = BYTES.bos_id, BYTES.eos_id
-  counts = [masking.random_map(row, np.random.default_rng(i))['weights'].sum()
-            for i in range(400)]
+  counts = [masking.random_map(row, np.random.default_rng(i))['weights'].sum() for i in range(400)]
   # Never exceeded; randomized rounding reaches ceil(mask_rate * (seq_len - 2)).
   assert max(counts) == math.ceil(mask_rate * (seq_len - 2)) <= bound
 
@@ -149,6 +150,7 @@ def test_bad_mask_rate_names_the_field():
 
 
 # Training iterator.
+
 
 def test_train_batches_have_the_documented_dtypes_and_shapes():
   batch = next(train_iterator(unique_sequences(50), batch_size=4))
@@ -172,9 +174,11 @@ def test_every_epoch_sees_every_record_masked_differently():
   first, second = epochs[:3], epochs[3:]
   assert set().union(*map(row_ids, first)) == set(range(24))
   assert set().union(*map(row_ids, second)) == set(range(24))
-  by_row = lambda batches: {int(r[1]) + 256 * int(r[2]): w.tobytes()
-                            for b in batches
-                            for r, w in zip(b['targets'], b['weights'])}
+  by_row = lambda batches: {
+      int(r[1]) + 256 * int(r[2]): w.tobytes()
+      for b in batches
+      for r, w in zip(b['targets'], b['weights'])
+  }
   masks_1, masks_2 = by_row(first), by_row(second)
   assert sum(masks_1[k] != masks_2[k] for k in masks_1) > 20
 
@@ -206,8 +210,7 @@ def test_two_processes_read_disjoint_shards():
   sequences = unique_sequences(40)
   seen = []
   for process_index in range(2):
-    iterator = train_iterator(sequences, batch_size=4, process_index=process_index,
-                              process_count=2)
+    iterator = train_iterator(sequences, batch_size=4, process_index=process_index, process_count=2)
     seen.append(set().union(*map(row_ids, take(iterator, 5))))  # one epoch
   assert len(seen[0]) == len(seen[1]) == 20
   assert not seen[0] & seen[1]
@@ -222,10 +225,12 @@ def test_bad_process_settings_raise():
 
 # Evaluation batches.
 
+
 def test_eval_batches_are_deterministic_and_drop_nothing():
   sequences = unique_sequences(21)
   make = lambda **kw: masked_lm.create_eval_batches(
-      sequences, batch_size=4, seed=0, mask_rate=0.15, tokenizer=BYTES, **kw)
+      sequences, batch_size=4, seed=0, mask_rate=0.15, tokenizer=BYTES, **kw
+  )
   batches = make()
   assert_batches_equal(batches, make())
   assert len(batches) == 6
@@ -242,21 +247,37 @@ def test_eval_batches_are_deterministic_and_drop_nothing():
 def test_eval_shards_have_equal_batch_counts_and_the_same_masks():
   sequences = unique_sequences(21)
   make = lambda index, count: masked_lm.create_eval_batches(
-      sequences, batch_size=4, seed=0, mask_rate=0.15, tokenizer=BYTES,
-      process_index=index, process_count=count)
-  whole = {int(r[1]): w.tobytes() for b in make(0, 1)
-           for r, w, m in zip(b['targets'], b['weights'], b['padding_mask'])
-           if m.any()}
+      sequences,
+      batch_size=4,
+      seed=0,
+      mask_rate=0.15,
+      tokenizer=BYTES,
+      process_index=index,
+      process_count=count,
+  )
+  whole = {
+      int(r[1]): w.tobytes()
+      for b in make(0, 1)
+      for r, w, m in zip(b['targets'], b['weights'], b['padding_mask'])
+      if m.any()
+  }
   shards = [make(index, 2) for index in range(2)]
   assert len(shards[0]) == len(shards[1]) == 3
-  parts = [{int(r[1]): w.tobytes() for b in shard
-            for r, w, m in zip(b['targets'], b['weights'], b['padding_mask'])
-            if m.any()} for shard in shards]
+  parts = [
+      {
+          int(r[1]): w.tobytes()
+          for b in shard
+          for r, w, m in zip(b['targets'], b['weights'], b['padding_mask'])
+          if m.any()
+      }
+      for shard in shards
+  ]
   assert not parts[0].keys() & parts[1].keys()
   assert {**parts[0], **parts[1]} == whole
 
 
 # Tokenizers.
+
 
 def test_byte_tokenizer_round_trips_text():
   text = 'Linformer: O(n) attention — naïve café, 東京 🙂\n'
@@ -268,17 +289,22 @@ def test_byte_tokenizer_round_trips_text():
 
 def sentencepiece_documents():
   import pydoc_data.topics  # pylint: disable=g-import-not-at-top
+
   return [text for _, text in sorted(pydoc_data.topics.topics.items())][:20]
 
 
 def test_sentencepiece_trains_then_is_reused(tmp_path):
   config = {'tokenizer': 'sentencepiece', 'vocab_size': 300}
-  tokenizer = tokenizer_lib.build_tokenizer(config, str(tmp_path),
-                                            sentencepiece_documents)
+  tokenizer = tokenizer_lib.build_tokenizer(config, str(tmp_path), sentencepiece_documents)
   assert (tmp_path / 'tokenizer.model').exists()
   assert tokenizer.vocab_size == 300
-  assert (tokenizer.pad_id, tokenizer.unk_id, tokenizer.bos_id,
-          tokenizer.eos_id, tokenizer.mask_id) == (0, 1, 2, 3, 4)
+  assert (
+      tokenizer.pad_id,
+      tokenizer.unk_id,
+      tokenizer.bos_id,
+      tokenizer.eos_id,
+      tokenizer.mask_id,
+  ) == (0, 1, 2, 3, 4)
   text = 'The attribute reference is evaluated.'
   assert tokenizer.decode(tokenizer.encode(text)) == text
 
@@ -289,20 +315,22 @@ def test_sentencepiece_trains_then_is_reused(tmp_path):
   assert reused.encode(text) == tokenizer.encode(text)
   assert reused.fingerprint == tokenizer.fingerprint
   with pytest.raises(ValueError, match='config.data.vocab_size'):
-    tokenizer_lib.build_tokenizer({**config, 'vocab_size': 400}, str(tmp_path),
-                                  must_not_train)
+    tokenizer_lib.build_tokenizer({**config, 'vocab_size': 400}, str(tmp_path), must_not_train)
 
 
 def test_bad_tokenizer_settings_raise(tmp_path):
   with pytest.raises(ValueError, match='config.data.tokenizer'):
-    tokenizer_lib.build_tokenizer({'tokenizer': 'wordpiece', 'vocab_size': 100},
-                                  str(tmp_path), list)
+    tokenizer_lib.build_tokenizer(
+        {'tokenizer': 'wordpiece', 'vocab_size': 100}, str(tmp_path), list
+    )
   with pytest.raises(ValueError, match='config.data.vocab_size'):
-    tokenizer_lib.build_tokenizer({'tokenizer': 'sentencepiece', 'vocab_size': 10**6},
-                                  str(tmp_path), sentencepiece_documents)
+    tokenizer_lib.build_tokenizer(
+        {'tokenizer': 'sentencepiece', 'vocab_size': 10**6}, str(tmp_path), sentencepiece_documents
+    )
 
 
 # Corpora.
+
 
 def test_embedded_corpus_is_deterministic_and_splits_are_disjoint(tmp_path):
   train = corpus.embedded_documents('train', str(tmp_path))
@@ -322,8 +350,7 @@ def test_embedded_corpus_is_deterministic_and_splits_are_disjoint(tmp_path):
     corpus.embedded_documents('test', str(tmp_path))
 
 
-def test_the_cache_folder_is_the_config_value_else_the_variable_else_home(
-    monkeypatch, tmp_path):
+def test_the_cache_folder_is_the_config_value_else_the_variable_else_home(monkeypatch, tmp_path):
   monkeypatch.setenv('LINFORMER_JAX_CACHE_DIR', str(tmp_path / 'variable'))
   assert corpus.cache_root(str(tmp_path / 'config')) == tmp_path / 'config'
   assert corpus.cache_root('') == tmp_path / 'variable'
@@ -338,16 +365,20 @@ def test_the_suite_uses_its_own_cache_not_the_users(data_cache):
 
 def test_gutenberg_boilerplate_is_stripped():
   body = 'CHAPTER I\n\nIt was a dark night.\n\nTHE END'
-  modern = ('The Project Gutenberg EBook of Night, by A. Writer\n\nLicence...\n'
-            '*** START OF THIS PROJECT GUTENBERG EBOOK NIGHT ***\n'
-            f'{body}\n\nEnd of the Project Gutenberg EBook of Night\n\n'
-            '*** END OF THIS PROJECT GUTENBERG EBOOK NIGHT ***\nMore licence.\n'
-            '*** START: FULL LICENSE ***\nTHE FULL PROJECT GUTENBERG LICENSE\n')
+  modern = (
+      'The Project Gutenberg EBook of Night, by A. Writer\n\nLicence...\n'
+      '*** START OF THIS PROJECT GUTENBERG EBOOK NIGHT ***\n'
+      f'{body}\n\nEnd of the Project Gutenberg EBook of Night\n\n'
+      '*** END OF THIS PROJECT GUTENBERG EBOOK NIGHT ***\nMore licence.\n'
+      '*** START: FULL LICENSE ***\nTHE FULL PROJECT GUTENBERG LICENSE\n'
+  )
   assert corpus.strip_gutenberg_boilerplate(modern).strip() == body
-  old = ('Project Gutenberg Etext of Night\n*** START OF THE PROJECT GUTENBERG '
-         'EBOOK NIGHT ***\nsmall print ...\n'
-         '*END*THE SMALL PRINT! FOR PUBLIC DOMAIN ETEXTS*Ver.04.29.93*END*\n'
-         f'{body}\n\nEnd of Project Gutenberg\'s Night, by A. Writer\n')
+  old = (
+      'Project Gutenberg Etext of Night\n*** START OF THE PROJECT GUTENBERG '
+      'EBOOK NIGHT ***\nsmall print ...\n'
+      '*END*THE SMALL PRINT! FOR PUBLIC DOMAIN ETEXTS*Ver.04.29.93*END*\n'
+      f"{body}\n\nEnd of Project Gutenberg's Night, by A. Writer\n"
+  )
   assert corpus.strip_gutenberg_boilerplate(old).strip() == body
   plain = 'No markers here.\n\nEnd of story; the end of Project X.\n'
   assert corpus.strip_gutenberg_boilerplate(plain) == plain
@@ -358,9 +389,11 @@ def write_books(folder):
   folder.mkdir(parents=True, exist_ok=True)
   for name in ('a', 'b', 'c'):
     paragraphs = [f'Book {name} paragraph {i} ' + 'word ' * 60 for i in range(80)]
-    text = ('Header\n*** START OF THE PROJECT GUTENBERG EBOOK X ***\n'
-            + '\n\n'.join(p.replace('word word ', 'word\nword ', 3) for p in paragraphs)
-            + '\n*** END OF THE PROJECT GUTENBERG EBOOK X ***\nLicence\n')
+    text = (
+        'Header\n*** START OF THE PROJECT GUTENBERG EBOOK X ***\n'
+        + '\n\n'.join(p.replace('word word ', 'word\nword ', 3) for p in paragraphs)
+        + '\n*** END OF THE PROJECT GUTENBERG EBOOK X ***\nLicence\n'
+    )
     (folder / f'{name}.txt').write_bytes(text.replace('\n', '\r\n').encode())
   (folder / 'notes.md').write_text('not a .txt file')
   return folder
@@ -405,17 +438,33 @@ def test_unknown_source_and_missing_tfds_dataset_raise(tmp_path):
 
 # The whole pipeline from a config.
 
+
 def small_config(tmp_path, **data):
-  config = ml_collections.ConfigDict({
-      'seed': 0, 'batch_size': 4, 'eval_batch_size': 4,
-      'model': {'max_len': 64, 'vocab_size': 260},
-      'data': {'source': 'text_files', 'path': str(write_books(tmp_path / 'books')),
-               'split_files': {'validation': ['b.txt']}, 'tfds_name': '',
-               'tfds_text_key': 'text', 'tfds_data_dir': '', 'tfds_download': False,
-               'train_split': 'train', 'eval_split': 'validation',
-               'tokenizer': 'byte', 'vocab_size': 260, 'mask_rate': 0.15,
-               'worker_count': 0, 'cache_dir': str(tmp_path / 'cache'),
-               'max_eval_batches': 0}})
+  config = ml_collections.ConfigDict(
+      {
+          'seed': 0,
+          'batch_size': 4,
+          'eval_batch_size': 4,
+          'model': {'max_len': 64, 'vocab_size': 260},
+          'data': {
+              'source': 'text_files',
+              'path': str(write_books(tmp_path / 'books')),
+              'split_files': {'validation': ['b.txt']},
+              'tfds_name': '',
+              'tfds_text_key': 'text',
+              'tfds_data_dir': '',
+              'tfds_download': False,
+              'train_split': 'train',
+              'eval_split': 'validation',
+              'tokenizer': 'byte',
+              'vocab_size': 260,
+              'mask_rate': 0.15,
+              'worker_count': 0,
+              'cache_dir': str(tmp_path / 'cache'),
+              'max_eval_batches': 0,
+          },
+      }
+  )
   config.data.update(data)
   return config
 
@@ -423,8 +472,7 @@ def small_config(tmp_path, **data):
 def test_build_datasets_from_text_files(tmp_path):
   config = small_config(tmp_path)
   datasets = masked_lm.build_datasets(config, str(tmp_path / 'run'))
-  validation = corpus.text_file_documents(config.data.path, 'validation',
-                                          config.data.split_files)
+  validation = corpus.text_file_documents(config.data.path, 'validation', config.data.split_files)
   # Every byte and one eos between documents, in rows of 64 - 2 tokens; each
   # row adds bos and eos; 4 rows a batch.
   stream = sum(len(doc.encode()) for doc in validation) + len(validation) - 1
@@ -442,11 +490,21 @@ def test_build_datasets_from_text_files(tmp_path):
   assert_batches_equal([next(again.train_iterator)], [batch])
 
 
-@pytest.mark.parametrize('field,value', [
-    ('data.source', 'web'), ('data.mask_rate', 0.0), ('data.tokenizer', 'bpe'),
-    ('data.eval_split', 'test'), ('data.path', '/nonexistent/books'),
-    ('model.max_len', 2), ('model.vocab_size', 8000), ('batch_size', 0),
-    ('seed', 2**32), ('data.worker_count', -1)])
+@pytest.mark.parametrize(
+    'field,value',
+    [
+        ('data.source', 'web'),
+        ('data.mask_rate', 0.0),
+        ('data.tokenizer', 'bpe'),
+        ('data.eval_split', 'test'),
+        ('data.path', '/nonexistent/books'),
+        ('model.max_len', 2),
+        ('model.vocab_size', 8000),
+        ('batch_size', 0),
+        ('seed', 2**32),
+        ('data.worker_count', -1),
+    ],
+)
 def test_build_datasets_names_the_bad_field(tmp_path, field, value):
   config = small_config(tmp_path)
   section, _, name = field.rpartition('.')
@@ -460,5 +518,4 @@ def test_build_datasets_checks_the_batch_divides_among_processes(tmp_path):
   config = small_config(tmp_path, mask_rate=0.15)
   config.batch_size = 6
   with pytest.raises(ValueError, match='config.batch_size'):
-    masked_lm.build_datasets(config, str(tmp_path / 'run'), process_index=0,
-                                  process_count=4)
+    masked_lm.build_datasets(config, str(tmp_path / 'run'), process_index=0, process_count=4)

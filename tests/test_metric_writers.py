@@ -12,7 +12,9 @@ import numpy as np
 from tensorboard.backend.event_processing import event_file_loader
 from tensorboard.util import tensor_util
 
-from linformer_jax.training.metric_writers import METRICS_FILE, MetricLogger, read_metrics
+from linformer_jax.training.metric_writers import METRICS_FILE
+from linformer_jax.training.metric_writers import MetricLogger
+from linformer_jax.training.metric_writers import read_metrics
 
 
 def test_scalars_round_trip_through_metrics_jsonl(tmp_path):
@@ -39,14 +41,17 @@ def test_tensorboard_event_file_is_written(tmp_path):
   logger.write_scalars(3, {'eval_loss': 4.0})
   logger.write_scalars(5, {'eval_loss': 2.5, 'eval_accuracy': 0.75})
   logger.close()
-  (events,) = [name for name in os.listdir(workdir)
-               if name.startswith('events.out.tfevents')]
-  scalars = [(event.step, value.tag, float(tensor_util.make_ndarray(value.tensor)))
-             for event in event_file_loader.EventFileLoader(
-                 os.path.join(workdir, events)).Load()
-             for value in event.summary.value]
-  assert sorted(scalars) == [(3, 'eval_loss', 4.0), (5, 'eval_accuracy', 0.75),
-                             (5, 'eval_loss', 2.5)]
+  (events,) = [name for name in os.listdir(workdir) if name.startswith('events.out.tfevents')]
+  scalars = [
+      (event.step, value.tag, float(tensor_util.make_ndarray(value.tensor)))
+      for event in event_file_loader.EventFileLoader(os.path.join(workdir, events)).Load()
+      for value in event.summary.value
+  ]
+  assert sorted(scalars) == [
+      (3, 'eval_loss', 4.0),
+      (5, 'eval_accuracy', 0.75),
+      (5, 'eval_loss', 2.5),
+  ]
 
 
 def test_non_primary_processes_write_no_files(tmp_path):
@@ -67,7 +72,11 @@ def test_discard_after_drops_the_records_of_later_steps(tmp_path):
   logger.write_scalars(4, {'train_loss': 40.0})
   logger.close()
   assert [(m['step'], m['train_loss']) for m in read_metrics(workdir)] == [
-      (1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)]
+      (1, 1.0),
+      (2, 2.0),
+      (3, 3.0),
+      (4, 40.0),
+  ]
 
 
 def test_progress_prints_a_line_with_rates_and_eta(tmp_path, capsys, monkeypatch):
@@ -90,4 +99,5 @@ def test_progress_prints_a_line_with_rates_and_eta(tmp_path, capsys, monkeypatch
   assert capsys.readouterr().out.splitlines() == [
       'step 120/1000 | loss 5.123 | 12 steps/s | 3,072 tokens/s | ETA 1m13s',
       'step 240/1000 | 6 steps/s | 1,536 tokens/s | ETA 2m07s',
-      'step 250/1000 | 0.00185 steps/s | 0 tokens/s | ETA 112h30m']
+      'step 250/1000 | 0.00185 steps/s | 0 tokens/s | ETA 112h30m',
+  ]

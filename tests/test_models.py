@@ -11,8 +11,16 @@ import pytest
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
 
-SMALL = dict(vocab_size=40, max_len=32, num_layers=2, num_heads=4, hidden_dim=16,
-             mlp_dim=32, projected_len=8, dropout_rate=0.0)
+SMALL = dict(
+    vocab_size=40,
+    max_len=32,
+    num_layers=2,
+    num_heads=4,
+    hidden_dim=16,
+    mlp_dim=32,
+    projected_len=8,
+    dropout_rate=0.0,
+)
 
 
 def small_config(**overrides):
@@ -28,16 +36,25 @@ def random_tokens(seed, batch, length, vocab=SMALL['vocab_size']):
   return jax.random.randint(jax.random.PRNGKey(seed), (batch, length), 0, vocab)
 
 
-@pytest.mark.parametrize('sharing,expected', [
-    ('none', 288), ('headwise', 24), ('kv', 12), ('layerwise', 1)])
+@pytest.mark.parametrize(
+    'sharing,expected', [('none', 288), ('headwise', 24), ('kv', 12), ('layerwise', 1)]
+)
 @pytest.mark.parametrize('projection', ['linear', 'random', 'conv'])
-def test_projection_matrix_counts_for_a_12_layer_12_head_model(
-    sharing, expected, projection):
-  config = ModelConfig(vocab_size=64, max_len=512, num_layers=12, num_heads=12,
-                       hidden_dim=96, mlp_dim=64, projected_len=128,
-                       sharing=sharing, projection=projection)
-  shapes = jax.eval_shape(models.MaskedLanguageModel(config).init,
-                          jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32))
+def test_projection_matrix_counts_for_a_12_layer_12_head_model(sharing, expected, projection):
+  config = ModelConfig(
+      vocab_size=64,
+      max_len=512,
+      num_layers=12,
+      num_heads=12,
+      hidden_dim=96,
+      mlp_dim=64,
+      projected_len=128,
+      sharing=sharing,
+      projection=projection,
+  )
+  shapes = jax.eval_shape(
+      models.MaskedLanguageModel(config).init, jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32)
+  )
   assert models.count_projection_matrices(shapes, config) == expected
 
 
@@ -59,8 +76,16 @@ def test_projected_len_per_layer(sharing):
 
 
 def test_learned_projections_start_as_the_jl_construction():
-  config = ModelConfig(vocab_size=8, max_len=1024, num_layers=1, num_heads=1,
-                       hidden_dim=4, mlp_dim=4, projected_len=256, sharing='kv')
+  config = ModelConfig(
+      vocab_size=8,
+      max_len=1024,
+      num_layers=1,
+      num_heads=1,
+      hidden_dim=4,
+      mlp_dim=4,
+      projected_len=256,
+      sharing='kv',
+  )
   variables = init_variables(models.MaskedLanguageModel(config), length=4)
   e = variables['params']['encoder']['layers_0']['attention']['projection']['kv_projection']
   assert abs(float(jnp.mean(e))) < 3e-3
@@ -80,7 +105,8 @@ def test_every_learned_projection_gets_a_nonzero_gradient(sharing, projection):
   variables = init_variables(model)
   params = variables.pop('params')
   grads = jax.jit(jax.grad(mlm_loss, argnums=1), static_argnums=0)(
-      model, params, variables, random_tokens(1, 2, 32))
+      model, params, variables, random_tokens(1, 2, 32)
+  )
   found = 0
   for path, grad in jax.tree_util.tree_leaves_with_path(grads):
     if path[-1].key in models.PROJECTION_NAMES:
@@ -116,14 +142,23 @@ def test_random_projection_is_saved_but_never_trained():
   assert float(jnp.abs(out - out_redrawn).max()) > 1e-3
 
 
-@pytest.mark.parametrize('attention,projection,pre_layer_norm', [
-    ('full', 'linear', False), ('linformer', 'linear', False),
-    ('linformer', 'mean', False), ('linformer', 'max', False),
-    ('linformer', 'conv', False), ('linformer', 'random', False),
-    ('full', 'linear', True), ('linformer', 'linear', True)])
+@pytest.mark.parametrize(
+    'attention,projection,pre_layer_norm',
+    [
+        ('full', 'linear', False),
+        ('linformer', 'linear', False),
+        ('linformer', 'mean', False),
+        ('linformer', 'max', False),
+        ('linformer', 'conv', False),
+        ('linformer', 'random', False),
+        ('full', 'linear', True),
+        ('linformer', 'linear', True),
+    ],
+)
 def test_model_output_is_padding_invariant(attention, projection, pre_layer_norm):
-  config = small_config(attention=attention, projection=projection,
-                        pre_layer_norm=pre_layer_norm, sharing='none')
+  config = small_config(
+      attention=attention, projection=projection, pre_layer_norm=pre_layer_norm, sharing='none'
+  )
   model = models.MaskedLanguageModel(config)
   variables = init_variables(model)
   apply = jax.jit(model.apply)
@@ -140,16 +175,18 @@ def test_model_output_is_padding_invariant(attention, projection, pre_layer_norm
 @pytest.mark.parametrize('model_class', ['mlm', 'classifier'])
 def test_jitted_model_compiles_once(model_class):
   config = small_config()
-  model = (models.MaskedLanguageModel(config) if model_class == 'mlm'
-           else models.SequenceClassifier(config, num_classes=3))
+  model = (
+      models.MaskedLanguageModel(config)
+      if model_class == 'mlm'
+      else models.SequenceClassifier(config, num_classes=3)
+  )
   variables = init_variables(model)
   traces = []
 
   @jax.jit
   def forward(variables, tokens, mask, dropout_key):
     traces.append(1)
-    return model.apply(variables, tokens, mask, deterministic=False,
-                       rngs={'dropout': dropout_key})
+    return model.apply(variables, tokens, mask, deterministic=False, rngs={'dropout': dropout_key})
 
   for step in range(4):
     tokens = random_tokens(step, 2, 32)
@@ -173,9 +210,11 @@ def test_bfloat16_compute_keeps_float32_parameters():
 def test_every_parameter_has_logical_axis_names():
   config = small_config(sharing='none', projection='conv')
   boxed = models.SequenceClassifier(config, num_classes=2).init(
-      jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32))
+      jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32)
+  )
   leaves = jax.tree_util.tree_leaves(
-      boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+      boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned)
+  )
   assert leaves
   for leaf in leaves:
     assert isinstance(leaf, nn.LogicallyPartitioned)
@@ -183,19 +222,22 @@ def test_every_parameter_has_logical_axis_names():
     assert len(set(leaf.names)) == len(leaf.names)
 
 
-@pytest.mark.parametrize('overrides,field', [
-    (dict(projected_len=64), 'projected_len'),
-    (dict(projection='conv', projected_len=5), 'projected_len'),
-    (dict(projection='mean', projected_len=12), 'projected_len'),
-    (dict(sharing='everything'), 'sharing'),
-    (dict(projection='fourier'), 'projection'),
-    (dict(sharing='layerwise', projected_len=(8, 4)), 'projected_len'),
-    (dict(sharing='kv', projected_len=(8, 4)), 'projected_len'),
-    (dict(projected_len=(8, 4, 4)), 'projected_len'),
-    (dict(attention='sparse'), 'attention'),
-    (dict(hidden_dim=18), 'hidden_dim'),
-    (dict(dtype='float16'), 'dtype'),
-])
+@pytest.mark.parametrize(
+    'overrides,field',
+    [
+        (dict(projected_len=64), 'projected_len'),
+        (dict(projection='conv', projected_len=5), 'projected_len'),
+        (dict(projection='mean', projected_len=12), 'projected_len'),
+        (dict(sharing='everything'), 'sharing'),
+        (dict(projection='fourier'), 'projection'),
+        (dict(sharing='layerwise', projected_len=(8, 4)), 'projected_len'),
+        (dict(sharing='kv', projected_len=(8, 4)), 'projected_len'),
+        (dict(projected_len=(8, 4, 4)), 'projected_len'),
+        (dict(attention='sparse'), 'attention'),
+        (dict(hidden_dim=18), 'hidden_dim'),
+        (dict(dtype='float16'), 'dtype'),
+    ],
+)
 def test_bad_model_config_is_a_clear_error(overrides, field):
   with pytest.raises(ValueError, match=f'config.model.{field}=') as error:
     small_config(**overrides)
@@ -209,8 +251,9 @@ def test_unknown_config_field_is_an_error():
 
 
 def test_from_config_reads_a_config_dict():
-  config = ModelConfig.from_config(ml_collections.ConfigDict(
-      {**SMALL, 'projected_len': [8, 4], 'sharing': 'none'}))
+  config = ModelConfig.from_config(
+      ml_collections.ConfigDict({**SMALL, 'projected_len': [8, 4], 'sharing': 'none'})
+  )
   assert config.projected_len == (8, 4) and config.projected_len_for_layer(1) == 4
 
 
@@ -230,5 +273,5 @@ def test_logits_at_positions_equal_the_full_logits_there():
   gathered = model.apply(variables, tokens, positions=positions)
   assert gathered.shape == (2, 4, SMALL['vocab_size'])
   np.testing.assert_allclose(
-      gathered, jnp.take_along_axis(full, positions[:, :, None], axis=1),
-      rtol=1e-6, atol=1e-6)
+      gathered, jnp.take_along_axis(full, positions[:, :, None], axis=1), rtol=1e-6, atol=1e-6
+  )

@@ -18,10 +18,18 @@ def test_the_tour_notebook_runs(tmp_path, monkeypatch, repo_root):
   monkeypatch.setenv('JAX_PLATFORMS', 'cpu')
   experiments = repo_root / 'experiments'
   notebook = nbformat.read(experiments / 'linformer_tour.ipynb', as_version=4)
-  NotebookClient(notebook, timeout=300, kernel_name='python3',
-                 resources={'metadata': {'path': str(experiments)}}).execute()
-  outputs = [output for cell in notebook.cells if cell.cell_type == 'code'
-             for output in cell.get('outputs', [])]
+  NotebookClient(
+      notebook,
+      timeout=300,
+      kernel_name='python3',
+      resources={'metadata': {'path': str(experiments)}},
+  ).execute()
+  outputs = [
+      output
+      for cell in notebook.cells
+      if cell.cell_type == 'code'
+      for output in cell.get('outputs', [])
+  ]
   assert not [o for o in outputs if o.output_type == 'error']
   text = ''.join(o.get('text', '') for o in outputs if o.output_type == 'stream')
   assert 'E = F = I, max |Linformer - full|' in text

@@ -32,8 +32,10 @@ def test_the_abstract_state_is_what_initialisation_returns():
   abstract = parts.abstract_train_state(optimizer)
   real = jax.eval_shape(
       lambda rng: train_steps.init_train_state(
-          rng, model=parts.model, optimizer=optimizer, seq_len=config.model.max_len),
-      jax.random.PRNGKey(0))
+          rng, model=parts.model, optimizer=optimizer, seq_len=config.model.max_len
+      ),
+      jax.random.PRNGKey(0),
+  )
   assert jax.tree_util.tree_structure(abstract) == jax.tree_util.tree_structure(real)
   for want, got in zip(jax.tree_util.tree_leaves(real), jax.tree_util.tree_leaves(abstract)):
     assert (want.shape, want.dtype) == (got.shape, got.dtype)
@@ -47,12 +49,21 @@ def test_optimizer_moments_take_exactly_their_parameters_sharding():
   optimizer = train_steps.create_optimizer(config)
   state = parts.abstract_train_state(optimizer)
   param_specs = jax.tree_util.tree_map(lambda x: x.sharding.spec, state.params)
-  split = [spec for spec in jax.tree_util.tree_leaves(
-      param_specs, is_leaf=lambda x: isinstance(x, PartitionSpec)) if 'model' in spec]
+  split = [
+      spec
+      for spec in jax.tree_util.tree_leaves(
+          param_specs, is_leaf=lambda x: isinstance(x, PartitionSpec)
+      )
+      if 'model' in spec
+  ]
   assert split, 'the model axis must split some parameters for this test to mean anything'
-  adam = [s for s in jax.tree_util.tree_leaves(
-      state.opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
-          if isinstance(s, optax.ScaleByAdamState)]
+  adam = [
+      s
+      for s in jax.tree_util.tree_leaves(
+          state.opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState)
+      )
+      if isinstance(s, optax.ScaleByAdamState)
+  ]
   assert len(adam) == 1
   for moments in (adam[0].mu, adam[0].nu):
     moment_specs = jax.tree_util.tree_map(lambda x: x.sharding.spec, moments)
@@ -66,12 +77,21 @@ def test_an_unknown_task_names_the_choices():
     run_builder.build_parts(tiny_config(task='translation'))
 
 
-@pytest.mark.parametrize('name,sums,expected', [
-    ('masked_lm', {'loss_sum': 6.0, 'correct_sum': 1.0, 'weight_sum': 4.0},
-     {'loss': 1.5, 'accuracy': 0.25, 'perplexity': np.exp(1.5), 'masked_tokens': 4.0}),
-    ('classification', {'loss_sum': 2.0, 'correct_sum': 3.0, 'weight_sum': 5.0},
-     {'loss': 0.4, 'accuracy': 0.6, 'examples': 5.0}),
-])
+@pytest.mark.parametrize(
+    'name,sums,expected',
+    [
+        (
+            'masked_lm',
+            {'loss_sum': 6.0, 'correct_sum': 1.0, 'weight_sum': 4.0},
+            {'loss': 1.5, 'accuracy': 0.25, 'perplexity': np.exp(1.5), 'masked_tokens': 4.0},
+        ),
+        (
+            'classification',
+            {'loss_sum': 2.0, 'correct_sum': 3.0, 'weight_sum': 5.0},
+            {'loss': 0.4, 'accuracy': 0.6, 'examples': 5.0},
+        ),
+    ],
+)
 def test_task_metrics_from_summed_batches(name, sums, expected):
   metrics = tasks.TASKS[name].metrics(sums)
   assert metrics.keys() == expected.keys()
@@ -81,8 +101,7 @@ def test_task_metrics_from_summed_batches(name, sums, expected):
 
 def test_reference_models_score_their_evaluation_batches():
   # Unigram: train counts 3, 1 (add-one: 4/6, 2/6); masked targets 0, 1, 1.
-  batches = [{'targets': np.array([[0, 1], [1, 0]]),
-              'weights': np.array([[1.0, 1.0], [1.0, 0.0]])}]
+  batches = [{'targets': np.array([[0, 1], [1, 0]]), 'weights': np.array([[1.0, 1.0], [1.0, 0.0]])}]
   expected = np.exp(-(np.log(4 / 6) + 2 * np.log(2 / 6)) / 3)
   assert tasks.unigram_perplexity(np.array([3, 1]), batches) == pytest.approx(expected)
   # Majority class 1 of train counts 2, 5; labels 1, 0, 1 and a weight-0 filler.
@@ -90,10 +109,8 @@ def test_reference_models_score_their_evaluation_batches():
   assert tasks.majority_accuracy(np.array([2, 5]), batches) == pytest.approx(2 / 3)
 
 
-def test_evaluation_only_loading_matches_the_run_and_builds_no_training_iterator(
-    tmp_path):
-  config = tiny_config(total_steps=4, warmup_steps=2, eval_every=4, log_every=2,
-                       checkpoint_every=4)
+def test_evaluation_only_loading_matches_the_run_and_builds_no_training_iterator(tmp_path):
+  config = tiny_config(total_steps=4, warmup_steps=2, eval_every=4, log_every=2, checkpoint_every=4)
   workdir = str(tmp_path)
   results = trainer.train_and_evaluate(config, workdir)
   loaded = run_builder.load_for_evaluation(config, workdir)

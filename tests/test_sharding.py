@@ -57,8 +57,10 @@ def train_as_two_processes(run_python, root):
   for attempt in range(PORT_ATTEMPTS):
     port = free_port()
     logs = [root / f'process_{index}_attempt_{attempt}.log' for index in range(2)]
-    processes = [run_python(WORKER, 4, root, f'process:{index}:2:{port}', wait=False,
-                            log=logs[index]) for index in range(2)]
+    processes = [
+        run_python(WORKER, 4, root, f'process:{index}:2:{port}', wait=False, log=logs[index])
+        for index in range(2)
+    ]
     try:
       coordinator_failed = processes[0].wait(timeout=400) != 0
       if coordinator_failed and PORT_TAKEN in logs[0].read_text():
@@ -71,15 +73,26 @@ def train_as_two_processes(run_python, root):
         if process.poll() is None:
           process.kill()
           process.wait()
-  raise AssertionError(f'{PORT_ATTEMPTS} free ports in a row were taken before the '
-                       f'coordinator could bind them; see {root}/process_0_*.log')
+  raise AssertionError(
+      f'{PORT_ATTEMPTS} free ports in a row were taken before the '
+      f'coordinator could bind them; see {root}/process_0_*.log'
+  )
 
 
 @pytest.fixture(scope='module')
 def runs(tmp_path_factory, run_python):
   root = tmp_path_factory.mktemp('sharding')
-  finish(run_python(WORKER, 8, root, *[f'train:{d},{m}' for d, m in MESHES],
-                    'restore:mesh_4_2:2,4', 'merged:2', wait=False))
+  finish(
+      run_python(
+          WORKER,
+          8,
+          root,
+          *[f'train:{d},{m}' for d, m in MESHES],
+          'restore:mesh_4_2:2,4',
+          'merged:2',
+          wait=False,
+      )
+  )
   finish(run_python(WORKER, 1, root, 'train:1,1', 'restore:mesh_4_2:1,1', wait=False))
   train_as_two_processes(run_python, root)
   return root
@@ -89,8 +102,7 @@ def assert_params_close(first, second, rtol):
   keys = sorted(k for k in first if k.startswith('param:'))
   assert keys == sorted(k for k in second if k.startswith('param:'))
   for key in keys:
-    np.testing.assert_allclose(first[key], second[key], rtol=rtol, atol=1e-7,
-                               err_msg=key)
+    np.testing.assert_allclose(first[key], second[key], rtol=rtol, atol=1e-7, err_msg=key)
 
 
 @pytest.mark.slow
@@ -133,19 +145,25 @@ def test_two_processes_train_like_one(runs):
 
 # Bad input, checked before anything is compiled.
 
-@pytest.mark.parametrize('mesh_shape,devices,expected', [
-    ((8, 1), 8, (8, 1)), ((-1, 2), 8, (4, 2)), ((2, -1), 8, (2, 4)),
-    ((-1, 1), 1, (1, 1))])
+
+@pytest.mark.parametrize(
+    'mesh_shape,devices,expected',
+    [((8, 1), 8, (8, 1)), ((-1, 2), 8, (4, 2)), ((2, -1), 8, (2, 4)), ((-1, 1), 1, (1, 1))],
+)
 def test_mesh_shape_resolves_minus_one(mesh_shape, devices, expected):
   assert sharding.resolve_mesh_shape(mesh_shape, devices) == expected
 
 
-@pytest.mark.parametrize('mesh_shape,devices,message', [
-    ((4, 4), 8, 'needs 16 devices but there are 8'),
-    ((3, -1), 8, '8 devices do not divide'),
-    ((-1, -1), 8, 'more than one -1'),
-    ((8,), 8, 'two positive ints'),
-    ((0, 8), 8, 'two positive ints')])
+@pytest.mark.parametrize(
+    'mesh_shape,devices,message',
+    [
+        ((4, 4), 8, 'needs 16 devices but there are 8'),
+        ((3, -1), 8, '8 devices do not divide'),
+        ((-1, -1), 8, 'more than one -1'),
+        ((8,), 8, 'two positive ints'),
+        ((0, 8), 8, 'two positive ints'),
+    ],
+)
 def test_bad_mesh_shape_is_a_clear_error(mesh_shape, devices, message):
   with pytest.raises(ConfigError, match='config.mesh_shape') as error:
     sharding.resolve_mesh_shape(mesh_shape, devices)
@@ -153,21 +171,33 @@ def test_bad_mesh_shape_is_a_clear_error(mesh_shape, devices, message):
 
 
 def small_model(**overrides):
-  fields = dict(vocab_size=260, max_len=32, num_layers=2, num_heads=8, hidden_dim=32,
-                mlp_dim=64, projected_len=8)
+  fields = dict(
+      vocab_size=260,
+      max_len=32,
+      num_layers=2,
+      num_heads=8,
+      hidden_dim=32,
+      mlp_dim=64,
+      projected_len=8,
+  )
   return ModelConfig(**{**fields, **overrides})
 
 
-@pytest.mark.parametrize('model,batch,field', [
-    (dict(num_heads=2, hidden_dim=32), 8, 'config.model.num_heads=2'),
-    (dict(mlp_dim=66), 8, 'config.model.mlp_dim=66'),
-    ({}, 5, 'config.batch_size=5')])
+@pytest.mark.parametrize(
+    'model,batch,field',
+    [
+        (dict(num_heads=2, hidden_dim=32), 8, 'config.model.num_heads=2'),
+        (dict(mlp_dim=66), 8, 'config.model.mlp_dim=66'),
+        ({}, 5, 'config.batch_size=5'),
+    ],
+)
 def test_mesh_that_cannot_split_the_model_or_batch_is_an_error(model, batch, field):
   mesh = jax.sharding.AbstractMesh((2, 4), sharding.MESH_AXES)
   rules = sharding.axis_rules(tiny.get_config())
   with pytest.raises(ConfigError, match=field):
-    sharding.check_divisibility(small_model(**model), mesh, rules,
-                                batch_size=batch, eval_batch_size=8)
+    sharding.check_divisibility(
+        small_model(**model), mesh, rules, batch_size=batch, eval_batch_size=8
+    )
 
 
 def test_axis_rules_must_name_mesh_axes():
@@ -180,12 +210,14 @@ def test_axis_rules_must_name_mesh_axes():
 def model_shardings(mesh, **overrides):
   """The model's parameter shardings on `mesh`, by '/'-joined key path."""
   config = small_model(**overrides)
-  boxed = jax.eval_shape(models.MaskedLanguageModel(config).init,
-                         jax.random.PRNGKey(0), jnp.ones((1, 32), jnp.int32))
-  shardings = sharding.parameter_shardings(boxed, mesh,
-                                           sharding.axis_rules(tiny.get_config()))
-  return {'/'.join(key.key for key in path): leaf.spec
-          for path, leaf in jax.tree_util.tree_leaves_with_path(shardings)}
+  boxed = jax.eval_shape(
+      models.MaskedLanguageModel(config).init, jax.random.PRNGKey(0), jnp.ones((1, 32), jnp.int32)
+  )
+  shardings = sharding.parameter_shardings(boxed, mesh, sharding.axis_rules(tiny.get_config()))
+  return {
+      '/'.join(key.key for key in path): leaf.spec
+      for path, leaf in jax.tree_util.tree_leaves_with_path(shardings)
+  }
 
 
 def test_a_vocabulary_that_does_not_divide_is_replicated():

@@ -29,8 +29,7 @@ def naive_attention_matrix(q, k, key_mask, query_mask):
       for i in range(q_len):
         if not query_mask[b, i]:
           continue
-        logits = np.array([q[b, i, h] @ k[b, j, h] for j in range(k.shape[1])]
-                          ) / np.sqrt(head_dim)
+        logits = np.array([q[b, i, h] @ k[b, j, h] for j in range(k.shape[1])]) / np.sqrt(head_dim)
         exp = np.where(key_mask[b], np.exp(logits - logits[key_mask[b]].max()), 0.0)
         p[b, h, i] = exp / exp.sum()
   return p
@@ -53,12 +52,14 @@ def test_a_rotated_and_permuted_diagonal_gives_its_hand_computed_shares():
   # Singular values 3 and 1 (rotations and permutations keep them): 3/4, then 1.
   c, s = np.cos(0.3), np.sin(0.3)
   p = np.array([[c, -s], [s, c]]) @ np.diag([1.0, 3.0]) @ np.array([[0, 1], [1, 0]])
-  np.testing.assert_allclose(spectrum.normalised_cumulative_singular_values(p),
-                             [0.75, 1.0], rtol=1e-12)
+  np.testing.assert_allclose(
+      spectrum.normalised_cumulative_singular_values(p), [0.75, 1.0], rtol=1e-12
+  )
   # Orthogonal columns of norms 1, 4 and 3: singular values 4, 3, 1 (sum 8).
   q = np.array([[1.0, 0, 0], [0, 0, 3], [0, 4, 0], [0, 0, 0]])
-  np.testing.assert_allclose(spectrum.normalised_cumulative_singular_values(q),
-                             [4 / 8, 7 / 8, 1.0], rtol=1e-12)
+  np.testing.assert_allclose(
+      spectrum.normalised_cumulative_singular_values(q), [4 / 8, 7 / 8, 1.0], rtol=1e-12
+  )
 
 
 def test_curves_are_monotone_in_the_unit_interval_and_end_at_one():
@@ -86,8 +87,9 @@ def test_attention_matrix_matches_a_naive_float64_softmax():
   query_mask = np.array([[True] * 5, [True] * 3 + [False] * 2])
   p = spectrum.attention_matrix(q, k, key_mask, query_mask)
   assert p.dtype == np.float64 and p.shape == (2, 3, 5, 6)
-  np.testing.assert_allclose(p, naive_attention_matrix(q, k, key_mask, query_mask),
-                             rtol=1e-12, atol=1e-15)
+  np.testing.assert_allclose(
+      p, naive_attention_matrix(q, k, key_mask, query_mask), rtol=1e-12, atol=1e-15
+  )
   np.testing.assert_allclose(p.sum(-1)[0], 1.0, rtol=1e-12)
   np.testing.assert_allclose(p.sum(-1)[1, :, :3], 1.0, rtol=1e-12)
   np.testing.assert_array_equal(p[1, :, :, 4:], 0.0)  # padded keys
@@ -100,31 +102,48 @@ def test_padding_only_adds_zero_singular_values():
   real = 5
   mask = np.arange(8)[None] < real
   padded = spectrum.normalised_cumulative_singular_values(
-      spectrum.attention_matrix(q, k, mask, mask))
+      spectrum.attention_matrix(q, k, mask, mask)
+  )
   alone = spectrum.normalised_cumulative_singular_values(
-      spectrum.attention_matrix(q[:, :real], k[:, :real]))
+      spectrum.attention_matrix(q[:, :real], k[:, :real])
+  )
   np.testing.assert_allclose(padded[..., :real], alone, atol=1e-12)
   np.testing.assert_allclose(padded[..., real:], 1.0, atol=1e-12)
 
 
-SMALL = dict(vocab_size=40, max_len=16, num_layers=2, num_heads=2, hidden_dim=16,
-             mlp_dim=32, projected_len=4, dropout_rate=0.0)
+SMALL = dict(
+    vocab_size=40,
+    max_len=16,
+    num_layers=2,
+    num_heads=2,
+    hidden_dim=16,
+    mlp_dim=32,
+    projected_len=4,
+    dropout_rate=0.0,
+)
 
 
-@pytest.mark.parametrize('sharing,projection', [
-    ('layerwise', 'linear'), ('none', 'random'), ('kv', 'mean')])
+@pytest.mark.parametrize(
+    'sharing,projection', [('layerwise', 'linear'), ('none', 'random'), ('kv', 'mean')]
+)
 def test_keys_are_the_ones_the_model_attends_over(sharing, projection):
   config = ModelConfig(**SMALL, sharing=sharing, projection=projection)
   model = models.MaskedLanguageModel(config)
-  variables = nn.meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(0),
-                                                jnp.ones((1, 16), jnp.int32)))
+  variables = nn.meta.unbox(
+      jax.jit(model.init)(jax.random.PRNGKey(0), jnp.ones((1, 16), jnp.int32))
+  )
   tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 16), 0, 40)
   padding_mask = np.arange(16)[None] < np.array([[16], [11], [0]])
-  _, captured = jax.jit(lambda v: model.apply(
-      v, tokens, padding_mask, capture_intermediates=spectrum.capture_intermediates,
-      mutable=['intermediates']))(variables)
-  layers = spectrum.context_queries_and_keys(captured['intermediates'], config,
-                                             padding_mask)
+  _, captured = jax.jit(
+      lambda v: model.apply(
+          v,
+          tokens,
+          padding_mask,
+          capture_intermediates=spectrum.capture_intermediates,
+          mutable=['intermediates'],
+      )
+  )(variables)
+  layers = spectrum.context_queries_and_keys(captured['intermediates'], config, padding_mask)
   for layer, (q, keys, key_mask) in enumerate(layers):
     dense = captured['intermediates']['encoder'][f'layers_{layer}']['attention']
     k = np.asarray(dense['key']['__call__'][0], np.float64)
@@ -137,16 +156,19 @@ def test_keys_are_the_ones_the_model_attends_over(sharing, projection):
     else:
       collection = 'params' if projection == 'linear' else 'constants'
       owner = variables[collection]['encoder']
-      e = (owner['shared_projection']['kv_projection'] if sharing == 'layerwise'
-           else owner[f'layers_{layer}']['attention']['projection']['key_projection'])
+      e = (
+          owner['shared_projection']['kv_projection']
+          if sharing == 'layerwise'
+          else owner[f'layers_{layer}']['attention']['projection']['key_projection']
+      )
       equation = 'nk,bnhd->bkhd' if e.ndim == 2 else 'hnk,bnhd->bkhd'
-      expected = np.einsum(equation, np.asarray(e, np.float64),
-                           k * padding_mask[..., None, None])
+      expected = np.einsum(equation, np.asarray(e, np.float64), k * padding_mask[..., None, None])
       assert key_mask is None
     np.testing.assert_allclose(keys, expected, rtol=1e-5, atol=1e-6)
   batch = {'inputs': np.asarray(tokens), 'padding_mask': padding_mask}
-  curves, count = spectrum.mean_curves(lambda *args, **kwargs: layers, variables,
-                                       [batch], num_sequences=64)
+  curves, count = spectrum.mean_curves(
+      lambda *args, **kwargs: layers, variables, [batch], num_sequences=64
+  )
   assert count == 2  # the all-padding row is skipped
   assert [c.shape for c in curves] == [(2, 4)] * 2
 
@@ -186,9 +208,13 @@ def check_curves(report, width):
 def test_the_command_on_a_full_attention_run(tmp_path, run_command):
   checkpointed_run(tmp_path / 'run', 'full')
   out = tmp_path / 'out'
-  result = run_command('spectrum', *spectrum_flags(tmp_path / 'run', out),
-                       '--config.model.attention=full', '--num_sequences=6',
-                       '--index=8')
+  result = run_command(
+      'spectrum',
+      *spectrum_flags(tmp_path / 'run', out),
+      '--config.model.attention=full',
+      '--num_sequences=6',
+      '--index=8',
+  )
   assert result.returncode == 0, result.stderr
   with open(out / 'spectrum.json') as f:
     report = json.load(f)

@@ -14,7 +14,8 @@ import pytest
 
 from linformer_jax.analysis import sweep as sweep_lib
 from linformer_jax.errors import ConfigError
-from linformer_jax.training import run_config, trainer
+from linformer_jax.training import run_config
+from linformer_jax.training import trainer
 
 TINY_SWEEP = '''"""Transformer against Linformer k=4 on configs/tiny.py, for tests."""
 
@@ -64,8 +65,10 @@ def table_rows(workdir):
     lines = [line for line in f.read().splitlines() if line.startswith('| ')]
   header, rows = lines[0], lines[1:]
   columns = [cell.strip() for cell in header.strip('|').split('|')]
-  return {cells[0]: dict(zip(columns, cells)) for cells in (
-      [cell.strip() for cell in row.strip('|').split('|')] for row in rows)}
+  return {
+      cells[0]: dict(zip(columns, cells))
+      for cells in ([cell.strip() for cell in row.strip('|').split('|')] for row in rows)
+  }
 
 
 def test_every_variant_trains_with_its_overrides(finished_sweep):
@@ -74,8 +77,7 @@ def test_every_variant_trains_with_its_overrides(finished_sweep):
   transformer = saved_config(os.path.join(workdir, 'transformer'))
   linformer = saved_config(os.path.join(workdir, 'k4'))
   assert transformer['model']['attention'] == 'full'
-  assert (linformer['model']['attention'], linformer['model']['projected_len']) == (
-      'linformer', 4)
+  assert (linformer['model']['attention'], linformer['model']['projected_len']) == ('linformer', 4)
   for name in results:
     with open(os.path.join(workdir, name, trainer.RESULTS_FILE)) as f:
       assert json.load(f)['step'] == 3
@@ -109,8 +111,7 @@ def variant_files(workdir, names):
   return files
 
 
-def test_a_rerun_skips_finished_variants(finished_sweep, tiny_sweep, monkeypatch,
-                                         capsys):
+def test_a_rerun_skips_finished_variants(finished_sweep, tiny_sweep, monkeypatch, capsys):
   workdir, results = finished_sweep
   before = variant_files(workdir, results)
   assert any(path.endswith(trainer.RESULTS_FILE) for path in before)
@@ -131,9 +132,17 @@ def test_a_rerun_skips_finished_variants(finished_sweep, tiny_sweep, monkeypatch
 
 
 def test_sets_apply_to_every_variant_with_the_base_field_types(tiny_sweep):
-  configs = sweep_lib.variant_configs(tiny_sweep, [
-      'total_steps=7', 'learning_rate=1e-3', 'model.pre_layer_norm=true',
-      'mesh_shape=(1, 1)', 'data.eval_split=test', 'model.projected_len=2'])
+  configs = sweep_lib.variant_configs(
+      tiny_sweep,
+      [
+          'total_steps=7',
+          'learning_rate=1e-3',
+          'model.pre_layer_norm=true',
+          'mesh_shape=(1, 1)',
+          'data.eval_split=test',
+          'model.projected_len=2',
+      ],
+  )
   assert list(configs) == ['transformer', 'k4']
   for config in configs.values():
     assert config.total_steps == 7 and isinstance(config.total_steps, int)
@@ -145,21 +154,25 @@ def test_sets_apply_to_every_variant_with_the_base_field_types(tiny_sweep):
     assert config.model.projected_len == 2
   assert configs['transformer'].model.attention == 'full'
   per_layer = sweep_lib.variant_configs(
-      tiny_sweep, ['model.sharing=none', 'model.projected_len=(4,)'])
+      tiny_sweep, ['model.sharing=none', 'model.projected_len=(4,)']
+  )
   assert per_layer['k4'].model.projected_len == (4,)
   assert tiny_sweep.base.total_steps == 3, 'the base config must stay unchanged'
 
 
-@pytest.mark.parametrize('sets, named', [
-    (['model.projected_lenn=4'], 'model.projected_lenn'),
-    (['modle.attention=full'], 'modle.attention'),
-    (['total_steps=many'], 'total_steps'),
-    (['learning_rate=fast'], 'learning_rate'),
-    (['model.pre_layer_norm=maybe'], 'model.pre_layer_norm'),
-    (['model=full'], 'model'),
-    (['total_steps'], 'total_steps'),
-    (['model.projected_len=64'], 'projected_len'),
-])
+@pytest.mark.parametrize(
+    'sets, named',
+    [
+        (['model.projected_lenn=4'], 'model.projected_lenn'),
+        (['modle.attention=full'], 'modle.attention'),
+        (['total_steps=many'], 'total_steps'),
+        (['learning_rate=fast'], 'learning_rate'),
+        (['model.pre_layer_norm=maybe'], 'model.pre_layer_norm'),
+        (['model=full'], 'model'),
+        (['total_steps'], 'total_steps'),
+        (['model.projected_len=64'], 'projected_len'),
+    ],
+)
 def test_bad_sets_name_the_key_before_anything_runs(tiny_sweep, tmp_path, sets, named):
   workdir = tmp_path / 'never_created'
   with pytest.raises(ConfigError, match=named.replace('.', r'\.')):
@@ -168,12 +181,14 @@ def test_bad_sets_name_the_key_before_anything_runs(tiny_sweep, tmp_path, sets, 
 
 
 def test_bad_variants_and_names_are_errors(tiny_sweep):
-  bad_key = sweep_lib.Sweep(base=tiny_sweep.base, variants=[
-      sweep_lib.Variant('typo', {'model.atention': 'full'})])
+  bad_key = sweep_lib.Sweep(
+      base=tiny_sweep.base, variants=[sweep_lib.Variant('typo', {'model.atention': 'full'})]
+  )
   with pytest.raises(ConfigError, match=r"'typo'.*model\.atention"):
     sweep_lib.variant_configs(bad_key)
-  bad_value = sweep_lib.Sweep(base=tiny_sweep.base, variants=[
-      sweep_lib.Variant('big', {'model.projected_len': 'big'})])
+  bad_value = sweep_lib.Sweep(
+      base=tiny_sweep.base, variants=[sweep_lib.Variant('big', {'model.projected_len': 'big'})]
+  )
   with pytest.raises(ConfigError, match=r"'big'.*model\.projected_len"):
     sweep_lib.variant_configs(bad_value)
   with pytest.raises(ConfigError, match='no variant named k99'):
@@ -205,8 +220,13 @@ def test_every_sweep_file_loads_and_its_variants_validate(repo_root):
 @pytest.mark.slow
 def test_cli_reports_a_finished_sweep(finished_sweep, tmp_path, run_command):
   workdir, _ = finished_sweep
-  process = run_command('sweep', f'--sweep={write_sweep_file(tmp_path)}',
-                        f'--workdir={workdir}', '--only=k4', '--set=total_steps=3')
+  process = run_command(
+      'sweep',
+      f'--sweep={write_sweep_file(tmp_path)}',
+      f'--workdir={workdir}',
+      '--only=k4',
+      '--set=total_steps=3',
+  )
   assert process.returncode == 0, process.stderr
   assert 'k4 (1/1) finished its 3 steps before; skipping it' in process.stdout
   assert '| transformer |' in process.stdout and '| k4 |' in process.stdout
@@ -217,8 +237,9 @@ def test_cli_reports_a_finished_sweep(finished_sweep, tmp_path, run_command):
 def test_cli_bad_key_is_a_one_line_error(tmp_path, run_command):
   sweep_file = write_sweep_file(tmp_path)
   workdir = tmp_path / 'cli_error'
-  process = run_command('sweep', f'--sweep={sweep_file}', f'--workdir={workdir}',
-                        '--set=model.projected_lenn=4')
+  process = run_command(
+      'sweep', f'--sweep={sweep_file}', f'--workdir={workdir}', '--set=model.projected_lenn=4'
+  )
   assert process.returncode == 2
   lines = process.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith('error: ')

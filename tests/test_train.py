@@ -67,8 +67,7 @@ def test_a_tiny_run_writes_results_metrics_events_and_checkpoints(finished_run):
 
 
 def test_resume_is_exact(tmp_path):
-  config = tiny_config(total_steps=12, log_every=1, eval_every=6,
-                       checkpoint_every=100)
+  config = tiny_config(total_steps=12, log_every=1, eval_every=6, checkpoint_every=100)
   straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
   trainer.train_and_evaluate(config, straight)
   assert trainer.train_and_evaluate(config, resumed, stop_after=6) is None
@@ -101,9 +100,15 @@ def wait_for_step(workdir, step, process, timeout=180):
 @pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_before_exiting(tmp_path, run_command):
   workdir = str(tmp_path)
-  process = run_command('train', *tiny_flags(workdir), '--config.total_steps=100000',
-                        '--config.log_every=1', '--config.checkpoint_every=100000',
-                        '--config.eval_every=100000', wait=False)
+  process = run_command(
+      'train',
+      *tiny_flags(workdir),
+      '--config.total_steps=100000',
+      '--config.log_every=1',
+      '--config.checkpoint_every=100000',
+      '--config.eval_every=100000',
+      wait=False,
+  )
   wait_for_step(workdir, 3, process)
   process.send_signal(signal.SIGTERM)
   assert process.wait(timeout=120) == 128 + signal.SIGTERM
@@ -123,11 +128,16 @@ def latest_checkpoint(workdir):
 @pytest.mark.slow
 def test_sigkill_resumes_from_the_last_checkpoint(tmp_path, run_command):
   workdir = str(tmp_path)
-  config = tiny_config(total_steps=100000, log_every=1, checkpoint_every=4,
-                       eval_every=100000)
-  process = run_command('train', *tiny_flags(workdir), '--config.total_steps=100000',
-                        '--config.log_every=1', '--config.checkpoint_every=4',
-                        '--config.eval_every=100000', wait=False)
+  config = tiny_config(total_steps=100000, log_every=1, checkpoint_every=4, eval_every=100000)
+  process = run_command(
+      'train',
+      *tiny_flags(workdir),
+      '--config.total_steps=100000',
+      '--config.log_every=1',
+      '--config.checkpoint_every=4',
+      '--config.eval_every=100000',
+      wait=False,
+  )
   wait_for_step(workdir, 10, process)
   # Checkpoints are written asynchronously: wait until one is complete on disk.
   deadline = time.time() + 120
@@ -152,9 +162,15 @@ def test_a_non_finite_step_is_never_saved_and_the_kept_checkpoint_resumes(tmp_pa
   only step 1 may be kept; resuming from it with a sane weight decay trains on.
   """
   workdir = str(tmp_path)
-  config = tiny_config(learning_rate=1e6, warmup_steps=1, weight_decay=1e35,
-                       grad_clip_norm=0.0, checkpoint_every=1, log_every=1,
-                       total_steps=20)
+  config = tiny_config(
+      learning_rate=1e6,
+      warmup_steps=1,
+      weight_decay=1e35,
+      grad_clip_norm=0.0,
+      checkpoint_every=1,
+      log_every=1,
+      total_steps=20,
+  )
   with pytest.raises(trainer.NonFiniteLossError, match='step 2 the parameters'):
     trainer.train_and_evaluate(config, workdir)
   run = trainer.Run(config, workdir)
@@ -163,12 +179,21 @@ def test_a_non_finite_step_is_never_saved_and_the_kept_checkpoint_resumes(tmp_pa
   run.store.close()
   assert kept_step == 1
   assert all(np.all(np.isfinite(p)) for p in params)
-  sane = tiny_config(learning_rate=1e-3, warmup_steps=0, weight_decay=0.01,
-                     grad_clip_norm=0.0, checkpoint_every=1, log_every=1,
-                     total_steps=6)
+  sane = tiny_config(
+      learning_rate=1e-3,
+      warmup_steps=0,
+      weight_decay=0.01,
+      grad_clip_norm=0.0,
+      checkpoint_every=1,
+      log_every=1,
+      total_steps=6,
+  )
   results = trainer.train_and_evaluate(sane, workdir)
-  resumed = {m['step']: m['train_loss'] for m in read_metrics(workdir)
-             if 'train_loss' in m and m['step'] > 1}
+  resumed = {
+      m['step']: m['train_loss']
+      for m in read_metrics(workdir)
+      if 'train_loss' in m and m['step'] > 1
+  }
   assert sorted(resumed) == [2, 3, 4, 5, 6]
   assert all(np.isfinite(loss) for loss in resumed.values())
   assert results['step'] == 6 and np.isfinite(results['eval_loss'])
@@ -184,18 +209,22 @@ def snapshot(directory):
   return digest
 
 
-@pytest.mark.parametrize('overrides,expected', [
-    (['--config.data.source=text_files', '--config.data.path=/no/such/folder'],
-     'config.data.path'),
-    (['--config.model.no_such_field=1'], 'no_such_field'),
-    (['--config.model.sharing=everything'], 'config.model.sharing'),
-    (['--config.model.projected_len=64'], 'config.model.projected_len'),
-    (['--config.batch_size=0'], 'config.batch_size'),
-    (['--config.data.vocab_size=300'], 'config.model.vocab_size=300'),
-])
+@pytest.mark.parametrize(
+    'overrides,expected',
+    [
+        (
+            ['--config.data.source=text_files', '--config.data.path=/no/such/folder'],
+            'config.data.path',
+        ),
+        (['--config.model.no_such_field=1'], 'no_such_field'),
+        (['--config.model.sharing=everything'], 'config.model.sharing'),
+        (['--config.model.projected_len=64'], 'config.model.projected_len'),
+        (['--config.batch_size=0'], 'config.batch_size'),
+        (['--config.data.vocab_size=300'], 'config.model.vocab_size=300'),
+    ],
+)
 @pytest.mark.slow
-def test_bad_input_is_one_line_and_exit_code_2(tmp_path, run_command, overrides,
-                                               expected):
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path, run_command, overrides, expected):
   result = run_command('train', *tiny_flags(tmp_path / 'run'), *overrides)
   assert result.returncode == 2, result.stderr
   error_lines = [line for line in result.stderr.splitlines() if line.startswith('error:')]
@@ -208,8 +237,12 @@ def test_empty_corpus_is_an_error(tmp_path, run_command):
   corpus = tmp_path / 'corpus'
   corpus.mkdir()
   (corpus / 'empty.txt').write_text('')
-  result = run_command('train', *tiny_flags(tmp_path / 'run'),
-                       '--config.data.source=text_files', f'--config.data.path={corpus}')
+  result = run_command(
+      'train',
+      *tiny_flags(tmp_path / 'run'),
+      '--config.data.source=text_files',
+      f'--config.data.path={corpus}',
+  )
   assert result.returncode == 2, result.stderr
   assert 'error:' in result.stderr
 

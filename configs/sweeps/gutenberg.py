@@ -33,4 +33,5 @@ def get_sweep() -> Sweep:
           Variant('k128', {'model.projected_len': 128}),  # n/k = 2, layerwise
           Variant('k64_headwise', {'model.sharing': 'headwise'}),  # E, F per layer
           Variant('k64_kv', {'model.sharing': 'kv'}),  # E = F, one per layer
-      ])
+      ],
+  )

@@ -27,4 +27,5 @@ def get_sweep() -> Sweep:
           Variant('k32', {'model.projected_len': 32}),  # n/k = 4 (the default)
           Variant('k64', {'model.projected_len': 64}),  # n/k = 2
           Variant('transformer', {'model.attention': 'full'}),  # standard attention
-      ])
+      ],
+  )

@@ -20,7 +20,7 @@ def get_sweep() -> Sweep:
   base = default.get_config()
   base.model.projected_len = 32  # k, fixed across the sweep
   return Sweep(
-      title='Projection of keys and values (n = 128, k = 32)',  # heading of results.md and the figure
+      title='Projection of keys and values (n = 128, k = 32)',  # title of results.md and the plot
       base=base,  # configs/default.py with the k above
       variants=[
           Variant('linear', {'model.projection': 'linear'}),  # learned E, F (the paper)
@@ -28,4 +28,5 @@ def get_sweep() -> Sweep:
           Variant('mean', {'model.projection': 'mean'}),  # average over windows of n/k
           Variant('max', {'model.projection': 'max'}),  # maximum over windows of n/k
           Variant('conv', {'model.projection': 'conv'}),  # learned strided convolution
-      ])
+      ],
+  )

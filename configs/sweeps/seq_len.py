@@ -18,18 +18,18 @@ from linformer_jax.sweep import Variant
 
 def _length(n: int, tokens_per_batch: int = 4096) -> dict:
   batch_size = tokens_per_batch // n
-  return {'model.max_len': n, 'batch_size': batch_size,
-          'eval_batch_size': batch_size}
+  return {'model.max_len': n, 'batch_size': batch_size, 'eval_batch_size': batch_size}
 
 
 def get_sweep() -> Sweep:
   base = default.get_config()
   base.model.projected_len = 32  # k, fixed across the sweep
   return Sweep(
-      title='Sequence length n (k = 32, 4,096 tokens per step)',  # heading of results.md and the figure
+      title='Sequence length n (k = 32, 4,096 tokens per step)',  # title of results.md and the plot
       base=base,  # configs/default.py with the k above
       variants=[
           Variant('n64', _length(64)),  # batch 64
           Variant('n128', _length(128)),  # batch 32 (configs/default.py)
           Variant('n256', _length(256)),  # batch 16
-      ])
+      ],
+  )

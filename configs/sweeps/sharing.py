@@ -29,4 +29,5 @@ def get_sweep() -> Sweep:
           Variant('headwise', {'model.sharing': 'headwise'}),  # E, F per layer
           Variant('kv', {'model.sharing': 'kv'}),  # E = F, one per layer
           Variant('layerwise', {'model.sharing': 'layerwise'}),  # E = F for all layers
-      ])
+      ],
+  )

@@ -31,7 +31,6 @@ time_per_token.png, memory.png into --out.
 import dataclasses
 import os
 import statistics
-import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -42,8 +41,8 @@ import numpy as np
 import optax
 
 from linformer_jax.analysis import benchmark_report
-from linformer_jax.model import models
 from linformer_jax.errors import ConfigError
+from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
 
 # Small enough that the embedding and its lookup do not dominate the encoder.
@@ -51,8 +50,7 @@ VOCAB_SIZE = 1000
 # Share of the device's (or host's) memory a cell may plan to use by default.
 DEFAULT_MEMORY_FRACTION = 0.8
 # Lower-cased phrases of XLA's allocation failures on CPU and GPU.
-_OUT_OF_MEMORY_MARKERS = ('resource_exhausted', 'out of memory',
-                          'failed to allocate')
+_OUT_OF_MEMORY_MARKERS = ('resource_exhausted', 'out of memory', 'failed to allocate')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +71,7 @@ class BenchmarkSettings:
     memory_limit_bytes: cells planning more temporary + argument bytes are
       skipped.
   """
+
   seq_lens: Sequence[int]
   projected_lens: Sequence[int]
   num_layers: int = 12
@@ -91,33 +90,45 @@ class BenchmarkSettings:
     for name in ('seq_lens', 'projected_lens'):
       values = getattr(self, name)
       if not values or any(v < 1 for v in values):
-        raise ConfigError(f'--{name}={",".join(map(str, values))} is not allowed: '
-                          'give one or more positive integers.')
-    for name in ('num_layers', 'hidden_dim', 'num_heads', 'mlp_dim', 'batch',
-                 'repeats'):
+        raise ConfigError(
+            f'--{name}={",".join(map(str, values))} is not allowed: '
+            'give one or more positive integers.'
+        )
+    for name in ('num_layers', 'hidden_dim', 'num_heads', 'mlp_dim', 'batch', 'repeats'):
       if getattr(self, name) < 1:
-        raise ConfigError(f'--{name}={getattr(self, name)} is not allowed: '
-                          'use a positive integer.')
+        raise ConfigError(f'--{name}={getattr(self, name)} is not allowed: use a positive integer.')
     if self.hidden_dim % self.num_heads:
-      raise ConfigError(f'--hidden_dim={self.hidden_dim} is not allowed: it must '
-                        f'be divisible by --num_heads={self.num_heads}.')
+      raise ConfigError(
+          f'--hidden_dim={self.hidden_dim} is not allowed: it must '
+          f'be divisible by --num_heads={self.num_heads}.'
+      )
     if min(self.projected_lens) >= max(self.seq_lens):
       raise ConfigError(
           f'--projected_lens={",".join(map(str, self.projected_lens))} leaves no '
           f'Linformer cell: every k is >= every n in --seq_lens; use some k < '
-          f'{max(self.seq_lens)}.')
+          f'{max(self.seq_lens)}.'
+      )
     if not self.memory_limit_bytes > 0:
       raise ConfigError('--memory_limit_gb must be positive.')
 
-  def model_config(self, attention: str, seq_len: int,
-                   projected_len: Optional[int] = None) -> ModelConfig:
+  def model_config(
+      self, attention: str, seq_len: int, projected_len: Optional[int] = None
+  ) -> ModelConfig:
     """The encoder of one cell; k is unused (and set to n) for 'full'."""
     return ModelConfig(
-        vocab_size=VOCAB_SIZE, max_len=seq_len, num_layers=self.num_layers,
-        num_heads=self.num_heads, hidden_dim=self.hidden_dim,
-        mlp_dim=self.mlp_dim, attention=attention,
-        projected_len=projected_len or seq_len, sharing='layerwise',
-        projection='linear', dropout_rate=0.0, dtype=self.dtype)
+        vocab_size=VOCAB_SIZE,
+        max_len=seq_len,
+        num_layers=self.num_layers,
+        num_heads=self.num_heads,
+        hidden_dim=self.hidden_dim,
+        mlp_dim=self.mlp_dim,
+        attention=attention,
+        projected_len=projected_len or seq_len,
+        sharing='layerwise',
+        projection='linear',
+        dropout_rate=0.0,
+        dtype=self.dtype,
+    )
 
 
 def default_memory_limit_bytes() -> float:
@@ -148,8 +159,9 @@ def _time_ms(call: Callable[[], Any], repeats: int) -> List[float]:
   return times
 
 
-def measure_matmul_gflops(sizes: Sequence[int] = (1024, 2048, 4096),
-                          repeats: int = 5, dtype: str = 'float32') -> float:
+def measure_matmul_gflops(
+    sizes: Sequence[int] = (1024, 2048, 4096), repeats: int = 5, dtype: str = 'float32'
+) -> float:
   """The machine's matrix-multiply rate in GFLOP/s: the best of square `jnp.dot`s.
 
   Each [size, size] product is timed `repeats` times after a warm-up and the
@@ -163,7 +175,7 @@ def measure_matmul_gflops(sizes: Sequence[int] = (1024, 2048, 4096),
   for size in sizes:
     a, b = (jax.random.normal(key, (size, size), jnp.dtype(dtype)) for key in keys)
     fastest_ms = min(_time_ms(lambda: matmul(a, b), repeats))  # pylint: disable=cell-var-from-loop
-    best = max(best, 2 * size ** 3 / (fastest_ms * 1e-3) / 1e9)
+    best = max(best, 2 * size**3 / (fastest_ms * 1e-3) / 1e9)
   return best
 
 
@@ -173,9 +185,10 @@ def _cost(compiled) -> Dict[str, Optional[float]]:
   if isinstance(analysis, (list, tuple)):
     analysis = analysis[0] if analysis else None
   analysis = analysis or {}
-  return {column: float(analysis[key]) if key in analysis else None
-          for column, key in (('flops', 'flops'),
-                              ('bytes_accessed', 'bytes accessed'))}
+  return {
+      column: float(analysis[key]) if key in analysis else None
+      for column, key in (('flops', 'flops'), ('bytes_accessed', 'bytes accessed'))
+  }
 
 
 def _is_out_of_memory(error: Exception) -> bool:
@@ -189,15 +202,19 @@ def _first_line(error: Exception) -> str:
 
 def _planned_bytes(compiled) -> Dict[str, int]:
   memory = compiled.memory_analysis()
-  return {'temp_bytes': int(memory.temp_size_in_bytes),
-          'argument_bytes': int(memory.argument_size_in_bytes),
-          'output_bytes': int(memory.output_size_in_bytes)}
+  return {
+      'temp_bytes': int(memory.temp_size_in_bytes),
+      'argument_bytes': int(memory.argument_size_in_bytes),
+      'output_bytes': int(memory.output_size_in_bytes),
+  }
 
 
 def _over_limit_note(what: str, planned: Dict[str, int], limit: float) -> str:
   needed = planned['temp_bytes'] + planned['argument_bytes']
-  return (f'{what} skipped: needs {needed / 2**30:.2f} GiB (temp + arguments) > '
-          f'limit {limit / 2**30:.2f} GiB')
+  return (
+      f'{what} skipped: needs {needed / 2**30:.2f} GiB (temp + arguments) > '
+      f'limit {limit / 2**30:.2f} GiB'
+  )
 
 
 def random_variables(abstract_variables: Any, seed: int) -> Any:
@@ -210,18 +227,20 @@ def random_variables(abstract_variables: Any, seed: int) -> Any:
   rng = np.random.default_rng(seed)
   return jax.tree_util.tree_map(
       lambda leaf: jnp.asarray(
-          (0.02 * rng.standard_normal(leaf.shape, np.float32)).astype(leaf.dtype)),
-      nn.meta.unbox(abstract_variables))
+          (0.02 * rng.standard_normal(leaf.shape, np.float32)).astype(leaf.dtype)
+      ),
+      nn.meta.unbox(abstract_variables),
+  )
 
 
-def _train_step(model: models.MaskedLanguageModel,
-                optimizer: optax.GradientTransformation):
+def _train_step(model: models.MaskedLanguageModel, optimizer: optax.GradientTransformation):
   """One MLM step predicting every token: forward, backward and SGD update."""
 
   def step(params, opt_state, tokens):
     def loss_fn(p):
       logits = model.apply({'params': p}, tokens, deterministic=True)
       return optax.softmax_cross_entropy_with_integer_labels(logits, tokens).mean()
+
     loss, grads = jax.value_and_grad(loss_fn)(params)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
@@ -229,21 +248,21 @@ def _train_step(model: models.MaskedLanguageModel,
   return step
 
 
-def _train_tokens_per_s(config: ModelConfig, tokens: jax.Array,
-                        settings: BenchmarkSettings) -> Dict[str, Any]:
+def _train_tokens_per_s(
+    config: ModelConfig, tokens: jax.Array, settings: BenchmarkSettings
+) -> Dict[str, Any]:
   """Tokens per second of a training step, or a note saying why it was skipped."""
   model = models.MaskedLanguageModel(config)
   optimizer = optax.sgd(1e-3)
   try:
-    params = random_variables(jax.eval_shape(
-        model.init, jax.random.PRNGKey(0), tokens)['params'], seed=1)
+    params = random_variables(
+        jax.eval_shape(model.init, jax.random.PRNGKey(0), tokens)['params'], seed=1
+    )
     opt_state = optimizer.init(params)
-    compiled = jax.jit(_train_step(model, optimizer)).lower(
-        params, opt_state, tokens).compile()
+    compiled = jax.jit(_train_step(model, optimizer)).lower(params, opt_state, tokens).compile()
     planned = _planned_bytes(compiled)
     if planned['temp_bytes'] + planned['argument_bytes'] > settings.memory_limit_bytes:
-      return {'note': _over_limit_note('train step', planned,
-                                       settings.memory_limit_bytes)}
+      return {'note': _over_limit_note('train step', planned, settings.memory_limit_bytes)}
     times = _time_ms(lambda: compiled(params, opt_state, tokens), settings.repeats)
   except Exception as error:  # pylint: disable=broad-except
     if not _is_out_of_memory(error):
@@ -252,9 +271,13 @@ def _train_tokens_per_s(config: ModelConfig, tokens: jax.Array,
   return {'train_tokens_per_s': tokens.size / (statistics.median(times) * 1e-3)}
 
 
-def benchmark_cell(settings: BenchmarkSettings, attention: str, seq_len: int,
-                   projected_len: Optional[int] = None,
-                   matmul_gflops: Optional[float] = None) -> Dict[str, Any]:
+def benchmark_cell(
+    settings: BenchmarkSettings,
+    attention: str,
+    seq_len: int,
+    projected_len: Optional[int] = None,
+    matmul_gflops: Optional[float] = None,
+) -> Dict[str, Any]:
   """Measures one model at one n (and k).
 
   Args:
@@ -269,9 +292,13 @@ def benchmark_cell(settings: BenchmarkSettings, attention: str, seq_len: int,
     measured are None and `note` says why.
   """
   row: Dict[str, Any] = dict.fromkeys(benchmark_report.COLUMNS)
-  row.update(model='transformer' if attention == 'full' else 'linformer',
-             seq_len=seq_len, projected_len=projected_len or 0,
-             batch=settings.batch, note='')
+  row.update(
+      model='transformer' if attention == 'full' else 'linformer',
+      seq_len=seq_len,
+      projected_len=projected_len or 0,
+      batch=settings.batch,
+      note='',
+  )
   config = settings.model_config(attention, seq_len, projected_len)
   model = models.Encoder(config)
 
@@ -280,16 +307,18 @@ def benchmark_cell(settings: BenchmarkSettings, attention: str, seq_len: int,
 
   tokens_shape = jax.ShapeDtypeStruct((settings.batch, seq_len), jnp.int32)
   try:
-    abstract_variables = nn.meta.unbox(jax.eval_shape(
-        model.init, jax.random.PRNGKey(0), tokens_shape))
+    abstract_variables = nn.meta.unbox(
+        jax.eval_shape(model.init, jax.random.PRNGKey(0), tokens_shape)
+    )
     compiled = jax.jit(forward).lower(abstract_variables, tokens_shape).compile()
     row.update(_planned_bytes(compiled))
     row.update(_cost(compiled))
     if row['temp_bytes'] + row['argument_bytes'] > settings.memory_limit_bytes:
       row['note'] = _over_limit_note('cell', row, settings.memory_limit_bytes)
       return row
-    tokens = jnp.asarray(np.random.default_rng(seq_len).integers(
-        0, VOCAB_SIZE, tokens_shape.shape, np.int32))
+    tokens = jnp.asarray(
+        np.random.default_rng(seq_len).integers(0, VOCAB_SIZE, tokens_shape.shape, np.int32)
+    )
     variables = random_variables(abstract_variables, seed=0)
     times = _time_ms(lambda: compiled(variables, tokens), settings.repeats)
   except Exception as error:  # pylint: disable=broad-except
@@ -302,9 +331,13 @@ def benchmark_cell(settings: BenchmarkSettings, attention: str, seq_len: int,
     row['peak_bytes'] = int(stats['peak_bytes_in_use'])
   median_ms = statistics.median(times)
   num_tokens = settings.batch * seq_len
-  row.update(time_ms=median_ms, time_min_ms=min(times), time_max_ms=max(times),
-             tokens_per_s=num_tokens / (median_ms * 1e-3),
-             us_per_token=median_ms * 1e3 / num_tokens)
+  row.update(
+      time_ms=median_ms,
+      time_min_ms=min(times),
+      time_max_ms=max(times),
+      tokens_per_s=num_tokens / (median_ms * 1e-3),
+      us_per_token=median_ms * 1e3 / num_tokens,
+  )
   if row['flops'] is not None and matmul_gflops:
     row['utilisation'] = row['flops'] / (median_ms * 1e-3) / (matmul_gflops * 1e9)
   if settings.train_throughput:
@@ -324,9 +357,11 @@ def grid_cells(settings: BenchmarkSettings):
         yield 'linformer', seq_len, projected_len
 
 
-def run_grid(settings: BenchmarkSettings, matmul_gflops: float,
-             progress: Optional[Callable[[Dict[str, Any]], None]] = None
-             ) -> List[Dict[str, Any]]:
+def run_grid(
+    settings: BenchmarkSettings,
+    matmul_gflops: float,
+    progress: Optional[Callable[[Dict[str, Any]], None]] = None,
+) -> List[Dict[str, Any]]:
   """Measures every cell of the grid; returns one row per (model, n, k)."""
   rows = []
   for attention, seq_len, projected_len in grid_cells(settings):
@@ -340,8 +375,10 @@ def run_grid(settings: BenchmarkSettings, matmul_gflops: float,
 def describe_run(settings: BenchmarkSettings) -> str:
   """One line naming the device and the settings, for the top of table.md."""
   device = jax.devices()[0]
-  return (f'Device: {device.device_kind} ({jax.default_backend()}); '
-          f'{settings.num_layers} layers, hidden {settings.hidden_dim}, '
-          f'{settings.num_heads} heads, MLP {settings.mlp_dim}, '
-          f'batch {settings.batch}, {settings.dtype}, forward pass, median of '
-          f'{settings.repeats} runs.')
+  return (
+      f'Device: {device.device_kind} ({jax.default_backend()}); '
+      f'{settings.num_layers} layers, hidden {settings.hidden_dim}, '
+      f'{settings.num_heads} heads, MLP {settings.mlp_dim}, '
+      f'batch {settings.batch}, {settings.dtype}, forward pass, median of '
+      f'{settings.repeats} runs.'
+  )

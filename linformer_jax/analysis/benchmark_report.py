@@ -16,11 +16,26 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 # The fields of a row, in the order of results.csv's columns.
-COLUMNS = ('model', 'seq_len', 'projected_len', 'batch', 'time_ms', 'time_min_ms',
-           'time_max_ms', 'temp_bytes', 'argument_bytes', 'output_bytes',
-           'peak_bytes', 'tokens_per_s', 'us_per_token', 'flops', 'bytes_accessed',
-           'utilisation',
-           'train_tokens_per_s', 'note')
+COLUMNS = (
+    'model',
+    'seq_len',
+    'projected_len',
+    'batch',
+    'time_ms',
+    'time_min_ms',
+    'time_max_ms',
+    'temp_bytes',
+    'argument_bytes',
+    'output_bytes',
+    'peak_bytes',
+    'tokens_per_s',
+    'us_per_token',
+    'flops',
+    'bytes_accessed',
+    'utilisation',
+    'train_tokens_per_s',
+    'note',
+)
 # Cell of the summary line: the paper quotes k = 256 at n = 4096.
 HEADLINE_CELL = (4096, 256)
 
@@ -46,8 +61,7 @@ def _ratio(numerator, denominator) -> str:
 
 def _find(rows, model: str, seq_len: int, projected_len: int = 0):
   for row in rows:
-    if (row['model'], row['seq_len'], row['projected_len']) == (
-        model, seq_len, projected_len):
+    if (row['model'], row['seq_len'], row['projected_len']) == (model, seq_len, projected_len):
       return row
   return None
 
@@ -60,10 +74,11 @@ def format_table(rows: List[Dict[str, Any]]) -> str:
   batch, so it is the saving a large batch approaches.
   """
   seq_lens = sorted({row['seq_len'] for row in rows})
-  projected_lens = sorted({row['projected_len'] for row in rows
-                           if row['model'] == 'linformer'})
-  lines = ['| n | ' + ' | '.join(f'k = {k}' for k in projected_lens) + ' |',
-           '|---|' + '---|' * len(projected_lens)]
+  projected_lens = sorted({row['projected_len'] for row in rows if row['model'] == 'linformer'})
+  lines = [
+      '| n | ' + ' | '.join(f'k = {k}' for k in projected_lens) + ' |',
+      '|---|' + '---|' * len(projected_lens),
+  ]
   for seq_len in seq_lens:
     full = _find(rows, 'transformer', seq_len)
     cells = []
@@ -86,21 +101,26 @@ def _number(value, fmt: str) -> str:
 
 def format_details(rows: List[Dict[str, Any]]) -> str:
   """The measured numbers behind the ratios, one line per cell."""
-  lines = ['| model | n | k | time ms (min–max) | us/token | temp + args MiB | '
-           'GFLOP | utilisation | train tokens/s |',
-           '|---|---|---|---|---|---|---|---|---|']
+  lines = [
+      '| model | n | k | time ms (min–max) | us/token | temp + args MiB | '
+      'GFLOP | utilisation | train tokens/s |',
+      '|---|---|---|---|---|---|---|---|---|',
+  ]
   for row in rows:
     memory = memory_bytes(row)
-    timing = ('' if row['time_ms'] is None else
-              f"{row['time_ms']:.1f} ({row['time_min_ms']:.1f}–"
-              f"{row['time_max_ms']:.1f})")
+    timing = (
+        ''
+        if row['time_ms'] is None
+        else f"{row['time_ms']:.1f} ({row['time_min_ms']:.1f}–{row['time_max_ms']:.1f})"
+    )
     lines.append(
         f"| {row['model']} | {row['seq_len']} | {row['projected_len'] or ''} | "
         f"{timing} | {_number(row['us_per_token'], '.1f')} | "
         f"{_number(memory and memory / 2**20, '.1f')} | "
         f"{_number(row['flops'] and row['flops'] / 1e9, '.1f')} | "
         f"{_number(row['utilisation'], '.1%')} | "
-        f"{_number(row['train_tokens_per_s'], '.0f')} |")
+        f"{_number(row['train_tokens_per_s'], '.0f')} |"
+    )
   return '\n'.join(lines)
 
 
@@ -112,11 +132,12 @@ def format_summary(rows: List[Dict[str, Any]], matmul_gflops: float) -> str:
     row = _find(rows, model, seq_len, k)
     if row and row['utilisation'] is not None:
       name = f'Linformer (k={k})' if k else 'Transformer'
-      line = (f'Utilisation at n={seq_len}, {name}: '
-              f"{row['utilisation']:.1%} of the matmul rate")
+      line = f"Utilisation at n={seq_len}, {name}: {row['utilisation']:.1%} of the matmul rate"
       if row['bytes_accessed']:
-        line += (f"; {row['flops'] / row['bytes_accessed']:.1f} FLOPs per byte "
-                 'accessed (XLA cost analysis)')
+        line += (
+            f"; {row['flops'] / row['bytes_accessed']:.1f} FLOPs per byte "
+            'accessed (XLA cost analysis)'
+        )
       lines.append(line + '.')
   notes = [f"- {cell_name(row)}: {row['note']}" for row in rows if row['note']]
   if notes:
@@ -129,12 +150,16 @@ def _plot(rows, value: Callable, ylabel: str, title: str, path: str) -> None:
   figure = Figure(figsize=(6, 4))
   FigureCanvasAgg(figure)
   axes = figure.add_subplot()
-  series = sorted({(row['model'], row['projected_len']) for row in rows},
-                  key=lambda s: (s[0] != 'transformer', s[1]))
+  series = sorted(
+      {(row['model'], row['projected_len']) for row in rows},
+      key=lambda s: (s[0] != 'transformer', s[1]),
+  )
   for model, projected_len in series:
-    points = [(row['seq_len'], value(row)) for row in rows
-              if (row['model'], row['projected_len']) == (model, projected_len)
-              and value(row) is not None]
+    points = [
+        (row['seq_len'], value(row))
+        for row in rows
+        if (row['model'], row['projected_len']) == (model, projected_len) and value(row) is not None
+    ]
     if points:
       label = 'Transformer' if model == 'transformer' else f'Linformer k={projected_len}'
       axes.plot(*zip(*sorted(points)), marker='o', label=label)
@@ -150,8 +175,9 @@ def _plot(rows, value: Callable, ylabel: str, title: str, path: str) -> None:
   figure.savefig(path, dpi=100)
 
 
-def write_outputs(rows: List[Dict[str, Any]], out_dir: str, matmul_gflops: float,
-                  header: str = '') -> str:
+def write_outputs(
+    rows: List[Dict[str, Any]], out_dir: str, matmul_gflops: float, header: str = ''
+) -> str:
   """Writes results.csv, table.md and the two plots; returns table.md's text."""
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, 'results.csv'), 'w', newline='') as f:
@@ -159,18 +185,36 @@ def write_outputs(rows: List[Dict[str, Any]], out_dir: str, matmul_gflops: float
     writer.writeheader()
     for row in rows:
       writer.writerow({key: '' if row[key] is None else row[key] for key in COLUMNS})
-  text = '\n\n'.join(part for part in (
-      header,
-      'Speed-up / memory saving of Linformer over the Transformer at the same n '
-      '(memory: compiled temporary + argument bytes; in brackets the saving on '
-      'temporaries alone, which a large batch approaches):',
-      format_table(rows), format_details(rows),
-      format_summary(rows, matmul_gflops)) if part) + '\n'
+  text = (
+      '\n\n'.join(
+          part
+          for part in (
+              header,
+              'Speed-up / memory saving of Linformer over the Transformer at the same n '
+              '(memory: compiled temporary + argument bytes; in brackets the saving on '
+              'temporaries alone, which a large batch approaches):',
+              format_table(rows),
+              format_details(rows),
+              format_summary(rows, matmul_gflops),
+          )
+          if part
+      )
+      + '\n'
+  )
   with open(os.path.join(out_dir, 'table.md'), 'w') as f:
     f.write(text)
-  _plot(rows, lambda row: row['us_per_token'], 'time per token (us)',
-        'Inference time per token', os.path.join(out_dir, 'time_per_token.png'))
-  _plot(rows, lambda row: memory_bytes(row) and memory_bytes(row) / 2**20,
-        'temporary + argument memory (MiB)', 'Inference memory',
-        os.path.join(out_dir, 'memory.png'))
+  _plot(
+      rows,
+      lambda row: row['us_per_token'],
+      'time per token (us)',
+      'Inference time per token',
+      os.path.join(out_dir, 'time_per_token.png'),
+  )
+  _plot(
+      rows,
+      lambda row: memory_bytes(row) and memory_bytes(row) / 2**20,
+      'temporary + argument memory (MiB)',
+      'Inference memory',
+      os.path.join(out_dir, 'memory.png'),
+  )
   return text

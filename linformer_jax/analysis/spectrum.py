@@ -1,7 +1,8 @@
 """The spectrum of the context-mapping matrix P, the Linformer paper's Figure 1.
 
-The library of `python -m linformer_jax.spectrum`. It loads the newest checkpoint of a trained masked-LM run and, for every layer and
-head, computes the context-mapping matrix
+The library of `python -m linformer_jax.spectrum`. It loads the newest
+checkpoint of a trained masked-LM run and, for every layer and head, computes
+the context-mapping matrix
 
   P = softmax(Q K^T / sqrt(d))
 
@@ -34,11 +35,11 @@ import jax
 import ml_collections
 import numpy as np
 
+from linformer_jax.errors import ConfigError
 from linformer_jax.model import attention
 from linformer_jax.model import models
-from linformer_jax.training import run_builder
-from linformer_jax.errors import ConfigError
 from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.training import run_builder
 
 SPECTRUM_FILE = 'spectrum.json'
 CURVES_PLOT = 'cumulative_singular_values.png'
@@ -47,10 +48,12 @@ HEATMAP_PLOT = 'heatmap.png'
 _DECIMALS = 6
 
 
-def attention_matrix(q: np.ndarray, k: np.ndarray,
-                     key_padding_mask: Optional[np.ndarray] = None,
-                     query_padding_mask: Optional[np.ndarray] = None
-                     ) -> np.ndarray:
+def attention_matrix(
+    q: np.ndarray,
+    k: np.ndarray,
+    key_padding_mask: Optional[np.ndarray] = None,
+    query_padding_mask: Optional[np.ndarray] = None,
+) -> np.ndarray:
   """The context-mapping matrix P = softmax(Q K^T / sqrt(d)), in float64.
 
   Args:
@@ -69,13 +72,13 @@ def attention_matrix(q: np.ndarray, k: np.ndarray,
   k = np.asarray(k, np.float64)
   logits = np.einsum('bqhd,bkhd->bhqk', q, k) / np.sqrt(q.shape[-1])
   if key_padding_mask is not None:
-    logits = np.where(np.asarray(key_padding_mask)[:, None, None, :], logits,
-                      attention.MASKED_LOGIT)
+    logits = np.where(
+        np.asarray(key_padding_mask)[:, None, None, :], logits, attention.MASKED_LOGIT
+    )
   weights = np.exp(logits - logits.max(axis=-1, keepdims=True))
   weights /= weights.sum(axis=-1, keepdims=True)
   if query_padding_mask is not None:
-    weights = np.where(np.asarray(query_padding_mask)[:, None, :, None],
-                       weights, 0.0)
+    weights = np.where(np.asarray(query_padding_mask)[:, None, :, None], weights, 0.0)
   return weights
 
 
@@ -115,10 +118,9 @@ def _captured(intermediates: Mapping[str, Any], path: Sequence[str]) -> Any:
   return node['__call__'][0]
 
 
-def context_queries_and_keys(intermediates: Mapping[str, Any],
-                             config: ModelConfig, padding_mask: jax.Array
-                             ) -> List[Tuple[jax.Array, jax.Array,
-                                             Optional[jax.Array]]]:
+def context_queries_and_keys(
+    intermediates: Mapping[str, Any], config: ModelConfig, padding_mask: jax.Array
+) -> List[Tuple[jax.Array, jax.Array, Optional[jax.Array]]]:
   """Per layer, the queries and the keys P is computed over.
 
   Args:
@@ -144,13 +146,17 @@ def context_queries_and_keys(intermediates: Mapping[str, Any],
       continue
     weight = None
     if config.projection in ('linear', 'random', 'conv'):
-      owner = (('shared_projection',) if config.sharing == 'layerwise'
-               else path + ('projection',))
+      owner = ('shared_projection',) if config.sharing == 'layerwise' else path + ('projection',)
       weight = _captured(encoder, owner)[0]
     keys, key_mask = attention.compress_sequence(
-        k, config.projection, weight, max_len=config.max_len,
+        k,
+        config.projection,
+        weight,
+        max_len=config.max_len,
         projected_len=config.projected_len_for_layer(layer),
-        key_padding_mask=padding_mask, name='E')
+        key_padding_mask=padding_mask,
+        name='E',
+    )
     layers.append((q, keys, key_mask))
   return layers
 
@@ -158,26 +164,34 @@ def context_queries_and_keys(intermediates: Mapping[str, Any],
 def capture_intermediates(module: Any, method_name: str) -> bool:
   """Filter for flax's capture_intermediates: Q, K and the E/F projections."""
   return method_name == '__call__' and (
-      module.name in ('query', 'key')
-      or isinstance(module, models.SequenceProjection))
+      module.name in ('query', 'key') or isinstance(module, models.SequenceProjection)
+  )
 
 
 def make_spectrum_step(model: models.MaskedLanguageModel):
   """A jitted (variables, inputs, padding_mask) -> per-layer (q, keys, key_mask)."""
 
   def step(variables, inputs, padding_mask):
-    _, state = model.apply(variables, inputs, padding_mask, deterministic=True,
-                           capture_intermediates=capture_intermediates,
-                           mutable=['intermediates'])
-    return context_queries_and_keys(state['intermediates'], model.config,
-                                    padding_mask)
+    _, state = model.apply(
+        variables,
+        inputs,
+        padding_mask,
+        deterministic=True,
+        capture_intermediates=capture_intermediates,
+        mutable=['intermediates'],
+    )
+    return context_queries_and_keys(state['intermediates'], model.config, padding_mask)
 
   return jax.jit(step)
 
 
-def mean_curves(step, variables, batches: Iterable[Dict[str, np.ndarray]],
-                num_sequences: int, to_device=lambda batch: batch
-                ) -> Tuple[List[np.ndarray], int]:
+def mean_curves(
+    step,
+    variables,
+    batches: Iterable[Dict[str, np.ndarray]],
+    num_sequences: int,
+    to_device=lambda batch: batch,
+) -> Tuple[List[np.ndarray], int]:
   """Normalised cumulative singular values averaged over sequences.
 
   Args:
@@ -195,12 +209,17 @@ def mean_curves(step, variables, batches: Iterable[Dict[str, np.ndarray]],
   sums: Optional[List[np.ndarray]] = None
   count = 0
   for batch in batches:
-    rows = [row for row in range(batch['padding_mask'].shape[0])
-            if batch['padding_mask'][row].any()][:num_sequences - count]
+    rows = [
+        row for row in range(batch['padding_mask'].shape[0]) if batch['padding_mask'][row].any()
+    ][: num_sequences - count]
     if not rows:
       continue
-    per_layer = jax.device_get(step(variables, **to_device(
-        {'inputs': batch['inputs'], 'padding_mask': batch['padding_mask']})))
+    per_layer = jax.device_get(
+        step(
+            variables,
+            **to_device({'inputs': batch['inputs'], 'padding_mask': batch['padding_mask']}),
+        )
+    )
     if sums is None:
       sums = [0.0] * len(per_layer)
     for layer, (q, keys, key_mask) in enumerate(per_layer):
@@ -208,16 +227,19 @@ def mean_curves(step, variables, batches: Iterable[Dict[str, np.ndarray]],
         # One sequence at a time: P is [heads, n, n], 800 MB for a batch of 32
         # at n = 512 with 12 heads.
         p = attention_matrix(
-            q[row:row + 1], keys[row:row + 1],
-            None if key_mask is None else key_mask[row:row + 1],
-            batch['padding_mask'][row:row + 1])[0]
+            q[row : row + 1],
+            keys[row : row + 1],
+            None if key_mask is None else key_mask[row : row + 1],
+            batch['padding_mask'][row : row + 1],
+        )[0]
         sums[layer] = sums[layer] + normalised_cumulative_singular_values(p)
     count += len(rows)
     if count >= num_sequences:
       break
   if not count:
-    raise ConfigError('The evaluation split holds no sequence with a real token; '
-                      'check config.data.')
+    raise ConfigError(
+        'The evaluation split holds no sequence with a real token; check config.data.'
+    )
   return [total / count for total in sums], count
 
 
@@ -225,8 +247,9 @@ def _rounded(values: np.ndarray) -> List[float]:
   return [round(float(value), _DECIMALS) for value in values]
 
 
-def spectrum_report(curves: Sequence[np.ndarray], *, index: int,
-                    facts: Mapping[str, Any]) -> Dict[str, Any]:
+def spectrum_report(
+    curves: Sequence[np.ndarray], *, index: int, facts: Mapping[str, Any]
+) -> Dict[str, Any]:
   """The content of spectrum.json from per-layer mean curves [heads, length].
 
   Args:
@@ -241,18 +264,27 @@ def spectrum_report(curves: Sequence[np.ndarray], *, index: int,
     heads = []
     for head, curve in enumerate(head_curves):
       value, used = value_at_index(curve, index)
-      heads.append({'head': head, 'value_at_index': round(value, _DECIMALS),
-                    'curve': _rounded(curve)})
+      heads.append(
+          {'head': head, 'value_at_index': round(value, _DECIMALS), 'curve': _rounded(curve)}
+      )
     mean_curve = head_curves.mean(axis=0)
     mean_value, used = value_at_index(mean_curve, index)
     if used != index:
-      notes.append(f'layer {layer}: index {index} clamped to {used}, the rank '
-                   f'bound of its {head_curves.shape[-1]}-column P')
-    layers.append({'layer': layer, 'rank_bound': int(head_curves.shape[-1]),
-                   'index': used, 'mean_value_at_index': round(mean_value, _DECIMALS),
-                   'mean_curve': _rounded(mean_curve), 'heads': heads})
-  return {**facts, 'index_requested': int(index), 'notes': notes,
-          'layers': layers}
+      notes.append(
+          f'layer {layer}: index {index} clamped to {used}, the rank '
+          f'bound of its {head_curves.shape[-1]}-column P'
+      )
+    layers.append(
+        {
+            'layer': layer,
+            'rank_bound': int(head_curves.shape[-1]),
+            'index': used,
+            'mean_value_at_index': round(mean_value, _DECIMALS),
+            'mean_curve': _rounded(mean_curve),
+            'heads': heads,
+        }
+    )
+  return {**facts, 'index_requested': int(index), 'notes': notes, 'layers': layers}
 
 
 def summary_lines(report: Mapping[str, Any]) -> List[str]:
@@ -263,22 +295,27 @@ def summary_lines(report: Mapping[str, Any]) -> List[str]:
     lines.append(
         f"layer {layer['layer']}: cumulative singular value at index "
         f"{layer['index']} of {layer['rank_bound']}: {layer['mean_value_at_index']:.4f} "
-        f'(heads {min(values):.4f} .. {max(values):.4f})')
+        f'(heads {min(values):.4f} .. {max(values):.4f})'
+    )
   return lines + [f'note: {note}' for note in report['notes']]
 
 
 def _pyplot():
   import matplotlib  # pylint: disable=g-import-not-at-top
+
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
   return plt
 
 
 def title(report: Mapping[str, Any]) -> str:
-  kind = ('Transformer (full attention)' if report['attention'] == 'full'
-          else f"Linformer (k={report['k']})")
-  return (f"{kind}, n={report['n']}, step {report['step']}, "
-          f"{report['num_sequences']} sequences")
+  kind = (
+      'Transformer (full attention)'
+      if report['attention'] == 'full'
+      else f"Linformer (k={report['k']})"
+  )
+  return f"{kind}, n={report['n']}, step {report['step']}, {report['num_sequences']} sequences"
 
 
 def plot_curves(report: Mapping[str, Any], path: str) -> None:
@@ -290,10 +327,8 @@ def plot_curves(report: Mapping[str, Any], path: str) -> None:
     x = np.arange(1, layer['rank_bound'] + 1)
     for head in layer['heads']:
       axis.plot(x, head['curve'], color=color, alpha=0.25, linewidth=0.8)
-    axis.plot(x, layer['mean_curve'], color=color, linewidth=2.0,
-              label=f"layer {layer['layer']}")
-  axis.axvline(report['layers'][0]['index'], color='grey', linestyle='--',
-               linewidth=1.0)
+    axis.plot(x, layer['mean_curve'], color=color, linewidth=2.0, label=f"layer {layer['layer']}")
+  axis.axvline(report['layers'][0]['index'], color='grey', linestyle='--', linewidth=1.0)
   axis.set_xlabel('singular value index')
   axis.set_ylabel('normalised cumulative singular value')
   axis.set_ylim(0.0, 1.02)
@@ -307,32 +342,39 @@ def plot_curves(report: Mapping[str, Any], path: str) -> None:
 def plot_heatmap(report: Mapping[str, Any], path: str) -> None:
   """Layers x heads, each cell the cumulative singular value at the index."""
   plt = _pyplot()
-  values = np.array([[head['value_at_index'] for head in layer['heads']]
-                     for layer in report['layers']])
+  values = np.array(
+      [[head['value_at_index'] for head in layer['heads']] for layer in report['layers']]
+  )
   layers, heads = values.shape
-  figure, axis = plt.subplots(figsize=(max(5.5, 2.0 + 0.7 * heads),
-                                       max(3.5, 1.5 + 0.5 * layers)))
+  figure, axis = plt.subplots(figsize=(max(5.5, 2.0 + 0.7 * heads), max(3.5, 1.5 + 0.5 * layers)))
   image = axis.imshow(values, cmap='viridis', aspect='auto')
   if values.size <= 200:
     middle = (values.min() + values.max()) / 2
     for (layer, head), value in np.ndenumerate(values):
-      axis.text(head, layer, f'{value:.3f}', ha='center', va='center', fontsize=7,
-                color='black' if value > middle else 'white')
+      axis.text(
+          head,
+          layer,
+          f'{value:.3f}',
+          ha='center',
+          va='center',
+          fontsize=7,
+          color='black' if value > middle else 'white',
+      )
   axis.set_xticks(range(heads))
   axis.set_yticks(range(layers))
   axis.set_xlabel('head')
   axis.set_ylabel('layer')
   indices = sorted({layer['index'] for layer in report['layers']})
-  axis.set_title(f"value at index {', '.join(map(str, indices))}\n{title(report)}",
-                 fontsize=8)
+  axis.set_title(f"value at index {', '.join(map(str, indices))}\n{title(report)}", fontsize=8)
   figure.colorbar(image, ax=axis)
   figure.tight_layout()
   figure.savefig(path, dpi=120)
   plt.close(figure)
 
 
-def compute_spectrum(config: ml_collections.ConfigDict, workdir: str, *,
-                     num_sequences: int = 64, index: int = 128) -> Dict[str, Any]:
+def compute_spectrum(
+    config: ml_collections.ConfigDict, workdir: str, *, num_sequences: int = 64, index: int = 128
+) -> Dict[str, Any]:
   """The spectrum report of the newest checkpoint in workdir (see module doc).
 
   Raises:
@@ -345,8 +387,9 @@ def compute_spectrum(config: ml_collections.ConfigDict, workdir: str, *,
   loaded = run_builder.load_for_evaluation(config, workdir)
   model_config = loaded.parts.model_config
   step = make_spectrum_step(loaded.parts.model)
-  curves, count = mean_curves(step, loaded.variables, loaded.data.eval_batches,
-                              num_sequences, loaded.parts.device_batch)
+  curves, count = mean_curves(
+      step, loaded.variables, loaded.data.eval_batches, num_sequences, loaded.parts.device_batch
+  )
   linformer = model_config.attention != 'full'
   projected = model_config.projected_len
   facts = {
@@ -355,8 +398,7 @@ def compute_spectrum(config: ml_collections.ConfigDict, workdir: str, *,
       'eval_split': config.data.eval_split,
       'attention': model_config.attention,
       'n': model_config.max_len,
-      'k': (list(projected) if isinstance(projected, tuple) else projected)
-           if linformer else None,
+      'k': (list(projected) if isinstance(projected, tuple) else projected) if linformer else None,
       'projection': model_config.projection if linformer else None,
       'sharing': model_config.sharing if linformer else None,
       'num_layers': model_config.num_layers,
@@ -368,15 +410,15 @@ def compute_spectrum(config: ml_collections.ConfigDict, workdir: str, *,
   if count < num_sequences:
     report['notes'].append(
         f'the {config.data.eval_split} batches hold {count} sequences, fewer than '
-        f'the {num_sequences} asked for (see config.data.max_eval_batches)')
+        f'the {num_sequences} asked for (see config.data.max_eval_batches)'
+    )
   return report
 
 
 def write_outputs(report: Mapping[str, Any], out_dir: str) -> List[str]:
   """Writes spectrum.json and the two plots; returns their paths."""
   os.makedirs(out_dir, exist_ok=True)
-  paths = [os.path.join(out_dir, name)
-           for name in (SPECTRUM_FILE, CURVES_PLOT, HEATMAP_PLOT)]
+  paths = [os.path.join(out_dir, name) for name in (SPECTRUM_FILE, CURVES_PLOT, HEATMAP_PLOT)]
   with open(paths[0], 'w') as f:
     json.dump(report, f, indent=1)
   plot_curves(report, paths[1])

@@ -1,13 +1,14 @@
 """Ablation sweeps: train every variant of a sweep file, then tabulate and plot.
 
-The library of `python -m linformer_jax.sweep`. A sweep file is a Python file whose `get_sweep()` returns a `Sweep`: a base
-config and an ordered list of named `Variant`s, each a dict of dotted
-overrides such as `{'model.projected_len': 64}`. Every variant trains in
-WORKDIR/<name> with `trainer.train_and_evaluate`. A variant whose
-eval_results.json already reaches its total_steps is skipped and an
-interrupted one resumes from its checkpoint, so rerunning the command picks up
-where it stopped. `--set` overrides apply to every variant (after the sweep's
-own), with each value parsed as the type of the base config's field.
+The library of `python -m linformer_jax.sweep`. A sweep file is a Python file
+whose `get_sweep()` returns a `Sweep`: a base config and an ordered list of
+named `Variant`s, each a dict of dotted overrides such as
+`{'model.projected_len': 64}`. Every variant trains in WORKDIR/<name> with
+`trainer.train_and_evaluate`. A variant whose eval_results.json already reaches
+its total_steps is skipped and an interrupted one resumes from its checkpoint,
+so rerunning the command picks up where it stopped. `--set` overrides apply to
+every variant (after the sweep's own), with each value parsed as the type of the
+base config's field.
 
 At the end (also when stopped by an error) it writes WORKDIR/results.md, a
 table with one row per variant, and WORKDIR/perplexity.png, evaluation
@@ -29,9 +30,9 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import ml_collections
 
+from linformer_jax.errors import ConfigError
 from linformer_jax.training import run_config
 from linformer_jax.training import trainer
-from linformer_jax.errors import ConfigError
 from linformer_jax.training.metric_writers import read_metrics
 
 REPORT_FILE = 'results.md'
@@ -47,6 +48,7 @@ class Variant:
     name: the run's subdirectory of the sweep's workdir and its row label.
     overrides: dotted config keys and the values they take in this run.
   """
+
   name: str
   overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -60,6 +62,7 @@ class Sweep:
     variants: the runs, in the order they train and appear in the report.
     title: the heading of results.md and of the figure.
   """
+
   base: ml_collections.ConfigDict
   variants: Sequence[Variant]
   title: str = 'Sweep'
@@ -72,33 +75,38 @@ def _checked_sweep(candidate: Any, origin: str) -> Sweep:
   base = getattr(candidate, 'base', None)
   variants = getattr(candidate, 'variants', None)
   if not isinstance(base, ml_collections.ConfigDict) or variants is None:
-    raise ConfigError(f'{origin}: get_sweep() must return a Sweep(base=ConfigDict, '
-                      'variants=[Variant(name, overrides), ...]).')
+    raise ConfigError(
+        f'{origin}: get_sweep() must return a Sweep(base=ConfigDict, '
+        'variants=[Variant(name, overrides), ...]).'
+    )
   checked = []
   for variant in variants:
     name, overrides = getattr(variant, 'name', None), getattr(variant, 'overrides', None)
     if not isinstance(name, str) or not _VARIANT_NAME.match(name):
-      raise ConfigError(f'{origin}: variant name {name!r} is not allowed: use letters, '
-                        'digits and _.+- (it names a directory).')
+      raise ConfigError(
+          f'{origin}: variant name {name!r} is not allowed: use letters, '
+          'digits and _.+- (it names a directory).'
+      )
     if not isinstance(overrides, Mapping):
-      raise ConfigError(f'{origin}: variant {name!r} needs a dict of overrides, '
-                        f'not {overrides!r}.')
+      raise ConfigError(f'{origin}: variant {name!r} needs a dict of overrides, not {overrides!r}.')
     if name in [v.name for v in checked]:
       raise ConfigError(f'{origin}: two variants are named {name!r}.')
     checked.append(Variant(name, dict(overrides)))
   if not checked:
     raise ConfigError(f'{origin}: the sweep has no variants.')
-  return Sweep(base=base, variants=tuple(checked),
-               title=getattr(candidate, 'title', None) or 'Sweep')
+  return Sweep(
+      base=base, variants=tuple(checked), title=getattr(candidate, 'title', None) or 'Sweep'
+  )
 
 
 def load_sweep(path: str) -> Sweep:
   """Runs the sweep file at `path` and returns its `get_sweep()`."""
   if not os.path.isfile(path):
-    raise ConfigError(f'--sweep={path}: no such file; pass a sweep file such as '
-                      'configs/sweeps/projected_len.py.')
-  module_name = '_sweep_file_' + re.sub(r'\W', '_', os.path.splitext(
-      os.path.basename(path))[0])
+    raise ConfigError(
+        f'--sweep={path}: no such file; pass a sweep file such as '
+        'configs/sweeps/projected_len.py.'
+    )
+  module_name = '_sweep_file_' + re.sub(r'\W', '_', os.path.splitext(os.path.basename(path))[0])
   spec = importlib.util.spec_from_file_location(module_name, path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -107,8 +115,9 @@ def load_sweep(path: str) -> Sweep:
   return _checked_sweep(module.get_sweep(), path)
 
 
-def _field(config: ml_collections.ConfigDict, key: str,
-           origin: str) -> Tuple[ml_collections.ConfigDict, str]:
+def _field(
+    config: ml_collections.ConfigDict, key: str, origin: str
+) -> Tuple[ml_collections.ConfigDict, str]:
   """The ConfigDict holding dotted `key` and the field's name in it."""
   *groups, name = key.split('.')
   node, path = config, 'config'
@@ -117,22 +126,23 @@ def _field(config: ml_collections.ConfigDict, key: str,
       known = list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
       guess = difflib.get_close_matches(group, known, n=1)
       hint = f'; did you mean {path}.{guess[0]}?' if guess else ''
-      raise ConfigError(f'{origin}: unknown config key {key!r} (no field '
-                        f'{path}.{group}){hint}')
+      raise ConfigError(f'{origin}: unknown config key {key!r} (no field {path}.{group}){hint}')
     parent, node, path = node, node[group], f'{path}.{group}'
   if isinstance(node, ml_collections.ConfigDict):
-    raise ConfigError(f'{origin}: config key {key!r} is a group of fields; set one '
-                      f'of them, e.g. {key}.{next(iter(node.keys()), "FIELD")}.')
+    raise ConfigError(
+        f'{origin}: config key {key!r} is a group of fields; set one '
+        f'of them, e.g. {key}.{next(iter(node.keys()), "FIELD")}.'
+    )
   return parent, name
 
 
 def _is_tuple_of(value: Any, element_type: type) -> bool:
   return isinstance(value, (tuple, list)) and all(
-      isinstance(x, element_type) and not isinstance(x, bool) for x in value)
+      isinstance(x, element_type) and not isinstance(x, bool) for x in value
+  )
 
 
-def _assign(config: ml_collections.ConfigDict, key: str, value: Any,
-            origin: str) -> None:
+def _assign(config: ml_collections.ConfigDict, key: str, value: Any, origin: str) -> None:
   """Sets dotted `key`, keeping ml_collections' type rules.
 
   One exception: an int field also takes a tuple of ints, so that
@@ -145,8 +155,10 @@ def _assign(config: ml_collections.ConfigDict, key: str, value: Any,
     parent[name] = value
   except TypeError:
     if not (parent.get_type(name) is int and value and _is_tuple_of(value, int)):
-      raise ConfigError(f'{origin}: {key}={value!r} is not allowed: config.{key} '
-                        f'holds a {parent.get_type(name).__name__}.') from None
+      raise ConfigError(
+          f'{origin}: {key}={value!r} is not allowed: config.{key} '
+          f'holds a {parent.get_type(name).__name__}.'
+      ) from None
     with parent.ignore_type():
       parent[name] = value
 
@@ -154,8 +166,7 @@ def _assign(config: ml_collections.ConfigDict, key: str, value: Any,
 def _parse_value(text: str, field_type: type) -> Any:
   """`text` as a value of `field_type`; raises ValueError if it is not one."""
   if field_type is bool:
-    words = {'true': True, '1': True, 'yes': True,
-             'false': False, '0': False, 'no': False}
+    words = {'true': True, '1': True, 'yes': True, 'false': False, '0': False, 'no': False}
     if text.strip().lower() not in words:
       raise ValueError(text)
     return words[text.strip().lower()]
@@ -177,8 +188,7 @@ def _parse_value(text: str, field_type: type) -> Any:
   return value
 
 
-def parse_sets(base: ml_collections.ConfigDict,
-               sets: Sequence[str]) -> Dict[str, Any]:
+def parse_sets(base: ml_collections.ConfigDict, sets: Sequence[str]) -> Dict[str, Any]:
   """`KEY=VALUE` strings as typed values, each of its base field's type."""
   parsed = {}
   for item in sets:
@@ -193,12 +203,12 @@ def parse_sets(base: ml_collections.ConfigDict,
     except (ValueError, SyntaxError, TypeError):
       raise ConfigError(
           f'--set={item}: {text!r} is not a valid {field_type.__name__} for '
-          f'config.{key} (now {parent[name]!r}).') from None
+          f'config.{key} (now {parent[name]!r}).'
+      ) from None
   return parsed
 
 
-def variant_configs(sweep: Sweep, sets: Sequence[str] = ()
-                    ) -> Dict[str, ml_collections.ConfigDict]:
+def variant_configs(sweep: Sweep, sets: Sequence[str] = ()) -> Dict[str, ml_collections.ConfigDict]:
   """Every variant's validated config, in order: base, its overrides, then sets.
 
   Raises:
@@ -243,13 +253,15 @@ def _selected(sweep: Sweep, only: Optional[Sequence[str]]) -> List[Variant]:
   names = [variant.name for variant in sweep.variants]
   unknown = [name for name in only if name not in names]
   if unknown:
-    raise ConfigError(f'--only: no variant named {", ".join(unknown)}; the sweep '
-                      f'has {", ".join(names)}.')
+    raise ConfigError(
+        f'--only: no variant named {", ".join(unknown)}; the sweep has {", ".join(names)}.'
+    )
   return [variant for variant in sweep.variants if variant.name in only]
 
 
-def run_sweep(sweep: Sweep, workdir: str, only: Optional[Sequence[str]] = None,
-              sets: Sequence[str] = ()) -> Dict[str, Dict[str, Any]]:
+def run_sweep(
+    sweep: Sweep, workdir: str, only: Optional[Sequence[str]] = None, sets: Sequence[str] = ()
+) -> Dict[str, Dict[str, Any]]:
   """Trains the variants not finished yet, then writes the report and figure.
 
   Args:
@@ -277,11 +289,14 @@ def run_sweep(sweep: Sweep, workdir: str, only: Optional[Sequence[str]] = None,
       config = configs[variant.name]
       results = _results(variant_dir)
       if results is not None and results.get('step') == config.total_steps:
-        trainer.report(f'Variant {variant.name} ({number}/{len(selected)}) finished '
-                       f'its {config.total_steps} steps before; skipping it.')
+        trainer.report(
+            f'Variant {variant.name} ({number}/{len(selected)}) finished '
+            f'its {config.total_steps} steps before; skipping it.'
+        )
       else:
-        trainer.report(f'Variant {variant.name} ({number}/{len(selected)}): '
-                       f'{_describe(variant.overrides)}')
+        trainer.report(
+            f'Variant {variant.name} ({number}/{len(selected)}): {_describe(variant.overrides)}'
+        )
         results = trainer.train_and_evaluate(config, variant_dir)
       finished[variant.name] = results
   finally:
@@ -327,10 +342,13 @@ def report_table(sweep: Sweep, workdir: str) -> str:
         f'| {_number(results["eval_perplexity"], 2)} '
         f'| {_number(results["eval_accuracy"], 4)} '
         f'| {_number(results["unigram_perplexity"], 2)} '
-        f'| {results["parameters"]:,} | {_number(results["wall_time_s"], 0)} |')
-  header = (f'| variant | overrides | steps | {split} perplexity | {split} accuracy '
-            '| unigram perplexity | parameters | wall time (s) |\n'
-            '|---|---|---:|---:|---:|---:|---:|---:|')
+        f'| {results["parameters"]:,} | {_number(results["wall_time_s"], 0)} |'
+    )
+  header = (
+      f'| variant | overrides | steps | {split} perplexity | {split} accuracy '
+      '| unigram perplexity | parameters | wall time (s) |\n'
+      '|---|---|---:|---:|---:|---:|---:|---:|'
+  )
   return '\n'.join([header] + rows)
 
 
@@ -340,13 +358,16 @@ def plot_perplexity(sweep: Sweep, workdir: str, path: str) -> None:
   from matplotlib import ticker  # pylint: disable=g-import-not-at-top
   from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
   from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+
   figure = Figure(figsize=(6.4, 4.4))
   FigureCanvasAgg(figure)
   axes = figure.add_subplot()
   for variant in sweep.variants:
-    points = [(m['step'], m['eval_perplexity'])
-              for m in read_metrics(os.path.join(workdir, variant.name))
-              if math.isfinite(m.get('eval_perplexity', math.nan))]
+    points = [
+        (m['step'], m['eval_perplexity'])
+        for m in read_metrics(os.path.join(workdir, variant.name))
+        if math.isfinite(m.get('eval_perplexity', math.nan))
+    ]
     if points:
       steps, perplexities = zip(*points)
       axes.plot(steps, perplexities, marker='o', markersize=3, label=variant.name)
@@ -368,10 +389,12 @@ def plot_perplexity(sweep: Sweep, workdir: str, path: str) -> None:
 def write_report(sweep: Sweep, workdir: str) -> str:
   """Writes workdir/results.md and workdir/perplexity.png; returns the table."""
   table = report_table(sweep, workdir)
-  text = (f'# {sweep.title}\n\n{table}\n\nPerplexities and accuracy are on the '
-          'evaluation split at the last step; wall time is that of the session '
-          'that finished the run. Evaluation perplexity against steps: '
-          f'{FIGURE_FILE}.\n')
+  text = (
+      f'# {sweep.title}\n\n{table}\n\nPerplexities and accuracy are on the '
+      'evaluation split at the last step; wall time is that of the session '
+      'that finished the run. Evaluation perplexity against steps: '
+      f'{FIGURE_FILE}.\n'
+  )
   with open(os.path.join(workdir, REPORT_FILE), 'w') as f:
     f.write(text)
   plot_perplexity(sweep, workdir, os.path.join(workdir, FIGURE_FILE))

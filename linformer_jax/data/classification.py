@@ -31,11 +31,10 @@ Every batch is a dict of numpy arrays:
 import csv
 import hashlib
 import math
-import os
 import pathlib
 import shutil
 import sys
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import grain
 import numpy as np
@@ -55,6 +54,7 @@ EVAL_SUBSET_SEED = 0
 
 class Examples(NamedTuple):
   """The texts (one tuple of 1 or 2 strings per example) and class indices."""
+
   texts: List[Tuple[str, ...]]
   labels: np.ndarray
 
@@ -63,8 +63,9 @@ def _label_index(labels: Sequence[str]) -> Dict[str, int]:
   return {str(label): index for index, label in enumerate(labels)}
 
 
-def read_tsv(path: pathlib.Path, text_columns: Sequence[str], label_column: str,
-             labels: Sequence[str]) -> Examples:
+def read_tsv(
+    path: pathlib.Path, text_columns: Sequence[str], label_column: str, labels: Sequence[str]
+) -> Examples:
   """Examples of a TSV file with a header row naming its columns.
 
   Fields are taken literally (no quoting: GLUE's files contain bare quotes).
@@ -83,18 +84,19 @@ def read_tsv(path: pathlib.Path, text_columns: Sequence[str], label_column: str,
     if missing:
       raise ConfigError(
           f'{path} has no column {", ".join(map(repr, missing))} (its columns: '
-          f'{", ".join(header)}); set config.data.text_columns / label_column.')
+          f'{", ".join(header)}); set config.data.text_columns / label_column.'
+      )
     text_at = [header.index(c) for c in text_columns]
     label_at = header.index(label_column)
     for line_number, row in enumerate(reader, start=2):
       if len(row) != len(header):
-        raise ConfigError(f'{path}:{line_number}: {len(row)} fields, the header '
-                         f'has {len(header)}.')
+        raise ConfigError(f'{path}:{line_number}: {len(row)} fields, the header has {len(header)}.')
       label = row[label_at]
       if label not in label_of:
         raise ConfigError(
             f'{path}:{line_number}: label {label!r} is not in config.data.labels='
-            f'{tuple(labels)}; add it there or fix the file.')
+            f'{tuple(labels)}; add it there or fix the file.'
+        )
       texts.append(tuple(row[i] for i in text_at))
       label_ids.append(label_of[label])
   if not texts:
@@ -105,30 +107,39 @@ def read_tsv(path: pathlib.Path, text_columns: Sequence[str], label_column: str,
 def _split_files(data, split: str) -> List[pathlib.Path]:
   files = dict(data.split_files or {}).get(split)
   if not files:
-    raise ConfigError(f'config.data.split_files has no files for split {split!r}; '
-                     f"add e.g. {{'{split}': ['{split}.tsv']}}.")
+    raise ConfigError(
+        f'config.data.split_files has no files for split {split!r}; '
+        f"add e.g. {{'{split}': ['{split}.tsv']}}."
+    )
   if isinstance(files, str):
     files = [files]
   paths = [pathlib.Path(data.path) / name for name in files]
   for path in paths:
     if not path.is_file():
-      raise ConfigError(f'{path} does not exist; set config.data.path to the folder '
-                       'holding config.data.split_files.')
+      raise ConfigError(
+          f'{path} does not exist; set config.data.path to the folder '
+          'holding config.data.split_files.'
+      )
   return paths
 
 
 def _tfds_split(data, split: str) -> Examples:
   features = [*data.text_columns, data.label_column]
   texts, label_ids = [], []
-  for example in corpus.tfds_examples(data.tfds_name, split, features,
-                                      data.tfds_data_dir or None,
-                                      bool(data.tfds_download),
-                                      field='config.data.text_columns/label_column'):
+  for example in corpus.tfds_examples(
+      data.tfds_name,
+      split,
+      features,
+      data.tfds_data_dir or None,
+      bool(data.tfds_download),
+      field='config.data.text_columns/label_column',
+  ):
     label = int(example[data.label_column])
     if not 0 <= label < len(data.labels):
       raise ConfigError(
           f'TFDS {data.tfds_name!r} split {split!r} has label {label}, outside '
-          f'config.data.labels={tuple(data.labels)} (TFDS labels index it).')
+          f'config.data.labels={tuple(data.labels)} (TFDS labels index it).'
+      )
     texts.append(tuple(example[c].decode('utf-8') for c in data.text_columns))
     label_ids.append(label)
   if not texts:
@@ -139,13 +150,15 @@ def _tfds_split(data, split: str) -> Examples:
 def load_examples(data, split: str) -> Examples:
   """The examples of a split of a tsv or tfds source."""
   if data.source == 'tsv':
-    parts = [read_tsv(path, data.text_columns, data.label_column, data.labels)
-             for path in _split_files(data, split)]
-    return Examples([t for part in parts for t in part.texts],
-                    np.concatenate([part.labels for part in parts]))
+    parts = [
+        read_tsv(path, data.text_columns, data.label_column, data.labels)
+        for path in _split_files(data, split)
+    ]
+    return Examples(
+        [t for part in parts for t in part.texts], np.concatenate([part.labels for part in parts])
+    )
   if not data.tfds_name:
-    raise ConfigError("config.data.tfds_name is empty; set it to a TFDS dataset, "
-                     "e.g. 'glue/sst2'.")
+    raise ConfigError("config.data.tfds_name is empty; set it to a TFDS dataset, e.g. 'glue/sst2'.")
   return _tfds_split(data, split)
 
 
@@ -155,11 +168,12 @@ def _truncate(ids: List[int], budget: int, truncation: str) -> List[int]:
   if truncation == 'head':
     return ids[:budget]
   head = (budget + 1) // 2
-  return ids[:head] + ids[len(ids) - (budget - head):]
+  return ids[:head] + ids[len(ids) - (budget - head) :]
 
 
-def _fit_pair(first: List[int], second: List[int], budget: int,
-              truncation: str) -> Tuple[List[int], List[int]]:
+def _fit_pair(
+    first: List[int], second: List[int], budget: int, truncation: str
+) -> Tuple[List[int], List[int]]:
   """Cuts the longer text first until both fit in `budget` tokens."""
   first_len, second_len = len(first), len(second)
   while first_len + second_len > budget:
@@ -167,22 +181,25 @@ def _fit_pair(first: List[int], second: List[int], budget: int,
       first_len -= 1
     else:
       second_len -= 1
-  return (_truncate(first, first_len, truncation),
-          _truncate(second, second_len, truncation))
+  return (_truncate(first, first_len, truncation), _truncate(second, second_len, truncation))
 
 
-def encode_texts(texts: Sequence[str], tokenizer: tokenizer_lib.Tokenizer,
-                 seq_len: int, truncation: str = 'head') -> Tuple[List[int], List[int]]:
+def encode_texts(
+    texts: Sequence[str], tokenizer: tokenizer_lib.Tokenizer, seq_len: int, truncation: str = 'head'
+) -> Tuple[List[int], List[int]]:
   """(token ids, segment ids) of one example of 1 or 2 texts, not padded."""
   bos, eos = tokenizer.bos_id, tokenizer.eos_id
   if len(texts) == 1:
     ids = _truncate(tokenizer.encode(texts[0]), seq_len - 2, truncation)
     return [bos] + ids + [eos], [0] * (len(ids) + 2)
   if len(texts) != 2:
-    raise ConfigError(f'config.data.text_columns names {len(texts)} columns; use 1 '
-                     '(single texts) or 2 (pairs).')
-  first, second = _fit_pair(tokenizer.encode(texts[0]), tokenizer.encode(texts[1]),
-                            seq_len - 4, truncation)
+    raise ConfigError(
+        f'config.data.text_columns names {len(texts)} columns; use 1 '
+        '(single texts) or 2 (pairs).'
+    )
+  first, second = _fit_pair(
+      tokenizer.encode(texts[0]), tokenizer.encode(texts[1]), seq_len - 4, truncation
+  )
   ids = [bos] + first + [eos, eos] + second + [eos]
   return ids, [0] * (len(first) + 2) + [1] * (len(second) + 2)
 
@@ -190,23 +207,27 @@ def encode_texts(texts: Sequence[str], tokenizer: tokenizer_lib.Tokenizer,
 def _pad_rows(rows: Sequence[List[int]], seq_len: int, pad_id: int) -> np.ndarray:
   out = np.full([len(rows), seq_len], pad_id, np.int32)
   for i, row in enumerate(rows):
-    out[i, :len(row)] = row
+    out[i, : len(row)] = row
   return out
 
 
 class EncodedSplit(NamedTuple):
-  inputs: np.ndarray    # int32 [num, n]
+  inputs: np.ndarray  # int32 [num, n]
   segments: np.ndarray  # int32 [num, n]
-  labels: np.ndarray    # int32 [num]
+  labels: np.ndarray  # int32 [num]
   pad_id: int
 
 
-def encode_examples(examples: Examples, tokenizer: tokenizer_lib.Tokenizer,
-                    seq_len: int, truncation: str) -> EncodedSplit:
+def encode_examples(
+    examples: Examples, tokenizer: tokenizer_lib.Tokenizer, seq_len: int, truncation: str
+) -> EncodedSplit:
   encoded = [encode_texts(t, tokenizer, seq_len, truncation) for t in examples.texts]
-  return EncodedSplit(_pad_rows([ids for ids, _ in encoded], seq_len, tokenizer.pad_id),
-                      _pad_rows([seg for _, seg in encoded], seq_len, 0),
-                      examples.labels, tokenizer.pad_id)
+  return EncodedSplit(
+      _pad_rows([ids for ids, _ in encoded], seq_len, tokenizer.pad_id),
+      _pad_rows([seg for _, seg in encoded], seq_len, 0),
+      examples.labels,
+      tokenizer.pad_id,
+  )
 
 
 class EncodedRecords(grain.sources.RandomAccessDataSource):
@@ -225,32 +246,52 @@ class EncodedRecords(grain.sources.RandomAccessDataSource):
 
   def __getitem__(self, index: int) -> Batch:
     inputs = self._split.inputs[index]
-    return {'inputs': inputs, 'padding_mask': inputs != self._split.pad_id,
-            'segments': self._split.segments[index],
-            'labels': self._split.labels[index],
-            'weights': np.float32(1.0)}
+    return {
+        'inputs': inputs,
+        'padding_mask': inputs != self._split.pad_id,
+        'segments': self._split.segments[index],
+        'labels': self._split.labels[index],
+        'weights': np.float32(1.0),
+    }
 
   def __repr__(self) -> str:
     return f'EncodedRecords(examples={len(self)}, digest={self._digest})'
 
 
-def create_train_iterator(split: EncodedSplit, *, batch_size: int, seed: int,
-                          process_index: int = 0, process_count: int = 1,
-                          worker_count: int = 0) -> grain.DataLoaderIterator:
+def create_train_iterator(
+    split: EncodedSplit,
+    *,
+    batch_size: int,
+    seed: int,
+    process_index: int = 0,
+    process_count: int = 1,
+    worker_count: int = 0,
+) -> grain.DataLoaderIterator:
   """Endless shuffled training batches of this process's shard (resumable)."""
   source = EncodedRecords(split)
   if len(source) < batch_size * process_count:
-    raise ConfigError(f'The training split has {len(source)} examples, fewer than '
-                     f'one batch of config.batch_size={batch_size * process_count}.')
-  return loaders.shuffled_batches(source, batch_size=batch_size, seed=seed,
-                                  process_index=process_index,
-                                  process_count=process_count,
-                                  worker_count=worker_count)
+    raise ConfigError(
+        f'The training split has {len(source)} examples, fewer than '
+        f'one batch of config.batch_size={batch_size * process_count}.'
+    )
+  return loaders.shuffled_batches(
+      source,
+      batch_size=batch_size,
+      seed=seed,
+      process_index=process_index,
+      process_count=process_count,
+      worker_count=worker_count,
+  )
 
 
-def create_eval_batches(split: EncodedSplit, *, batch_size: int,
-                        max_batches: Optional[int] = None, process_index: int = 0,
-                        process_count: int = 1) -> List[Batch]:
+def create_eval_batches(
+    split: EncodedSplit,
+    *,
+    batch_size: int,
+    max_batches: Optional[int] = None,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> List[Batch]:
   """Every evaluation example once, dealt round-robin to the processes; the
   last batches are filled with weight-0 rows so every process has as many.
 
@@ -262,12 +303,12 @@ def create_eval_batches(split: EncodedSplit, *, batch_size: int,
   chosen = np.arange(len(source))
   if max_batches and max_batches * batch_size * process_count < len(source):
     subset = np.random.default_rng(EVAL_SUBSET_SEED).permutation(len(source))
-    chosen = np.sort(subset[:max_batches * batch_size * process_count])
+    chosen = np.sort(subset[: max_batches * batch_size * process_count])
   indices = chosen[process_index::process_count]
   num_batches = math.ceil(math.ceil(len(chosen) / process_count) / batch_size)
   batches = []
   for b in range(num_batches):
-    rows = [source[int(i)] for i in indices[b * batch_size:(b + 1) * batch_size]]
+    rows = [source[int(i)] for i in indices[b * batch_size : (b + 1) * batch_size]]
     filler = dict(source[0], weights=np.float32(0.0))
     rows += [filler] * (batch_size - len(rows))
     batches.append({key: np.stack([row[key] for row in rows]) for key in rows[0]})
@@ -276,6 +317,7 @@ def create_eval_batches(split: EncodedSplit, *, batch_size: int,
 
 class ClassificationDatasets(NamedTuple):
   """What `build_datasets` returns for a classification run."""
+
   tokenizer: Optional[tokenizer_lib.Tokenizer]  # None for ListOps (own vocabulary)
   train_iterator: Optional[grain.DataLoaderIterator]  # None for evaluation only
   eval_batches: List[Batch]
@@ -287,15 +329,20 @@ class ClassificationDatasets(NamedTuple):
 def _listops_splits(config, seq_len: int) -> Dict[str, EncodedSplit]:
   settings = listops.ListOpsSettings(**dict(config.data.listops))
   if settings.max_length > seq_len:
-    raise ConfigError(f'config.data.listops.max_length={settings.max_length} is '
-                     f'longer than config.model.max_len={seq_len}; raise max_len.')
+    raise ConfigError(
+        f'config.data.listops.max_length={settings.max_length} is '
+        f'longer than config.model.max_len={seq_len}; raise max_len.'
+    )
   cache_root = corpus.cache_root(config.data.cache_dir)
   splits = {}
   for name, examples in listops.load_or_generate(settings, cache_root).items():
     inputs = np.asarray([listops.encode(s, seq_len) for s, _ in examples], np.int32)
-    splits[name] = EncodedSplit(inputs, np.zeros_like(inputs),
-                                np.asarray([l for _, l in examples], np.int32),
-                                listops.PAD_ID)
+    splits[name] = EncodedSplit(
+        inputs,
+        np.zeros_like(inputs),
+        np.asarray([label for _, label in examples], np.int32),
+        listops.PAD_ID,
+    )
   return splits
 
 
@@ -307,31 +354,41 @@ def _tokenizer(config, workdir: str, train_examples: Examples) -> tokenizer_lib.
     target = pathlib.Path(workdir) / tokenizer_lib.MODEL_FILENAME
     if not target.exists():
       if not source.exists():
-        raise ConfigError(f'config.init_from={config.init_from!r} has no '
-                         f'{tokenizer_lib.MODEL_FILENAME}; point it at a pretraining '
-                         'run, or set config.data.tokenizer=byte.')
+        raise ConfigError(
+            f'config.init_from={config.init_from!r} has no '
+            f'{tokenizer_lib.MODEL_FILENAME}; point it at a pretraining '
+            'run, or set config.data.tokenizer=byte.'
+        )
       target.parent.mkdir(parents=True, exist_ok=True)
       shutil.copyfile(source, target)
   return tokenizer_lib.build_tokenizer(
-      data, workdir, lambda: [' '.join(t) for t in train_examples.texts])
+      data, workdir, lambda: [' '.join(t) for t in train_examples.texts]
+  )
 
 
 def _check_fields(config) -> None:
   data = config.data
   if data.source not in SOURCES:
-    raise ConfigError(f'config.data.source={data.source!r} is not allowed for '
-                     f'task=classification; use one of {SOURCES}.')
+    raise ConfigError(
+        f'config.data.source={data.source!r} is not allowed for '
+        f'task=classification; use one of {SOURCES}.'
+    )
   if data.source == 'listops':
     return
   if data.truncation not in TRUNCATIONS:
-    raise ConfigError(f'config.data.truncation={data.truncation!r} is not allowed; '
-                     f'use one of {TRUNCATIONS}.')
+    raise ConfigError(
+        f'config.data.truncation={data.truncation!r} is not allowed; use one of {TRUNCATIONS}.'
+    )
   if len(data.labels) < 2 or len(set(map(str, data.labels))) != len(data.labels):
-    raise ConfigError(f'config.data.labels={tuple(data.labels)} is not allowed; give '
-                     'two or more distinct labels.')
+    raise ConfigError(
+        f'config.data.labels={tuple(data.labels)} is not allowed; give '
+        'two or more distinct labels.'
+    )
   if len(data.text_columns) not in (1, 2):
-    raise ConfigError(f'config.data.text_columns={tuple(data.text_columns)} is not '
-                     'allowed; name 1 (single texts) or 2 (pairs) columns.')
+    raise ConfigError(
+        f'config.data.text_columns={tuple(data.text_columns)} is not '
+        'allowed; name 1 (single texts) or 2 (pairs) columns.'
+    )
 
 
 def num_classes(config) -> int:
@@ -341,8 +398,9 @@ def num_classes(config) -> int:
   return len(config.data.labels)
 
 
-def build_datasets(config, workdir: str, process_index: int = 0,
-                   process_count: int = 1, train: bool = True) -> ClassificationDatasets:
+def build_datasets(
+    config, workdir: str, process_index: int = 0, process_count: int = 1, train: bool = True
+) -> ClassificationDatasets:
   """Tokenizer, training iterator and evaluation batches of a classification run.
 
   Without `train` (evaluation only), `train_iterator` is None.
@@ -356,38 +414,54 @@ def build_datasets(config, workdir: str, process_index: int = 0,
     splits = _listops_splits(config, seq_len)
     for split in (data.train_split, data.eval_split):
       if split not in splits:
-        raise ConfigError(f'ListOps has splits {tuple(splits)}, not {split!r}; '
-                         'change config.data.train_split/eval_split.')
+        raise ConfigError(
+            f'ListOps has splits {tuple(splits)}, not {split!r}; '
+            'change config.data.train_split/eval_split.'
+        )
     train_split, evaluation = splits[data.train_split], splits[data.eval_split]
     vocab_size = listops.VOCAB_SIZE
   else:
     train_examples = load_examples(data, data.train_split)
     if data.max_train_examples:
       keep = np.random.default_rng(config.seed).permutation(len(train_examples.labels))
-      keep = np.sort(keep[:data.max_train_examples])
-      train_examples = Examples([train_examples.texts[i] for i in keep],
-                                train_examples.labels[keep])
+      keep = np.sort(keep[: data.max_train_examples])
+      train_examples = Examples(
+          [train_examples.texts[i] for i in keep], train_examples.labels[keep]
+      )
     tokenizer = _tokenizer(config, workdir, train_examples)
     vocab_size = tokenizer.vocab_size
     train_split = encode_examples(train_examples, tokenizer, seq_len, data.truncation)
-    evaluation = encode_examples(load_examples(data, data.eval_split), tokenizer,
-                                 seq_len, data.truncation)
+    evaluation = encode_examples(
+        load_examples(data, data.eval_split), tokenizer, seq_len, data.truncation
+    )
   if config.model.vocab_size != vocab_size:
     raise ConfigError(
         f'config.model.vocab_size={config.model.vocab_size} does not match the '
         f'{vocab_size} tokens of the data; set config.data.vocab_size={vocab_size} '
-        '(config.model.vocab_size follows it).')
+        '(config.model.vocab_size follows it).'
+    )
   train_iterator = None
   if train:
     train_iterator = create_train_iterator(
-        train_split, batch_size=batch_size, seed=config.seed,
-        process_index=process_index, process_count=process_count,
-        worker_count=data.worker_count)
+        train_split,
+        batch_size=batch_size,
+        seed=config.seed,
+        process_index=process_index,
+        process_count=process_count,
+        worker_count=data.worker_count,
+    )
   eval_batches = create_eval_batches(
-      evaluation, batch_size=eval_batch_size,
-      max_batches=data.max_eval_batches or None, process_index=process_index,
-      process_count=process_count)
+      evaluation,
+      batch_size=eval_batch_size,
+      max_batches=data.max_eval_batches or None,
+      process_index=process_index,
+      process_count=process_count,
+  )
   return ClassificationDatasets(
-      tokenizer=tokenizer, train_iterator=train_iterator, eval_batches=eval_batches,
-      train_sequences=len(train_split.labels), eval_sequences=len(evaluation.labels),
-      train_label_counts=np.bincount(train_split.labels, minlength=num_classes(config)))
+      tokenizer=tokenizer,
+      train_iterator=train_iterator,
+      eval_batches=eval_batches,
+      train_sequences=len(train_split.labels),
+      eval_sequences=len(evaluation.labels),
+      train_label_counts=np.bincount(train_split.labels, minlength=num_classes(config)),
+  )

@@ -45,16 +45,28 @@ CACHE_DIR_VARIABLE = 'LINFORMER_JAX_CACHE_DIR'
 # Standard-library modules never imported for the embedded corpus: they open
 # windows or browsers, print on import, write files (lib2to3's grammar cache),
 # replace themselves (distutils under setuptools) or are the test suite.
-_SKIPPED_MODULES = frozenset({
-    'antigravity', 'distutils', 'idlelib', 'lib2to3', 'readline', 'test',
-    'this', 'tkinter', 'turtle', 'turtledemo'})
+_SKIPPED_MODULES = frozenset(
+    {
+        'antigravity',
+        'distutils',
+        'idlelib',
+        'lib2to3',
+        'readline',
+        'test',
+        'this',
+        'tkinter',
+        'turtle',
+        'turtledemo',
+    }
+)
 
 
 def cache_root(cache_dir: Optional[str] = None) -> pathlib.Path:
   """The cache folder: `cache_dir` if set, else $LINFORMER_JAX_CACHE_DIR, else
   ~/.cache/linformer_jax."""
-  return pathlib.Path(os.path.expanduser(
-      cache_dir or os.environ.get(CACHE_DIR_VARIABLE) or DEFAULT_CACHE_DIR))
+  return pathlib.Path(
+      os.path.expanduser(cache_dir or os.environ.get(CACHE_DIR_VARIABLE) or DEFAULT_CACHE_DIR)
+  )
 
 
 def split_of_title(title: str) -> str:
@@ -85,10 +97,14 @@ def embedded_documents(split: str, cache_dir: Optional[str] = None) -> List[str]
   """
   if split not in EMBEDDED_SPLITS:
     raise ConfigError(
-        f'Split {split!r} does not exist for config.data.source=\'embedded\'; '
-        f'set config.data.train_split/eval_split to one of {EMBEDDED_SPLITS}.')
-  return [text for title, text in _embedded_titled_documents(cache_dir)
-          if split_of_title(title) == split]
+        f"Split {split!r} does not exist for config.data.source='embedded'; "
+        f'set config.data.train_split/eval_split to one of {EMBEDDED_SPLITS}.'
+    )
+  return [
+      text
+      for title, text in _embedded_titled_documents(cache_dir)
+      if split_of_title(title) == split
+  ]
 
 
 def _embedded_titled_documents(cache_dir: Optional[str]) -> List[Tuple[str, str]]:
@@ -101,14 +117,27 @@ def _embedded_titled_documents(cache_dir: Optional[str]) -> List[Tuple[str, str]
     # Importing ~250 modules has side effects (threads, signal handlers,
     # warnings, global state), so a fresh interpreter does it, not this one.
     package_parent = str(pathlib.Path(__file__).resolve().parents[1])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        filter(None, [package_parent, os.environ.get('PYTHONPATH')])))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [package_parent, os.environ.get('PYTHONPATH')])),
+    )
     subprocess.run(
-        [sys.executable, '-W', 'ignore', '-c',
-         'import sys; from linformer_jax.data import corpus; '
-         'corpus._write_embedded_documents(sys.argv[1])', str(temporary)],
-        env=env, check=True, stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+        [
+            sys.executable,
+            '-W',
+            'ignore',
+            '-c',
+            'import sys; from linformer_jax.data import corpus; '
+            'corpus._write_embedded_documents(sys.argv[1])',
+            str(temporary),
+        ],
+        env=env,
+        check=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=600,
+    )
     os.replace(temporary, cache_file)  # atomic: concurrent runs never see half
   return [tuple(pair) for pair in json.loads(cache_file.read_text('utf-8'))]
 
@@ -116,8 +145,10 @@ def _embedded_titled_documents(cache_dir: Optional[str]) -> List[Tuple[str, str]
 def _write_embedded_documents(path: str) -> None:
   """Runs in a child interpreter: extracts all documents into a JSON file."""
   import pydoc_data.topics  # pylint: disable=g-import-not-at-top
-  documents = [(f'topic:{name}', text.strip())
-               for name, text in sorted(pydoc_data.topics.topics.items())]
+
+  documents = [
+      (f'topic:{name}', text.strip()) for name, text in sorted(pydoc_data.topics.topics.items())
+  ]
   seen = set()
   for name in _stdlib_module_names():
     module = _import_quietly(name)
@@ -136,17 +167,18 @@ def _write_embedded_documents(path: str) -> None:
 def _stdlib_module_names() -> List[str]:
   """Public standard-library modules and their public submodules, sorted."""
   import pkgutil  # pylint: disable=g-import-not-at-top
+
   names = []
   for name in sorted(sys.stdlib_module_names):
     if name.startswith('_') or name in _SKIPPED_MODULES:
       continue
     names.append(name)
     module = _import_quietly(name)
-    for info in pkgutil.walk_packages(getattr(module, '__path__', []),
-                                      prefix=f'{name}.', onerror=lambda _: None):
+    for info in pkgutil.walk_packages(
+        getattr(module, '__path__', []), prefix=f'{name}.', onerror=lambda _: None
+    ):
       parts = info.name.split('.')
-      if not any(part.startswith('_') or part in ('test', 'tests', 'idle_test')
-                 for part in parts):
+      if not any(part.startswith('_') or part in ('test', 'tests', 'idle_test') for part in parts):
         names.append(info.name)
   return sorted(set(names))
 
@@ -156,6 +188,7 @@ def _import_quietly(name: str):
   import contextlib  # pylint: disable=g-import-not-at-top
   import importlib  # pylint: disable=g-import-not-at-top
   import io  # pylint: disable=g-import-not-at-top
+
   output = io.StringIO()
   try:
     with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
@@ -169,6 +202,7 @@ def _import_quietly(name: str):
 def _module_text(module, seen: set) -> str:
   """The module docstring, then each public class/function docstring once."""
   import inspect  # pylint: disable=g-import-not-at-top
+
   parts = []
 
   def add(title: str, obj) -> None:
@@ -185,14 +219,14 @@ def _module_text(module, seen: set) -> str:
     owner = getattr(obj, '__module__', None) or ''
     # Objects of C accelerators (heapq.heappush from _heapq) are documented
     # under the public module that re-exports them; other imports are not.
-    if name.startswith('_') or not (owner == module.__name__ or
-                                    owner.startswith('_')):
+    if name.startswith('_') or not (owner == module.__name__ or owner.startswith('_')):
       continue
     if inspect.isclass(obj):
       add(f'class {name}', obj)
       for member_name, member in sorted(vars(obj).items()):
         if not member_name.startswith('_') and (
-            inspect.isroutine(member) or isinstance(member, property)):
+            inspect.isroutine(member) or isinstance(member, property)
+        ):
           add(f'{name}.{member_name}', member)
     elif inspect.isfunction(obj) or inspect.isbuiltin(obj):
       add(name, obj)
@@ -201,12 +235,14 @@ def _module_text(module, seen: set) -> str:
 
 # Line-anchored, case-insensitive markers of Project Gutenberg boilerplate.
 _GUTENBERG_START = re.compile(
-    r'^\s*(\*{3}\s*START OF (THE|THIS) PROJECT GUTENBERG E-?BOOK.*'
-    r'|\*END\*THE SMALL PRINT.*)$', re.IGNORECASE | re.MULTILINE)
+    r'^\s*(\*{3}\s*START OF (THE|THIS) PROJECT GUTENBERG E-?BOOK.*|\*END\*THE SMALL PRINT.*)$',
+    re.IGNORECASE | re.MULTILINE,
+)
 _GUTENBERG_END = re.compile(
     r'^\s*(\*{3}\s*END OF (THE|THIS) PROJECT GUTENBERG E-?BOOK'
     r'|END OF (THE )?PROJECT GUTENBERG)',
-    re.IGNORECASE | re.MULTILINE)
+    re.IGNORECASE | re.MULTILINE,
+)
 
 
 def strip_gutenberg_boilerplate(text: str) -> str:
@@ -226,8 +262,7 @@ def strip_gutenberg_boilerplate(text: str) -> str:
   return text[start:end]
 
 
-def paragraph_documents(text: str,
-                        target_chars: int = TEXT_FILE_DOCUMENT_CHARS) -> List[str]:
+def paragraph_documents(text: str, target_chars: int = TEXT_FILE_DOCUMENT_CHARS) -> List[str]:
   """Groups blank-line separated paragraphs into documents of ~target_chars.
 
   Hard line wrapping inside a paragraph is undone (it is typesetting, not
@@ -265,17 +300,22 @@ def list_text_files(path: str) -> List[pathlib.Path]:
   """The file at `path`, or the sorted .txt files of the folder at `path`."""
   root = pathlib.Path(os.path.expanduser(path)) if path else None
   if root is None or not root.exists():
-    raise ConfigError(f'config.data.path={path!r} does not exist; set it to a text '
-                     'file or a folder of .txt files.')
+    raise ConfigError(
+        f'config.data.path={path!r} does not exist; set it to a text '
+        'file or a folder of .txt files.'
+    )
   files = sorted(root.glob('*.txt')) if root.is_dir() else [root]
   if not files:
-    raise ConfigError(f'config.data.path={path!r} holds no .txt files; set it to a '
-                     'text file or a folder of .txt files.')
+    raise ConfigError(
+        f'config.data.path={path!r} holds no .txt files; set it to a '
+        'text file or a folder of .txt files.'
+    )
   return files
 
 
-def text_file_documents(path: str, split: str,
-                        split_files: Mapping[str, Sequence[str]]) -> List[str]:
+def text_file_documents(
+    path: str, split: str, split_files: Mapping[str, Sequence[str]]
+) -> List[str]:
   """Documents of one split of local text files; whole files never cross splits.
 
   Args:
@@ -292,32 +332,41 @@ def text_file_documents(path: str, split: str,
   files = list_text_files(path)
   split_files = {name: list(names) for name, names in (split_files or {}).items()}
   if 'train' in split_files:
-    raise ConfigError('config.data.split_files must not list \'train\'; the train '
-                     'split is every file not listed there.')
+    raise ConfigError(
+        "config.data.split_files must not list 'train'; the train "
+        'split is every file not listed there.'
+    )
   available = {file.name for file in files}
   assigned: Dict[str, str] = {}
   for split_name, names in sorted(split_files.items()):
     for name in names:
       if name not in available:
-        raise ConfigError(f'config.data.split_files[{split_name!r}] lists {name!r}, '
-                         f'which is not a .txt file in config.data.path={path!r}.')
+        raise ConfigError(
+            f'config.data.split_files[{split_name!r}] lists {name!r}, '
+            f'which is not a .txt file in config.data.path={path!r}.'
+        )
       if name in assigned:
-        raise ConfigError(f'config.data.split_files lists {name!r} in both '
-                         f'{assigned[name]!r} and {split_name!r}.')
+        raise ConfigError(
+            f'config.data.split_files lists {name!r} in both '
+            f'{assigned[name]!r} and {split_name!r}.'
+        )
       assigned[name] = split_name
   if split != 'train' and split not in split_files:
     raise ConfigError(
         f'Split {split!r} is not in config.data.split_files (splits: '
         f'{sorted(split_files)}); add it there or change '
-        'config.data.train_split/eval_split.')
+        'config.data.train_split/eval_split.'
+    )
   documents = []
   for file in files:
     if assigned.get(file.name, 'train') == split:
       text = strip_gutenberg_boilerplate(_read_text(file))
       documents.extend(paragraph_documents(text))
   if not documents:
-    raise ConfigError(f'Split {split!r} of config.data.path={path!r} has no text; '
-                     'check config.data.path and config.data.split_files.')
+    raise ConfigError(
+        f'Split {split!r} of config.data.path={path!r} has no text; '
+        'check config.data.path and config.data.split_files.'
+    )
   return documents
 
 
@@ -325,9 +374,14 @@ def text_file_documents(path: str, split: str,
 _WIKI40B_MARKERS = re.compile(r'\n?_START_(ARTICLE|SECTION|PARAGRAPH)_\n')
 
 
-def tfds_examples(name: str, split: str, features: Sequence[str],
-                  data_dir: Optional[str] = None, download: bool = False,
-                  field: str = 'config.data.tfds_text_key') -> Iterable[Dict[str, Any]]:
+def tfds_examples(
+    name: str,
+    split: str,
+    features: Sequence[str],
+    data_dir: Optional[str] = None,
+    download: bool = False,
+    field: str = 'config.data.tfds_text_key',
+) -> Iterable[Dict[str, Any]]:
   """The examples (numpy dicts) of a prepared TFDS split, checked first.
 
   Args:
@@ -340,6 +394,7 @@ def tfds_examples(name: str, split: str, features: Sequence[str],
     field: the config field that names `features`, for the error message.
   """
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+
   try:
     builder = tfds.builder(name, data_dir=data_dir or None)
   except tfds.core.registered.DatasetNotFoundError as error:
@@ -349,23 +404,32 @@ def tfds_examples(name: str, split: str, features: Sequence[str],
       raise ConfigError(
           f'TFDS dataset {name!r} is not prepared in config.data.tfds_data_dir='
           f'{data_dir!r}; set config.data.tfds_download=True (needs network) or '
-          'prepare it there with `tfds build`.')
+          'prepare it there with `tfds build`.'
+      )
     builder.download_and_prepare()
   base_split = split.split('[')[0]
   if base_split not in builder.info.splits:
-    raise ConfigError(f'TFDS dataset {name!r} has no split {base_split!r} (it has '
-                     f'{sorted(builder.info.splits)}); change '
-                     'config.data.train_split/eval_split.')
+    raise ConfigError(
+        f'TFDS dataset {name!r} has no split {base_split!r} (it has '
+        f'{sorted(builder.info.splits)}); change '
+        'config.data.train_split/eval_split.'
+    )
   for feature in features:
     if feature not in builder.info.features:
-      raise ConfigError(f'{field}: {feature!r} is not a feature of {name!r} '
-                       f'(features: {sorted(builder.info.features)}).')
+      raise ConfigError(
+          f'{field}: {feature!r} is not a feature of {name!r} '
+          f'(features: {sorted(builder.info.features)}).'
+      )
   return tfds.as_numpy(builder.as_dataset(split=split, shuffle_files=False))
 
 
-def tfds_documents(name: str, split: str, text_key: str = 'text',
-                   data_dir: Optional[str] = None,
-                   download: bool = False) -> List[str]:
+def tfds_documents(
+    name: str,
+    split: str,
+    text_key: str = 'text',
+    data_dir: Optional[str] = None,
+    download: bool = False,
+) -> List[str]:
   """Documents of a TFDS text dataset, e.g. 'wiki40b/en', 'pg19', 'lm1b'.
 
   The whole split is read into memory, which suits corpora up to a few GB;
@@ -378,8 +442,10 @@ def tfds_documents(name: str, split: str, text_key: str = 'text',
     if text:
       documents.append(text)
   if not documents:
-    raise ConfigError(f'Split {split!r} of TFDS dataset {name!r} has no text in '
-                     f'feature config.data.tfds_text_key={text_key!r}.')
+    raise ConfigError(
+        f'Split {split!r} of TFDS dataset {name!r} has no text in '
+        f'feature config.data.tfds_text_key={text_key!r}.'
+    )
   return documents
 
 
@@ -389,15 +455,17 @@ def load_documents(data_config: Mapping[str, Any], split: str) -> List[str]:
   if source == 'embedded':
     return embedded_documents(split, data_config.get('cache_dir') or None)
   if source == 'text_files':
-    return text_file_documents(data_config['path'], split,
-                               data_config.get('split_files') or {})
+    return text_file_documents(data_config['path'], split, data_config.get('split_files') or {})
   if source == 'tfds':
     if not data_config.get('tfds_name'):
-      raise ConfigError("config.data.tfds_name is empty; set it to a TFDS dataset, "
-                       "e.g. 'wiki40b/en'.")
-    return tfds_documents(data_config['tfds_name'], split,
-                          data_config.get('tfds_text_key') or 'text',
-                          data_config.get('tfds_data_dir') or None,
-                          bool(data_config.get('tfds_download', False)))
-  raise ConfigError(f'config.data.source={source!r} is not allowed; use one of '
-                   f'{SOURCES}.')
+      raise ConfigError(
+          "config.data.tfds_name is empty; set it to a TFDS dataset, e.g. 'wiki40b/en'."
+      )
+    return tfds_documents(
+        data_config['tfds_name'],
+        split,
+        data_config.get('tfds_text_key') or 'text',
+        data_config.get('tfds_data_dir') or None,
+        bool(data_config.get('tfds_download', False)),
+    )
+  raise ConfigError(f'config.data.source={source!r} is not allowed; use one of {SOURCES}.')

@@ -45,6 +45,7 @@ Tree = Union[int, Tuple[str, List['Tree']]]
 @dataclasses.dataclass(frozen=True)
 class ListOpsSettings:
   """What is generated; every field is part of the cache key."""
+
   num_train: int = 96_000  # unique training examples
   num_validation: int = 2_000  # unique validation examples
   num_test: int = 2_000  # unique test examples
@@ -58,32 +59,35 @@ class ListOpsSettings:
   def __post_init__(self):
     for name in ('num_train', 'num_validation', 'num_test'):
       if getattr(self, name) < 1:
-        raise ValueError(f'ListOps {name}={getattr(self, name)} is not allowed; '
-                         'use at least 1.')
+        raise ValueError(f'ListOps {name}={getattr(self, name)} is not allowed; use at least 1.')
     if not 1 <= self.min_length <= self.max_length:
-      raise ValueError(f'ListOps min_length={self.min_length} and max_length='
-                       f'{self.max_length} are not allowed; use 1 <= min_length '
-                       '<= max_length.')
+      raise ValueError(
+          f'ListOps min_length={self.min_length} and max_length='
+          f'{self.max_length} are not allowed; use 1 <= min_length '
+          '<= max_length.'
+      )
     if self.max_depth < 1 or self.max_args < 2:
-      raise ValueError(f'ListOps max_depth={self.max_depth}, max_args='
-                       f'{self.max_args} are not allowed; use max_depth >= 1 '
-                       'and max_args >= 2.')
+      raise ValueError(
+          f'ListOps max_depth={self.max_depth}, max_args='
+          f'{self.max_args} are not allowed; use max_depth >= 1 '
+          'and max_args >= 2.'
+      )
     if not 0.0 <= self.leaf_probability < 1.0:
-      raise ValueError(f'ListOps leaf_probability={self.leaf_probability} is not '
-                       'allowed; use a value in [0, 1).')
+      raise ValueError(
+          f'ListOps leaf_probability={self.leaf_probability} is not '
+          'allowed; use a value in [0, 1).'
+      )
 
   @property
   def split_sizes(self) -> Dict[str, int]:
-    return {'train': self.num_train, 'validation': self.num_validation,
-            'test': self.num_test}
+    return {'train': self.num_train, 'validation': self.num_validation, 'test': self.num_test}
 
 
 class _TooLong(Exception):
   """Raised while growing a tree that already exceeds the length limit."""
 
 
-def _grow(rng: random.Random, depth: int, settings: ListOpsSettings,
-          budget: List[int]) -> Tree:
+def _grow(rng: random.Random, depth: int, settings: ListOpsSettings, budget: List[int]) -> Tree:
   """A random subtree; `budget[0]` counts the tokens still allowed."""
   budget[0] -= 1
   if budget[0] < 0:
@@ -200,19 +204,23 @@ def read_tsv(path: Union[str, os.PathLike]) -> List[Tuple[str, int]]:
   with open(path) as f:
     header = f.readline().rstrip('\n').split('\t')
     if header != ['Source', 'Target']:
-      raise ValueError(f'{path}: the first line must be the header '
-                       f"'Source<TAB>Target', not {header!r}.")
+      raise ValueError(
+          f"{path}: the first line must be the header 'Source<TAB>Target', not {header!r}."
+      )
     for line_number, line in enumerate(f, start=2):
       fields = line.rstrip('\n').split('\t')
       if len(fields) != 2 or fields[1] not in DIGITS:
-        raise ValueError(f'{path}:{line_number}: expected a source, a tab and a '
-                         f'label 0-9, got {line[:80]!r}.')
+        raise ValueError(
+            f'{path}:{line_number}: expected a source, a tab and a '
+            f'label 0-9, got {line[:80]!r}.'
+        )
       examples.append((fields[0], int(fields[1])))
   return examples
 
 
-def load_or_generate(settings: ListOpsSettings, cache_root: Union[str, os.PathLike]
-                     ) -> Dict[str, List[Tuple[str, int]]]:
+def load_or_generate(
+    settings: ListOpsSettings, cache_root: Union[str, os.PathLike]
+) -> Dict[str, List[Tuple[str, int]]]:
   """The splits, generated once and then read from CACHE_ROOT/listops/KEY/*.tsv."""
   folder = _cache_folder(settings, pathlib.Path(cache_root))
   names = list(settings.split_sizes)
@@ -234,12 +242,13 @@ def encode(source: str, seq_len: int) -> List[int]:
   try:
     ids = [TOKEN_IDS[token] for token in source.split()]
   except KeyError as error:
-    raise ValueError(f'unknown ListOps token {error.args[0]!r} in '
-                     f'{source[:80]!r}') from None
+    raise ValueError(f'unknown ListOps token {error.args[0]!r} in {source[:80]!r}') from None
   if len(ids) > seq_len:
-    raise ValueError(f'a ListOps example of {len(ids)} tokens does not '
-                     f'fit model.max_len={seq_len}; raise model.max_len or lower '
-                     'the generator\'s max_length.')
+    raise ValueError(
+        f'a ListOps example of {len(ids)} tokens does not '
+        f'fit model.max_len={seq_len}; raise model.max_len or lower '
+        "the generator's max_length."
+    )
   return ids + [PAD_ID] * (seq_len - len(ids))
 
 

@@ -17,16 +17,23 @@ def per_process_batch_sizes(config, process_count: int) -> Tuple[int, int]:
   """(batch_size, eval_batch_size) of one process; the global sizes must divide."""
   for field in ('batch_size', 'eval_batch_size'):
     if config[field] % process_count:
-      raise ConfigError(f'config.{field}={config[field]} is not divisible by the '
-                        f'{process_count} processes; change it to a multiple.')
+      raise ConfigError(
+          f'config.{field}={config[field]} is not divisible by the '
+          f'{process_count} processes; change it to a multiple.'
+      )
   return config.batch_size // process_count, config.eval_batch_size // process_count
 
 
-def shuffled_batches(source: grain.sources.RandomAccessDataSource, *,
-                     batch_size: int, seed: int, process_index: int = 0,
-                     process_count: int = 1, worker_count: int = 0,
-                     transforms: Sequence[Any] = ()
-                     ) -> grain.DataLoaderIterator:
+def shuffled_batches(
+    source: grain.sources.RandomAccessDataSource,
+    *,
+    batch_size: int,
+    seed: int,
+    process_index: int = 0,
+    process_count: int = 1,
+    worker_count: int = 0,
+    transforms: Sequence[Any] = (),
+) -> grain.DataLoaderIterator:
   """Endless batches of `source`, this process's shard, shuffled every epoch.
 
   Args:
@@ -40,15 +47,20 @@ def shuffled_batches(source: grain.sources.RandomAccessDataSource, *,
     transforms: grain transforms (Map, RandomMap) applied to each record
       before batching.
   """
-  shard = grain.sharding.ShardOptions(shard_index=process_index,
-                                      shard_count=process_count, drop_remainder=True)
-  sampler = grain.samplers.IndexSampler(num_records=len(source), shard_options=shard,
-                                        shuffle=True, num_epochs=None, seed=seed)
+  shard = grain.sharding.ShardOptions(
+      shard_index=process_index, shard_count=process_count, drop_remainder=True
+  )
+  sampler = grain.samplers.IndexSampler(
+      num_records=len(source), shard_options=shard, shuffle=True, num_epochs=None, seed=seed
+  )
   loader = grain.DataLoader(
-      data_source=source, sampler=sampler, shard_options=shard,
+      data_source=source,
+      sampler=sampler,
+      shard_options=shard,
       operations=[*transforms, grain.transforms.Batch(batch_size, drop_remainder=True)],
       worker_count=worker_count,
       # Reading a row of an in-memory array needs no threads; grain's default
       # 16 reader threads made batches 2-3x slower on 2 cores (GIL contention).
-      read_options=grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+      read_options=grain.ReadOptions(num_threads=0, prefetch_buffer_size=0),
+  )
   return iter(loader)

@@ -45,16 +45,19 @@ RANDOM_TOKEN_SHARE = 0.1
 EVAL_MASKING_SEED = 0
 
 
-def pack_documents(token_lists: Sequence[Sequence[int]], seq_len: int, *,
-                   bos_id: int, eos_id: int, pad_id: int) -> np.ndarray:
+def pack_documents(
+    token_lists: Sequence[Sequence[int]], seq_len: int, *, bos_id: int, eos_id: int, pad_id: int
+) -> np.ndarray:
   """Packs tokenized documents into an int32 array [num_sequences, seq_len].
 
   Concatenating the rows without their first token, their last eos and any
   padding gives back the documents joined by eos, token for token.
   """
   if seq_len < 3:
-    raise ConfigError(f'config.model.max_len={seq_len} is too short: a sequence '
-                     'needs bos, eos and at least one token (use >= 3).')
+    raise ConfigError(
+        f'config.model.max_len={seq_len} is too short: a sequence '
+        'needs bos, eos and at least one token (use >= 3).'
+    )
   pieces = []
   for index, tokens in enumerate(token_lists):
     if index:
@@ -62,18 +65,19 @@ def pack_documents(token_lists: Sequence[Sequence[int]], seq_len: int, *,
     pieces.append(np.asarray(tokens, np.int32))
   stream = np.concatenate(pieces) if pieces else np.zeros([0], np.int32)
   if not stream.size:
-    raise ConfigError('The documents hold no tokens; check config.data.source '
-                      'and its path or dataset.')
+    raise ConfigError(
+        'The documents hold no tokens; check config.data.source and its path or dataset.'
+    )
   chunk = seq_len - 2
   num_sequences = math.ceil(stream.size / chunk)
   sequences = np.full([num_sequences, seq_len], pad_id, np.int32)
   sequences[:, 0] = bos_id
   full_rows = stream.size // chunk
-  sequences[:full_rows, 1:-1] = stream[:full_rows * chunk].reshape(full_rows, chunk)
+  sequences[:full_rows, 1:-1] = stream[: full_rows * chunk].reshape(full_rows, chunk)
   sequences[:full_rows, -1] = eos_id
-  rest = stream[full_rows * chunk:]
+  rest = stream[full_rows * chunk :]
   if rest.size:
-    sequences[-1, 1:1 + rest.size] = rest
+    sequences[-1, 1 : 1 + rest.size] = rest
     sequences[-1, 1 + rest.size] = eos_id
   return sequences
 
@@ -88,11 +92,12 @@ class PackedSequences(grain.sources.RandomAccessDataSource):
   def __init__(self, sequences: np.ndarray):
     sequences = np.asarray(sequences)
     if sequences.ndim != 2 or not np.issubdtype(sequences.dtype, np.integer):
-      raise ValueError('Packed sequences must be an integer array [num, seq_len]; '
-                       f'got {sequences.dtype} {sequences.shape}.')
+      raise ValueError(
+          'Packed sequences must be an integer array [num, seq_len]; '
+          f'got {sequences.dtype} {sequences.shape}.'
+      )
     self._sequences = sequences.astype(np.int32, copy=False)
-    self._digest = hashlib.sha256(
-        np.ascontiguousarray(self._sequences).tobytes()).hexdigest()[:16]
+    self._digest = hashlib.sha256(np.ascontiguousarray(self._sequences).tobytes()).hexdigest()[:16]
 
   def __len__(self) -> int:
     return len(self._sequences)
@@ -104,9 +109,16 @@ class PackedSequences(grain.sources.RandomAccessDataSource):
     return f'PackedSequences(shape={self._sequences.shape}, sha={self._digest})'
 
 
-def mask_tokens(tokens: np.ndarray, rng: np.random.Generator, *, mask_rate: float,
-                mask_id: int, pad_id: int, is_special: np.ndarray,
-                replacement_ids: np.ndarray) -> Batch:
+def mask_tokens(
+    tokens: np.ndarray,
+    rng: np.random.Generator,
+    *,
+    mask_rate: float,
+    mask_id: int,
+    pad_id: int,
+    is_special: np.ndarray,
+    replacement_ids: np.ndarray,
+) -> Batch:
   """RoBERTa masking of one sequence; returns one example of a batch dict.
 
   `is_special` is a bool per vocabulary id (True: never chosen); random
@@ -121,13 +133,13 @@ def mask_tokens(tokens: np.ndarray, rng: np.random.Generator, *, mask_rate: floa
   action = rng.random(num_chosen)
   inputs = tokens.copy()
   inputs[chosen[action < MASK_TOKEN_SHARE]] = mask_id
-  randomized = chosen[(action >= MASK_TOKEN_SHARE)
-                      & (action < MASK_TOKEN_SHARE + RANDOM_TOKEN_SHARE)]
+  randomized = chosen[
+      (action >= MASK_TOKEN_SHARE) & (action < MASK_TOKEN_SHARE + RANDOM_TOKEN_SHARE)
+  ]
   inputs[randomized] = rng.choice(replacement_ids, size=randomized.size)
   weights = np.zeros(tokens.shape, np.float32)
   weights[chosen] = 1.0
-  return {'inputs': inputs, 'targets': tokens, 'weights': weights,
-          'padding_mask': tokens != pad_id}
+  return {'inputs': inputs, 'targets': tokens, 'weights': weights, 'padding_mask': tokens != pad_id}
 
 
 def max_predictions(seq_len: int, mask_rate: float) -> int:
@@ -145,8 +157,10 @@ class DynamicMasking(grain.transforms.RandomMap):
 
   def __init__(self, tokenizer: tokenizer_lib.Tokenizer, mask_rate: float):
     if not 0.0 < mask_rate < 1.0:
-      raise ConfigError(f'config.data.mask_rate={mask_rate!r} is not allowed; use a '
-                       'fraction in (0, 1), e.g. 0.15.')
+      raise ConfigError(
+          f'config.data.mask_rate={mask_rate!r} is not allowed; use a '
+          'fraction in (0, 1), e.g. 0.15.'
+      )
     self._mask_rate = float(mask_rate)
     self._mask_id = tokenizer.mask_id
     self._pad_id = tokenizer.pad_id
@@ -156,25 +170,38 @@ class DynamicMasking(grain.transforms.RandomMap):
     self._replacement_ids = np.flatnonzero(~self._is_special).astype(np.int32)
 
   def random_map(self, element: np.ndarray, rng: np.random.Generator) -> Batch:
-    return mask_tokens(element, rng, mask_rate=self._mask_rate,
-                       mask_id=self._mask_id, pad_id=self._pad_id,
-                       is_special=self._is_special,
-                       replacement_ids=self._replacement_ids)
+    return mask_tokens(
+        element,
+        rng,
+        mask_rate=self._mask_rate,
+        mask_id=self._mask_id,
+        pad_id=self._pad_id,
+        is_special=self._is_special,
+        replacement_ids=self._replacement_ids,
+    )
 
 
 def _check_int(field: str, value: Any, minimum: int, maximum: int = sys.maxsize) -> int:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not (
-      minimum <= value <= maximum):
-    raise ConfigError(f'{field}={value!r} is not allowed; use an int in '
-                     f'[{minimum}, {maximum}].')
+  if (
+      isinstance(value, bool)
+      or not isinstance(value, (int, np.integer))
+      or not (minimum <= value <= maximum)
+  ):
+    raise ConfigError(f'{field}={value!r} is not allowed; use an int in [{minimum}, {maximum}].')
   return int(value)
 
 
-def create_train_iterator(packed_sequences: np.ndarray, *, batch_size: int,
-                          seed: int, mask_rate: float,
-                          tokenizer: tokenizer_lib.Tokenizer,
-                          process_index: int = 0, process_count: int = 1,
-                          worker_count: int = 0) -> grain.DataLoaderIterator:
+def create_train_iterator(
+    packed_sequences: np.ndarray,
+    *,
+    batch_size: int,
+    seed: int,
+    mask_rate: float,
+    tokenizer: tokenizer_lib.Tokenizer,
+    process_index: int = 0,
+    process_count: int = 1,
+    worker_count: int = 0,
+) -> grain.DataLoaderIterator:
   """An endless iterator of masked training batches for this process.
 
   The records are split into process_count equal shards (the remainder is
@@ -202,26 +229,42 @@ def create_train_iterator(packed_sequences: np.ndarray, *, batch_size: int,
   process_index = _check_int('process_index', process_index, 0, process_count - 1)
   worker_count = _check_int('config.data.worker_count', worker_count, 0)
   if len(source) < process_count:
-    raise ConfigError(f'The training split has {len(source)} sequences, fewer than '
-                     f'the {process_count} processes; use more data (config.data).')
+    raise ConfigError(
+        f'The training split has {len(source)} sequences, fewer than '
+        f'the {process_count} processes; use more data (config.data).'
+    )
   return loaders.shuffled_batches(
-      source, batch_size=batch_size, seed=seed, process_index=process_index,
-      process_count=process_count, worker_count=worker_count,
-      transforms=[DynamicMasking(tokenizer, mask_rate)])
+      source,
+      batch_size=batch_size,
+      seed=seed,
+      process_index=process_index,
+      process_count=process_count,
+      worker_count=worker_count,
+      transforms=[DynamicMasking(tokenizer, mask_rate)],
+  )
 
 
 def _empty_rows(count: int, seq_len: int, pad_id: int) -> Batch:
   """Rows that change no metric: all padding, no loss positions."""
-  return {'inputs': np.full([count, seq_len], pad_id, np.int32),
-          'targets': np.full([count, seq_len], pad_id, np.int32),
-          'weights': np.zeros([count, seq_len], np.float32),
-          'padding_mask': np.zeros([count, seq_len], bool)}
+  return {
+      'inputs': np.full([count, seq_len], pad_id, np.int32),
+      'targets': np.full([count, seq_len], pad_id, np.int32),
+      'weights': np.zeros([count, seq_len], np.float32),
+      'padding_mask': np.zeros([count, seq_len], bool),
+  }
 
 
-def create_eval_batches(packed_sequences: np.ndarray, *, batch_size: int, seed: int,
-                        mask_rate: float, tokenizer: tokenizer_lib.Tokenizer,
-                        max_batches: Optional[int] = None, process_index: int = 0,
-                        process_count: int = 1) -> List[Batch]:
+def create_eval_batches(
+    packed_sequences: np.ndarray,
+    *,
+    batch_size: int,
+    seed: int,
+    mask_rate: float,
+    tokenizer: tokenizer_lib.Tokenizer,
+    max_batches: Optional[int] = None,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> List[Batch]:
   """Deterministic masked evaluation batches of this process, none dropped.
 
   Sequences are taken in order (the first max_batches * batch_size *
@@ -236,7 +279,8 @@ def create_eval_batches(packed_sequences: np.ndarray, *, batch_size: int, seed: 
   process_count = _check_int('process_count', process_count, 1)
   process_index = _check_int('process_index', process_index, 0, process_count - 1)
   dataset = grain.MapDataset.source(source).random_map(
-      DynamicMasking(tokenizer, mask_rate), seed=seed)
+      DynamicMasking(tokenizer, mask_rate), seed=seed
+  )
   total = len(dataset)
   if max_batches:
     max_batches = _check_int('config.data.max_eval_batches', max_batches, 0)
@@ -252,18 +296,18 @@ def create_eval_batches(packed_sequences: np.ndarray, *, batch_size: int, seed: 
   missing = batch_size - batches[-1]['inputs'].shape[0]
   if missing:
     padding = _empty_rows(missing, seq_len, tokenizer.pad_id)
-    batches[-1] = {key: np.concatenate([value, padding[key]])
-                   for key, value in batches[-1].items()}
+    batches[-1] = {key: np.concatenate([value, padding[key]]) for key, value in batches[-1].items()}
   return batches
 
 
 class Datasets(NamedTuple):
   """What `build_datasets` returns; token counts are over all processes."""
+
   tokenizer: tokenizer_lib.Tokenizer
   train_iterator: Optional[grain.DataLoaderIterator]  # None for evaluation only
   eval_batches: List[Batch]
-  train_tokens: int   # non-padding tokens (bos/eos included) of the train split
-  eval_tokens: int    # same for the evaluation split, all of it
+  train_tokens: int  # non-padding tokens (bos/eos included) of the train split
+  eval_tokens: int  # same for the evaluation split, all of it
   train_sequences: int
   eval_sequences: int
   train_token_counts: np.ndarray  # [vocab_size] occurrences of each id in the train split
@@ -277,31 +321,48 @@ def _source_signature(data_config, split: str) -> Dict[str, Any]:
     signature['python'] = list(sys.version_info[:3])
   elif source == 'text_files':
     files = corpus.list_text_files(data_config.path)
-    signature['files'] = [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns]
-                          for f in files]
-    signature['split_files'] = {k: sorted(v) for k, v in
-                                dict(data_config.split_files or {}).items()}
+    signature['files'] = [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+    signature['split_files'] = {
+        k: sorted(v) for k, v in dict(data_config.split_files or {}).items()
+    }
   elif source == 'tfds':
-    signature.update(name=data_config.tfds_name, key=data_config.tfds_text_key,
-                     data_dir=data_config.tfds_data_dir or '')
+    signature.update(
+        name=data_config.tfds_name,
+        key=data_config.tfds_text_key,
+        data_dir=data_config.tfds_data_dir or '',
+    )
   return signature
 
 
-def _packed_split(data_config, split: str, seq_len: int,
-                  tokenizer: tokenizer_lib.Tokenizer, cache_root: pathlib.Path,
-                  documents_fn) -> np.ndarray:
+def _packed_split(
+    data_config,
+    split: str,
+    seq_len: int,
+    tokenizer: tokenizer_lib.Tokenizer,
+    cache_root: pathlib.Path,
+    documents_fn,
+) -> np.ndarray:
   """The split packed into sequences, from the cache or tokenized and saved."""
-  key = json.dumps({'data': _source_signature(data_config, split),
-                    'tokenizer': tokenizer.fingerprint, 'seq_len': seq_len,
-                    'document_chars': corpus.TEXT_FILE_DOCUMENT_CHARS},
-                   sort_keys=True)
+  key = json.dumps(
+      {
+          'data': _source_signature(data_config, split),
+          'tokenizer': tokenizer.fingerprint,
+          'seq_len': seq_len,
+          'document_chars': corpus.TEXT_FILE_DOCUMENT_CHARS,
+      },
+      sort_keys=True,
+  )
   digest = hashlib.sha256(key.encode('utf-8')).hexdigest()[:20]
   path = cache_root / 'packed' / f'{split}-{digest}.npy'
   if path.exists():
     return np.load(path)
-  packed = pack_documents(tokenizer.encode_all(documents_fn(split)), seq_len,
-                          bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
-                          pad_id=tokenizer.pad_id)
+  packed = pack_documents(
+      tokenizer.encode_all(documents_fn(split)),
+      seq_len,
+      bos_id=tokenizer.bos_id,
+      eos_id=tokenizer.eos_id,
+      pad_id=tokenizer.pad_id,
+  )
   path.parent.mkdir(parents=True, exist_ok=True)
   temporary = path.with_name(f'{path.stem}.tmp{os.getpid()}.npy')
   np.save(temporary, packed)
@@ -309,8 +370,9 @@ def _packed_split(data_config, split: str, seq_len: int,
   return packed
 
 
-def build_datasets(config, workdir: str, process_index: int = 0,
-                   process_count: int = 1, train: bool = True) -> Datasets:
+def build_datasets(
+    config, workdir: str, process_index: int = 0, process_count: int = 1, train: bool = True
+) -> Datasets:
   """Tokenizer, training iterator and evaluation batches of a run's config.
 
   Reads config.seed, batch_size, eval_batch_size (global; divided among the
@@ -325,11 +387,14 @@ def build_datasets(config, workdir: str, process_index: int = 0,
   batch_size, eval_batch_size = loaders.per_process_batch_sizes(config, process_count)
   for field in ('train_split', 'eval_split'):
     if not isinstance(data[field], str) or not data[field]:
-      raise ConfigError(f'config.data.{field}={data[field]!r} is not allowed; name a '
-                       "split, e.g. 'train' or 'validation'.")
+      raise ConfigError(
+          f'config.data.{field}={data[field]!r} is not allowed; name a '
+          "split, e.g. 'train' or 'validation'."
+      )
   if data.source not in corpus.SOURCES:
-    raise ConfigError(f'config.data.source={data.source!r} is not allowed; use one '
-                     f'of {corpus.SOURCES}.')
+    raise ConfigError(
+        f'config.data.source={data.source!r} is not allowed; use one of {corpus.SOURCES}.'
+    )
 
   loaded = {}
 
@@ -338,34 +403,48 @@ def build_datasets(config, workdir: str, process_index: int = 0,
       loaded[split] = corpus.load_documents(data, split)
     return loaded[split]
 
-  tokenizer = tokenizer_lib.build_tokenizer(
-      data, workdir, lambda: documents(data.train_split))
+  tokenizer = tokenizer_lib.build_tokenizer(data, workdir, lambda: documents(data.train_split))
   model_vocab = config.model.get('vocab_size')
   if model_vocab is not None and model_vocab != tokenizer.vocab_size:
     raise ConfigError(
-        f'config.model.vocab_size={model_vocab} does not match the tokenizer\'s '
+        f"config.model.vocab_size={model_vocab} does not match the tokenizer's "
         f'{tokenizer.vocab_size} tokens; set config.data.vocab_size='
-        f'{tokenizer.vocab_size} (config.model.vocab_size follows it).')
+        f'{tokenizer.vocab_size} (config.model.vocab_size follows it).'
+    )
   cache_root = corpus.cache_root(data.cache_dir)
-  train_split = _packed_split(data, data.train_split, seq_len, tokenizer, cache_root,
-                              documents)
-  evaluation = _packed_split(data, data.eval_split, seq_len, tokenizer, cache_root,
-                             documents)
+  train_split = _packed_split(data, data.train_split, seq_len, tokenizer, cache_root, documents)
+  evaluation = _packed_split(data, data.eval_split, seq_len, tokenizer, cache_root, documents)
   train_iterator = None
   if train:
     train_iterator = create_train_iterator(
-        train_split, batch_size=batch_size, seed=config.seed,
-        mask_rate=data.mask_rate, tokenizer=tokenizer, process_index=process_index,
-        process_count=process_count, worker_count=data.worker_count)
+        train_split,
+        batch_size=batch_size,
+        seed=config.seed,
+        mask_rate=data.mask_rate,
+        tokenizer=tokenizer,
+        process_index=process_index,
+        process_count=process_count,
+        worker_count=data.worker_count,
+    )
   eval_batches = create_eval_batches(
-      evaluation, batch_size=eval_batch_size,
-      seed=EVAL_MASKING_SEED, mask_rate=data.mask_rate, tokenizer=tokenizer,
-      max_batches=data.max_eval_batches or None, process_index=process_index,
-      process_count=process_count)
+      evaluation,
+      batch_size=eval_batch_size,
+      seed=EVAL_MASKING_SEED,
+      mask_rate=data.mask_rate,
+      tokenizer=tokenizer,
+      max_batches=data.max_eval_batches or None,
+      process_index=process_index,
+      process_count=process_count,
+  )
   return Datasets(
-      tokenizer=tokenizer, train_iterator=train_iterator, eval_batches=eval_batches,
+      tokenizer=tokenizer,
+      train_iterator=train_iterator,
+      eval_batches=eval_batches,
       train_tokens=int(np.count_nonzero(train_split != tokenizer.pad_id)),
       eval_tokens=int(np.count_nonzero(evaluation != tokenizer.pad_id)),
-      train_sequences=len(train_split), eval_sequences=len(evaluation),
-      train_token_counts=np.bincount(train_split[train_split != tokenizer.pad_id],
-                                     minlength=tokenizer.vocab_size))
+      train_sequences=len(train_split),
+      eval_sequences=len(evaluation),
+      train_token_counts=np.bincount(
+          train_split[train_split != tokenizer.pad_id], minlength=tokenizer.vocab_size
+      ),
+  )

@@ -70,8 +70,7 @@ class ByteTokenizer(Tokenizer):
   vocab_size = 256 + _OFFSET
 
   def encode(self, text: str) -> List[int]:
-    return (np.frombuffer(text.encode('utf-8'), np.uint8).astype(np.int32)
-            + self._OFFSET).tolist()
+    return (np.frombuffer(text.encode('utf-8'), np.uint8).astype(np.int32) + self._OFFSET).tolist()
 
   def decode(self, ids: Iterable[int]) -> str:
     data = bytes(i - self._OFFSET for i in ids if i >= self._OFFSET)
@@ -96,8 +95,10 @@ class SentencePieceTokenizer(Tokenizer):
     self.eos_id = self._processor.eos_id()
     self.mask_id = self._processor.piece_to_id(MASK_PIECE)
     if self.mask_id == self.unk_id:
-      raise ConfigError(f'{model_path} has no {MASK_PIECE} piece; delete it so that '
-                       'a new tokenizer is trained.')
+      raise ConfigError(
+          f'{model_path} has no {MASK_PIECE} piece; delete it so that '
+          'a new tokenizer is trained.'
+      )
 
   @property
   def special_ids(self) -> Tuple[int, ...]:
@@ -117,25 +118,36 @@ class SentencePieceTokenizer(Tokenizer):
     return f'SentencePieceTokenizer(vocab_size={self.vocab_size}, sha={self._digest})'
 
   @classmethod
-  def train(cls, sentences: Iterator[str], vocab_size: int,
-            model_path: str) -> 'SentencePieceTokenizer':
+  def train(
+      cls, sentences: Iterator[str], vocab_size: int, model_path: str
+  ) -> 'SentencePieceTokenizer':
     """Trains a unigram model on `sentences` and saves it at `model_path`."""
     model = io.BytesIO()
     spm.SetRandomGeneratorSeed(_TRAINING_SEED)  # the sentence sample is seeded
     try:
       spm.SentencePieceTrainer.train(
-          sentence_iterator=sentences, model_writer=model,
-          model_type='unigram', vocab_size=vocab_size,
+          sentence_iterator=sentences,
+          model_writer=model,
+          model_type='unigram',
+          vocab_size=vocab_size,
           user_defined_symbols=[MASK_PIECE],
-          pad_id=0, unk_id=1, bos_id=2, eos_id=3,
-          input_sentence_size=TRAINING_SENTENCES, shuffle_input_sentence=True,
+          pad_id=0,
+          unk_id=1,
+          bos_id=2,
+          eos_id=3,
+          input_sentence_size=TRAINING_SENTENCES,
+          shuffle_input_sentence=True,
           max_sentence_length=4 * _MAX_SENTENCE_CHARS,  # in bytes
-          num_threads=os.cpu_count() or 1, minloglevel=2)
+          num_threads=os.cpu_count() or 1,
+          minloglevel=2,
+      )
     except RuntimeError as error:
       # Raised e.g. when the corpus has fewer distinct pieces than vocab_size.
-      raise ConfigError(f'SentencePiece training failed with config.data.vocab_size='
-                       f'{vocab_size}: {error}. Lower config.data.vocab_size or use '
-                       'a larger training split.') from error
+      raise ConfigError(
+          f'SentencePiece training failed with config.data.vocab_size='
+          f'{vocab_size}: {error}. Lower config.data.vocab_size or use '
+          'a larger training split.'
+      ) from error
     path = pathlib.Path(model_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f'{path.name}.tmp{os.getpid()}')
@@ -162,8 +174,9 @@ def _short_digest(data: bytes) -> str:
   return hashlib.sha256(data).hexdigest()[:16]
 
 
-def build_tokenizer(data_config: Mapping[str, Any], workdir: str,
-                    train_documents_fn: Callable[[], Iterable[str]]) -> Tokenizer:
+def build_tokenizer(
+    data_config: Mapping[str, Any], workdir: str, train_documents_fn: Callable[[], Iterable[str]]
+) -> Tokenizer:
   """The tokenizer `config.data.tokenizer` names.
 
   A SentencePiece model is trained on `train_documents_fn()` the first time and
@@ -179,12 +192,12 @@ def build_tokenizer(data_config: Mapping[str, Any], workdir: str,
   if kind == 'byte':
     return ByteTokenizer()
   if kind != 'sentencepiece':
-    raise ConfigError(f'config.data.tokenizer={kind!r} is not allowed; use one of '
-                     f'{TOKENIZERS}.')
+    raise ConfigError(f'config.data.tokenizer={kind!r} is not allowed; use one of {TOKENIZERS}.')
   vocab_size = data_config['vocab_size']
   if not isinstance(vocab_size, int) or vocab_size < 8:
-    raise ConfigError(f'config.data.vocab_size={vocab_size!r} is not allowed; use '
-                     'an int >= 8 (e.g. 8000).')
+    raise ConfigError(
+        f'config.data.vocab_size={vocab_size!r} is not allowed; use an int >= 8 (e.g. 8000).'
+    )
   model_path = pathlib.Path(workdir) / MODEL_FILENAME
   if model_path.exists():
     tokenizer = SentencePieceTokenizer(str(model_path))
@@ -192,7 +205,9 @@ def build_tokenizer(data_config: Mapping[str, Any], workdir: str,
       raise ConfigError(
           f'config.data.vocab_size={vocab_size} differs from the vocabulary of '
           f'{model_path} ({tokenizer.vocab_size}); set config.data.vocab_size='
-          f'{tokenizer.vocab_size} or use a new workdir.')
+          f'{tokenizer.vocab_size} or use a new workdir.'
+      )
     return tokenizer
   return SentencePieceTokenizer.train(
-      training_sentences(train_documents_fn()), vocab_size, str(model_path))
+      training_sentences(train_documents_fn()), vocab_size, str(model_path)
+  )

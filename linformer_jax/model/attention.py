@@ -38,24 +38,24 @@ def _check_qkv(q: Array, k: Array, v: Array) -> None:
   if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
     raise ValueError(
         'q, k and v must be [batch, length, heads, head_dim]; got shapes '
-        f'{q.shape}, {k.shape}, {v.shape}.')
+        f'{q.shape}, {k.shape}, {v.shape}.'
+    )
   if k.shape != v.shape:
     raise ValueError(f'k and v must have the same shape; got {k.shape} and {v.shape}.')
   if q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:]:
     raise ValueError(
-        'q and k must agree on batch, heads and head_dim; got '
-        f'{q.shape} and {k.shape}.')
+        f'q and k must agree on batch, heads and head_dim; got {q.shape} and {k.shape}.'
+    )
 
 
 def _check_mask(mask: Optional[Array], batch: int, length: int) -> None:
   if mask is not None and mask.shape != (batch, length):
     raise ValueError(
-        f'key_padding_mask must be [batch, length] = {(batch, length)}; '
-        f'got {mask.shape}.')
+        f'key_padding_mask must be [batch, length] = {(batch, length)}; got {mask.shape}.'
+    )
 
 
-def attend(q: Array, k: Array, v: Array,
-           key_mask: Optional[Array] = None) -> Array:
+def attend(q: Array, k: Array, v: Array, key_mask: Optional[Array] = None) -> Array:
   """Softmax attention of every query over the given keys/values.
 
   Args:
@@ -69,19 +69,20 @@ def attend(q: Array, k: Array, v: Array,
     [batch, q_length, heads, head_dim] in the dtype of `q`.
   """
   head_dim = q.shape[-1]
-  logits = jnp.einsum('bqhd,bkhd->bhqk', q, k,
-                      preferred_element_type=jnp.float32)
+  logits = jnp.einsum('bqhd,bkhd->bhqk', q, k, preferred_element_type=jnp.float32)
   logits = logits / jnp.sqrt(jnp.float32(head_dim))
   if key_mask is not None:
     logits = jnp.where(key_mask[:, None, None, :], logits, MASKED_LOGIT)
   weights = jax.nn.softmax(logits, axis=-1)
-  out = jnp.einsum('bhqk,bkhd->bqhd', weights, v.astype(jnp.float32),
-                   preferred_element_type=jnp.float32)
+  out = jnp.einsum(
+      'bhqk,bkhd->bqhd', weights, v.astype(jnp.float32), preferred_element_type=jnp.float32
+  )
   return out.astype(q.dtype)
 
 
-def dot_product_attention(q: Array, k: Array, v: Array, *,
-                          key_padding_mask: Optional[Array] = None) -> Array:
+def dot_product_attention(
+    q: Array, k: Array, v: Array, *, key_padding_mask: Optional[Array] = None
+) -> Array:
   """Standard softmax attention, the Transformer baseline: softmax(QK^T/sqrt(d))V.
 
   Args:
@@ -111,13 +112,14 @@ def _rows_for_length(matrix: Array, length: int, name: str) -> Array:
     raise ValueError(
         f'Sequence length {length} is longer than the projection {name}, which '
         f'covers {max_len} positions; use sequences of at most {max_len} tokens '
-        'or a model with a larger max_len.')
+        'or a model with a larger max_len.'
+    )
   return matrix[..., :length, :]
 
 
-def project_sequence(x: Array, matrix: Array, *,
-                     key_padding_mask: Optional[Array] = None,
-                     name: str = 'E') -> Array:
+def project_sequence(
+    x: Array, matrix: Array, *, key_padding_mask: Optional[Array] = None, name: str = 'E'
+) -> Array:
   """Compresses x along its sequence axis with a projection matrix.
 
   Args:
@@ -136,11 +138,13 @@ def project_sequence(x: Array, matrix: Array, *,
   if matrix.ndim not in (2, 3):
     raise ValueError(
         f'Projection {name} must be [length, projected_len] or '
-        f'[heads, length, projected_len]; got shape {matrix.shape}.')
+        f'[heads, length, projected_len]; got shape {matrix.shape}.'
+    )
   if matrix.ndim == 3 and matrix.shape[0] != x.shape[2]:
     raise ValueError(
         f'Per-head projection {name} has {matrix.shape[0]} heads but the input '
-        f'has {x.shape[2]}.')
+        f'has {x.shape[2]}.'
+    )
   rows = _rows_for_length(matrix, x.shape[1], name)
   x = zero_padding(x, key_padding_mask)
   equation = 'bnhd,nk->bkhd' if rows.ndim == 2 else 'bnhd,hnk->bkhd'
@@ -150,8 +154,9 @@ def project_sequence(x: Array, matrix: Array, *,
   return out.astype(x.dtype)
 
 
-def linformer_attention(q: Array, k: Array, v: Array, e: Array, f: Array, *,
-                        key_padding_mask: Optional[Array] = None) -> Array:
+def linformer_attention(
+    q: Array, k: Array, v: Array, e: Array, f: Array, *, key_padding_mask: Optional[Array] = None
+) -> Array:
   """Linformer attention: softmax(Q (E^T K)^T / sqrt(d)) (F^T V).
 
   Args:
@@ -173,8 +178,7 @@ def linformer_attention(q: Array, k: Array, v: Array, e: Array, f: Array, *,
   return attend(q, projected_k, projected_v)
 
 
-def _to_windows(x: Array, mask: Optional[Array], max_len: int,
-                window: int) -> Tuple[Array, Array]:
+def _to_windows(x: Array, mask: Optional[Array], max_len: int, window: int) -> Tuple[Array, Array]:
   """Pads x and its mask to max_len and splits the sequence into windows.
 
   Returns:
@@ -185,7 +189,8 @@ def _to_windows(x: Array, mask: Optional[Array], max_len: int,
   if length > max_len:
     raise ValueError(
         f'Sequence length {length} is longer than max_len {max_len}; use '
-        f'sequences of at most {max_len} tokens or a larger model.max_len.')
+        f'sequences of at most {max_len} tokens or a larger model.max_len.'
+    )
   if mask is None:
     mask = jnp.ones((batch, length), dtype=bool)
   pad = max_len - length
@@ -196,8 +201,9 @@ def _to_windows(x: Array, mask: Optional[Array], max_len: int,
   return x, mask.reshape(batch, num_windows, window)
 
 
-def pool_sequence(x: Array, *, window: int, max_len: int, kind: str,
-                  key_padding_mask: Optional[Array] = None) -> Tuple[Array, Array]:
+def pool_sequence(
+    x: Array, *, window: int, max_len: int, kind: str, key_padding_mask: Optional[Array] = None
+) -> Tuple[Array, Array]:
   """Mean- or max-pools x along the sequence axis with kernel = stride = window.
 
   The input is treated as padded to max_len, so it always yields
@@ -230,8 +236,9 @@ def pool_sequence(x: Array, *, window: int, max_len: int, kind: str,
   return pooled.astype(x.dtype), count > 0
 
 
-def conv_sequence(x: Array, kernel: Array, *, max_len: int,
-                  key_padding_mask: Optional[Array] = None) -> Tuple[Array, Array]:
+def conv_sequence(
+    x: Array, kernel: Array, *, max_len: int, key_padding_mask: Optional[Array] = None
+) -> Tuple[Array, Array]:
   """A strided convolution along the sequence, kernel size = stride = window.
 
   Each output position mixes one window of `window` consecutive positions and
@@ -250,18 +257,22 @@ def conv_sequence(x: Array, kernel: Array, *, max_len: int,
     [batch, max_len // window] mask of windows holding real tokens.
   """
   window = kernel.shape[-3]
-  windows, mask = _to_windows(zero_padding(x, key_padding_mask),
-                              key_padding_mask, max_len, window)
+  windows, mask = _to_windows(zero_padding(x, key_padding_mask), key_padding_mask, max_len, window)
   equation = 'bwjhc,jcd->bwhd' if kernel.ndim == 3 else 'bwjhc,hjcd->bwhd'
-  out = jnp.einsum(equation, windows.astype(jnp.float32),
-                   kernel.astype(jnp.float32))
+  out = jnp.einsum(equation, windows.astype(jnp.float32), kernel.astype(jnp.float32))
   return out.astype(x.dtype), jnp.any(mask, axis=2)
 
 
-def compress_sequence(x: Array, projection: str, weight: Optional[Array], *,
-                      max_len: int, projected_len: int,
-                      key_padding_mask: Optional[Array] = None,
-                      name: str = 'E') -> Tuple[Array, Optional[Array]]:
+def compress_sequence(
+    x: Array,
+    projection: str,
+    weight: Optional[Array],
+    *,
+    max_len: int,
+    projected_len: int,
+    key_padding_mask: Optional[Array] = None,
+    name: str = 'E',
+) -> Tuple[Array, Optional[Array]]:
   """Compresses keys or values from length to projected_len positions.
 
   The paper's general projections, each blind to padding:
@@ -284,23 +295,34 @@ def compress_sequence(x: Array, projection: str, weight: Optional[Array], *,
     every compressed position does, as for a matrix projection).
   """
   if projection in ('linear', 'random'):
-    return project_sequence(x, weight, key_padding_mask=key_padding_mask,
-                            name=name), None
+    return project_sequence(x, weight, key_padding_mask=key_padding_mask, name=name), None
   if projection in ('mean', 'max'):
-    return pool_sequence(x, window=max_len // projected_len, max_len=max_len,
-                         kind=projection, key_padding_mask=key_padding_mask)
+    return pool_sequence(
+        x,
+        window=max_len // projected_len,
+        max_len=max_len,
+        kind=projection,
+        key_padding_mask=key_padding_mask,
+    )
   if projection == 'conv':
-    return conv_sequence(x, weight, max_len=max_len,
-                         key_padding_mask=key_padding_mask)
+    return conv_sequence(x, weight, max_len=max_len, key_padding_mask=key_padding_mask)
   raise ValueError(
-      f"projection={projection!r} is unknown; use 'linear', 'random', 'mean', "
-      "'max' or 'conv'.")
+      f"projection={projection!r} is unknown; use 'linear', 'random', 'mean', 'max' or 'conv'."
+  )
 
 
-def compressed_attention(q: Array, k: Array, v: Array, *, projection: str,
-                         key_weight: Optional[Array], value_weight: Optional[Array],
-                         max_len: int, projected_len: int,
-                         key_padding_mask: Optional[Array] = None) -> Array:
+def compressed_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    projection: str,
+    key_weight: Optional[Array],
+    value_weight: Optional[Array],
+    max_len: int,
+    projected_len: int,
+    key_padding_mask: Optional[Array] = None,
+) -> Array:
   """Linformer attention with any of the paper's sequence projections.
 
   Keys and values are compressed by `compress_sequence` (with `key_weight` and
@@ -312,10 +334,7 @@ def compressed_attention(q: Array, k: Array, v: Array, *, projection: str,
   """
   _check_qkv(q, k, v)
   _check_mask(key_padding_mask, k.shape[0], k.shape[1])
-  common = dict(max_len=max_len, projected_len=projected_len,
-                key_padding_mask=key_padding_mask)
-  projected_k, projected_mask = compress_sequence(k, projection, key_weight,
-                                                  name='E', **common)
-  projected_v, _ = compress_sequence(v, projection, value_weight, name='F',
-                                     **common)
+  common = dict(max_len=max_len, projected_len=projected_len, key_padding_mask=key_padding_mask)
+  projected_k, projected_mask = compress_sequence(k, projection, key_weight, name='E', **common)
+  projected_v, _ = compress_sequence(v, projection, value_weight, name='F', **common)
   return attend(q, projected_k, projected_v, projected_mask)

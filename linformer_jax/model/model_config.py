@@ -33,6 +33,7 @@ def _field_error(field: str, value: Any, allowed: str) -> ConfigError:
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Hyper-parameters of the encoder; see configs/ for a comment per field."""
+
   vocab_size: int
   max_len: int
   num_layers: int = 12
@@ -63,7 +64,8 @@ class ModelConfig:
     if unknown:
       raise ConfigError(
           f'Unknown field(s) config.model.{", config.model.".join(unknown)}; '
-          f'known fields are: {", ".join(sorted(known))}.')
+          f'known fields are: {", ".join(sorted(known))}.'
+      )
     return cls(**values)
 
   @property
@@ -85,27 +87,31 @@ class ModelConfig:
     return self.max_len // self.projected_len_for_layer(layer)
 
   def _validate(self) -> None:
-    for field in ('vocab_size', 'max_len', 'num_layers', 'num_heads',
-                  'hidden_dim', 'mlp_dim'):
+    for field in ('vocab_size', 'max_len', 'num_layers', 'num_heads', 'hidden_dim', 'mlp_dim'):
       value = getattr(self, field)
       if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise _field_error(field, value, 'use a positive integer')
     if self.hidden_dim % self.num_heads:
       raise _field_error(
-          'hidden_dim', self.hidden_dim,
-          f'it must be divisible by num_heads={self.num_heads}')
+          'hidden_dim', self.hidden_dim, f'it must be divisible by num_heads={self.num_heads}'
+      )
     if self.attention not in ATTENTION_TYPES:
       raise _field_error('attention', self.attention, f'use one of {ATTENTION_TYPES}')
     if self.sharing not in SHARING_MODES:
       raise _field_error('sharing', self.sharing, f'use one of {SHARING_MODES}')
     if self.projection not in PROJECTION_TYPES:
-      raise _field_error('projection', self.projection,
-                         f'use one of {PROJECTION_TYPES}')
-    if (not isinstance(self.num_segments, int) or isinstance(self.num_segments, bool)
-        or self.num_segments < 0):
-      raise _field_error('num_segments', self.num_segments,
-                         'use 0 (no segment embedding, as RoBERTa) or the number '
-                         'of segments, e.g. 2 for sentence pairs')
+      raise _field_error('projection', self.projection, f'use one of {PROJECTION_TYPES}')
+    if (
+        not isinstance(self.num_segments, int)
+        or isinstance(self.num_segments, bool)
+        or self.num_segments < 0
+    ):
+      raise _field_error(
+          'num_segments',
+          self.num_segments,
+          'use 0 (no segment embedding, as RoBERTa) or the number '
+          'of segments, e.g. 2 for sentence pairs',
+      )
     if self.pooling not in POOLING_TYPES:
       raise _field_error('pooling', self.pooling, f'use one of {POOLING_TYPES}')
     if self.dtype not in DTYPES:
@@ -119,26 +125,32 @@ class ModelConfig:
     if isinstance(per_layer, tuple):
       if len(per_layer) != self.num_layers:
         raise _field_error(
-            'projected_len', per_layer,
-            f'give one int or exactly num_layers={self.num_layers} ints')
-      if (self.sharing in ('layerwise', 'kv') and self.attention == 'linformer'
-          and len(set(per_layer)) > 1):
+            'projected_len', per_layer, f'give one int or exactly num_layers={self.num_layers} ints'
+        )
+      if (
+          self.sharing in ('layerwise', 'kv')
+          and self.attention == 'linformer'
+          and len(set(per_layer)) > 1
+      ):
         raise _field_error(
-            'projected_len', per_layer,
+            'projected_len',
+            per_layer,
             f"sharing='{self.sharing}' needs one k for every layer; use "
-            "sharing='none' or 'headwise' for a different k per layer")
+            "sharing='none' or 'headwise' for a different k per layer",
+        )
     else:
       per_layer = (per_layer,)
     for k in per_layer:
       if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise _field_error('projected_len', self.projected_len,
-                           'use positive integers')
+        raise _field_error('projected_len', self.projected_len, 'use positive integers')
       if k > self.max_len:
         raise _field_error(
-            'projected_len', self.projected_len,
-            f'k must be at most max_len={self.max_len}')
+            'projected_len', self.projected_len, f'k must be at most max_len={self.max_len}'
+        )
       if self.projection in WINDOWED_PROJECTIONS and self.max_len % k:
         raise _field_error(
-            'projected_len', self.projected_len,
+            'projected_len',
+            self.projected_len,
             f"projection='{self.projection}' needs max_len={self.max_len} to be "
-            f'a multiple of k (window = stride = n/k); {self.max_len} % {k} != 0')
+            f'a multiple of k (window = stride = n/k); {self.max_len} % {k} != 0',
+        )

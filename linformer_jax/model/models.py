@@ -43,28 +43,38 @@ PROJECTION_NAMES = ('kv_projection', 'key_projection', 'value_projection')
 
 def johnson_lindenstrauss_init(projected_len: int):
   """Initialiser with entries from N(0, 1/k), the paper's JL construction."""
-  return nn.initializers.normal(stddev=projected_len ** -0.5)
+  return nn.initializers.normal(stddev=projected_len**-0.5)
 
 
 def _partitioned(init, names):
   return nn.with_logical_partitioning(init, names)
 
 
-def _dense(features, in_axes: Tuple[str, ...], out_axes: Tuple[str, ...], *,
-           name: str, dtype, axis=-1) -> nn.DenseGeneral:
+def _dense(
+    features, in_axes: Tuple[str, ...], out_axes: Tuple[str, ...], *, name: str, dtype, axis=-1
+) -> nn.DenseGeneral:
   """A float32-parameter dense layer whose kernel carries the logical axes
   in_axes + out_axes and whose bias carries out_axes."""
   return nn.DenseGeneral(
-      features, axis=axis, dtype=dtype, param_dtype=jnp.float32, name=name,
+      features,
+      axis=axis,
+      dtype=dtype,
+      param_dtype=jnp.float32,
+      name=name,
       kernel_init=_partitioned(_DENSE_INIT, in_axes + out_axes),
-      bias_init=_partitioned(nn.initializers.zeros, out_axes))
+      bias_init=_partitioned(nn.initializers.zeros, out_axes),
+  )
 
 
 def _layer_norm(name: str, dtype) -> nn.LayerNorm:
   return nn.LayerNorm(
-      epsilon=1e-5, dtype=dtype, param_dtype=jnp.float32, name=name,
+      epsilon=1e-5,
+      dtype=dtype,
+      param_dtype=jnp.float32,
+      name=name,
       scale_init=_partitioned(nn.initializers.ones, (axes.EMBED,)),
-      bias_init=_partitioned(nn.initializers.zeros, (axes.EMBED,)))
+      bias_init=_partitioned(nn.initializers.zeros, (axes.EMBED,)),
+  )
 
 
 class SequenceProjection(nn.Module):
@@ -81,6 +91,7 @@ class SequenceProjection(nn.Module):
   convolution kernels for 'conv' (a leading heads axis when per_head), and
   None for pooling.
   """
+
   config: ModelConfig
   projected_len: int
   per_head: bool
@@ -98,14 +109,15 @@ class SequenceProjection(nn.Module):
       if cfg.projection == 'linear':
         return self.param(name, init, shape, jnp.float32)
       return self.variable(
-          CONSTANTS, name, lambda: init(self.make_rng('params'), shape,
-                                        jnp.float32)).value
+          CONSTANTS, name, lambda: init(self.make_rng('params'), shape, jnp.float32)
+      ).value
     if cfg.projection == 'conv':
       window = cfg.max_len // self.projected_len
       shape = heads + (window, cfg.head_dim, cfg.head_dim)
       names = head_axes + (axes.CONV_WINDOW, axes.HEAD_DIM_IN, axes.HEAD_DIM)
       fan_in = nn.initializers.variance_scaling(
-          1.0, 'fan_in', 'normal', in_axis=(-3, -2), out_axis=-1)
+          1.0, 'fan_in', 'normal', in_axis=(-3, -2), out_axis=-1
+      )
       return self.param(name, _partitioned(fan_in, names), shape, jnp.float32)
     return None
 
@@ -119,19 +131,31 @@ class SequenceProjection(nn.Module):
 
 class SelfAttention(nn.Module):
   """Multi-head self-attention, full or Linformer, for one layer."""
+
   config: ModelConfig
   layer: int
 
   @nn.compact
-  def __call__(self, x: Array, padding_mask: Optional[Array],
-               shared_projection: Tuple[Optional[Array], Optional[Array]],
-               deterministic: bool) -> Array:
+  def __call__(
+      self,
+      x: Array,
+      padding_mask: Optional[Array],
+      shared_projection: Tuple[Optional[Array], Optional[Array]],
+      deterministic: bool,
+  ) -> Array:
     cfg = self.config
     dtype = cfg.compute_dtype
 
-    q, k, v = (_dense((cfg.num_heads, cfg.head_dim), (axes.EMBED,),
-                      (axes.HEADS, axes.HEAD_DIM), name=name, dtype=dtype)(x)
-               for name in ('query', 'key', 'value'))
+    q, k, v = (
+        _dense(
+            (cfg.num_heads, cfg.head_dim),
+            (axes.EMBED,),
+            (axes.HEADS, axes.HEAD_DIM),
+            name=name,
+            dtype=dtype,
+        )(x)
+        for name in ('query', 'key', 'value')
+    )
     if cfg.attention == 'full':
       out = attention.dot_product_attention(q, k, v, key_padding_mask=padding_mask)
     else:
@@ -140,19 +164,37 @@ class SelfAttention(nn.Module):
         key_weight, value_weight = shared_projection
       else:
         key_weight, value_weight = SequenceProjection(
-            cfg, projected_len, per_head=cfg.sharing == 'none',
-            share_key_value=cfg.sharing == 'kv', name='projection')()
+            cfg,
+            projected_len,
+            per_head=cfg.sharing == 'none',
+            share_key_value=cfg.sharing == 'kv',
+            name='projection',
+        )()
       out = attention.compressed_attention(
-          q, k, v, projection=cfg.projection, key_weight=key_weight,
-          value_weight=value_weight, max_len=cfg.max_len,
-          projected_len=projected_len, key_padding_mask=padding_mask)
-    out = _dense(cfg.hidden_dim, (axes.HEADS, axes.HEAD_DIM), (axes.EMBED,),
-                 name='out', dtype=dtype, axis=(-2, -1))(out)
+          q,
+          k,
+          v,
+          projection=cfg.projection,
+          key_weight=key_weight,
+          value_weight=value_weight,
+          max_len=cfg.max_len,
+          projected_len=projected_len,
+          key_padding_mask=padding_mask,
+      )
+    out = _dense(
+        cfg.hidden_dim,
+        (axes.HEADS, axes.HEAD_DIM),
+        (axes.EMBED,),
+        name='out',
+        dtype=dtype,
+        axis=(-2, -1),
+    )(out)
     return nn.Dropout(cfg.dropout_rate)(out, deterministic=deterministic)
 
 
 class FeedForward(nn.Module):
   """The position-wise GELU MLP."""
+
   config: ModelConfig
 
   @nn.compact
@@ -168,6 +210,7 @@ class FeedForward(nn.Module):
 
 class EncoderLayer(nn.Module):
   """Attention and MLP blocks with residuals, post-LN (RoBERTa) or pre-LN."""
+
   config: ModelConfig
   layer: int
 
@@ -178,46 +221,62 @@ class EncoderLayer(nn.Module):
     attend = SelfAttention(cfg, self.layer, name='attention')
     feed_forward = FeedForward(cfg, name='mlp')
     if cfg.pre_layer_norm:
-      x = x + attend(_layer_norm('attention_norm', dtype)(x), padding_mask,
-                     shared_projection, deterministic)
+      x = x + attend(
+          _layer_norm('attention_norm', dtype)(x), padding_mask, shared_projection, deterministic
+      )
       return x + feed_forward(_layer_norm('mlp_norm', dtype)(x), deterministic)
     x = _layer_norm('attention_norm', dtype)(
-        x + attend(x, padding_mask, shared_projection, deterministic))
+        x + attend(x, padding_mask, shared_projection, deterministic)
+    )
     return _layer_norm('mlp_norm', dtype)(x + feed_forward(x, deterministic))
 
 
 class Encoder(nn.Module):
   """Token + learned position embeddings and a stack of encoder layers."""
+
   config: ModelConfig
 
   def setup(self):
     cfg = self.config
     self.token_embedding = nn.Embed(
-        cfg.vocab_size, cfg.hidden_dim, dtype=cfg.compute_dtype,
+        cfg.vocab_size,
+        cfg.hidden_dim,
+        dtype=cfg.compute_dtype,
         param_dtype=jnp.float32,
-        embedding_init=_partitioned(_DENSE_INIT, (axes.VOCAB, axes.EMBED)))
+        embedding_init=_partitioned(_DENSE_INIT, (axes.VOCAB, axes.EMBED)),
+    )
     self.position_embedding = self.param(
-        'position_embedding', _partitioned(_DENSE_INIT, (axes.LENGTH, axes.EMBED)),
-        (cfg.max_len, cfg.hidden_dim), jnp.float32)
+        'position_embedding',
+        _partitioned(_DENSE_INIT, (axes.LENGTH, axes.EMBED)),
+        (cfg.max_len, cfg.hidden_dim),
+        jnp.float32,
+    )
     if cfg.num_segments:
       # Zeros: a pretrained encoder without segments starts out unchanged.
       self.segment_embedding = self.param(
-          'segment_embedding', _partitioned(nn.initializers.zeros,
-                                            (axes.SEGMENTS, axes.EMBED)),
-          (cfg.num_segments, cfg.hidden_dim), jnp.float32)
+          'segment_embedding',
+          _partitioned(nn.initializers.zeros, (axes.SEGMENTS, axes.EMBED)),
+          (cfg.num_segments, cfg.hidden_dim),
+          jnp.float32,
+      )
     self.embedding_norm = _layer_norm('embedding_norm', cfg.compute_dtype)
     self.dropout = nn.Dropout(cfg.dropout_rate)
     if cfg.attention == 'linformer' and cfg.sharing == 'layerwise':
       self.shared_projection = SequenceProjection(
-          cfg, cfg.projected_len_for_layer(0), per_head=False,
-          share_key_value=True)
+          cfg, cfg.projected_len_for_layer(0), per_head=False, share_key_value=True
+      )
     self.layers = [EncoderLayer(cfg, i) for i in range(cfg.num_layers)]
     if cfg.pre_layer_norm:
       self.final_norm = _layer_norm('final_norm', cfg.compute_dtype)
 
-  def __call__(self, tokens: Array, padding_mask: Optional[Array] = None, *,
-               segments: Optional[Array] = None,
-               deterministic: bool = True) -> Array:
+  def __call__(
+      self,
+      tokens: Array,
+      padding_mask: Optional[Array] = None,
+      *,
+      segments: Optional[Array] = None,
+      deterministic: bool = True,
+  ) -> Array:
     """Encodes tokens [batch, length] into [batch, length, hidden_dim].
 
     Args:
@@ -234,7 +293,8 @@ class Encoder(nn.Module):
       raise ValueError(
           f'Input length {length} is longer than config.model.max_len='
           f'{cfg.max_len}; truncate or window the input to at most '
-          f'{cfg.max_len} tokens, or raise max_len.')
+          f'{cfg.max_len} tokens, or raise max_len.'
+      )
     x = self.token_embedding(tokens)
     x = x + self.position_embedding[None, :length].astype(x.dtype)
     if cfg.num_segments:
@@ -244,8 +304,7 @@ class Encoder(nn.Module):
     if not cfg.pre_layer_norm:
       x = self.embedding_norm(x)
     x = self.dropout(x, deterministic=deterministic)
-    shared = (self.shared_projection() if hasattr(self, 'shared_projection')
-              else (None, None))
+    shared = self.shared_projection() if hasattr(self, 'shared_projection') else (None, None)
     for layer in self.layers:
       x = layer(x, padding_mask, shared, deterministic)
     if cfg.pre_layer_norm:
@@ -259,11 +318,11 @@ class Encoder(nn.Module):
 
 class MaskedLanguageModel(nn.Module):
   """The encoder with RoBERTa's MLM head; the decoder is the tied embedding."""
+
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, tokens, padding_mask=None, *, deterministic=True,
-               positions=None):
+  def __call__(self, tokens, padding_mask=None, *, deterministic=True, positions=None):
     """Returns float32 logits [batch, length, vocab_size].
 
     With `positions` ([batch, num_predictions] int), only the logits at those
@@ -277,12 +336,15 @@ class MaskedLanguageModel(nn.Module):
     h = encoder(tokens, padding_mask, deterministic=deterministic)
     if positions is not None:
       h = jnp.take_along_axis(h, positions[:, :, None], axis=1)
-    h = _dense(cfg.hidden_dim, (axes.EMBED,), (axes.EMBED_OUT,), name='mlm_dense',
-               dtype=dtype)(h)
+    h = _dense(cfg.hidden_dim, (axes.EMBED,), (axes.EMBED_OUT,), name='mlm_dense', dtype=dtype)(h)
     h = _layer_norm('mlm_norm', dtype)(nn.gelu(h, approximate=False))
     logits = encoder.logits_from_embedding(h)
-    bias = self.param('mlm_bias', _partitioned(nn.initializers.zeros, (axes.VOCAB,)),
-                      (cfg.vocab_size,), jnp.float32)
+    bias = self.param(
+        'mlm_bias',
+        _partitioned(nn.initializers.zeros, (axes.VOCAB,)),
+        (cfg.vocab_size,),
+        jnp.float32,
+    )
     return logits.astype(jnp.float32) + bias
 
 
@@ -292,29 +354,37 @@ class SequenceClassifier(nn.Module):
   config.pooling='first' reads the first token (bos, as RoBERTa's <s>);
   'mean' averages the real tokens (the Long Range Arena's classifiers).
   """
+
   config: ModelConfig
   num_classes: int
 
   @nn.compact
-  def __call__(self, tokens, padding_mask=None, *, segments=None,
-               deterministic=True):
+  def __call__(self, tokens, padding_mask=None, *, segments=None, deterministic=True):
     """Returns float32 logits [batch, num_classes]."""
     cfg = self.config
     dtype = cfg.compute_dtype
-    h = Encoder(cfg, name='encoder')(tokens, padding_mask, segments=segments,
-                                     deterministic=deterministic)
+    h = Encoder(cfg, name='encoder')(
+        tokens, padding_mask, segments=segments, deterministic=deterministic
+    )
     if cfg.pooling == 'mean':
-      weights = (jnp.ones(tokens.shape, jnp.float32) if padding_mask is None
-                 else padding_mask.astype(jnp.float32))
-      h = (jnp.einsum('bl,bld->bd', weights, h.astype(jnp.float32))
-           / jnp.maximum(weights.sum(axis=1, keepdims=True), 1.0)).astype(h.dtype)
+      weights = (
+          jnp.ones(tokens.shape, jnp.float32)
+          if padding_mask is None
+          else padding_mask.astype(jnp.float32)
+      )
+      h = (
+          jnp.einsum('bl,bld->bd', weights, h.astype(jnp.float32))
+          / jnp.maximum(weights.sum(axis=1, keepdims=True), 1.0)
+      ).astype(h.dtype)
     else:
       h = h[:, 0]
-    h = _dense(cfg.hidden_dim, (axes.EMBED,), (axes.EMBED_OUT,),
-               name='classifier_dense', dtype=dtype)(h)
+    h = _dense(
+        cfg.hidden_dim, (axes.EMBED,), (axes.EMBED_OUT,), name='classifier_dense', dtype=dtype
+    )(h)
     h = nn.Dropout(cfg.dropout_rate)(jnp.tanh(h), deterministic=deterministic)
-    logits = _dense(self.num_classes, (axes.EMBED_OUT,), (axes.CLASSES,),
-                    name='classifier_out', dtype=dtype)(h)
+    logits = _dense(
+        self.num_classes, (axes.EMBED_OUT,), (axes.CLASSES,), name='classifier_out', dtype=dtype
+    )(h)
     return logits.astype(jnp.float32)
 
 

@@ -34,10 +34,13 @@ _CONFIG = 'config'
 _UTF8_BYTES = 'utf8_bytes'
 _DICT = 'dict'
 
-_OTHER_WORKDIR_ADVICE = ('the workdir holds a run with a different model '
-                         'config; use another --workdir')
-_INIT_FROM_ADVICE = ('config.init_from points to a run with a different model '
-                     'config; make the model configs match or drop init_from')
+_OTHER_WORKDIR_ADVICE = (
+    'the workdir holds a run with a different model config; use another --workdir'
+)
+_INIT_FROM_ADVICE = (
+    'config.init_from points to a run with a different model '
+    'config; make the model configs match or drop init_from'
+)
 
 
 def checkpoint_directory(workdir: str) -> str:
@@ -53,8 +56,7 @@ def _handler_registry() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
   it has saved anything. `PyTreeRestore` serves partial restores (params only).
   """
   registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
-  for args_type in (ocp.args.StandardSave, ocp.args.StandardRestore,
-                    ocp.args.PyTreeRestore):
+  for args_type in (ocp.args.StandardSave, ocp.args.StandardRestore, ocp.args.PyTreeRestore):
     registry.add(_STATE, args_type)
   for item in (_DATA_STATE, _CONFIG):
     registry.add(item, ocp.args.JsonSave)
@@ -93,8 +95,15 @@ def _leaf_name(path: Tuple[str, ...]) -> str:
   return '/'.join(path)
 
 
-def _check_matches(stored_tree: PyTree, abstract: PyTree, *, prefix: Tuple[str, ...],
-                   directory: str, step: int, advice: str) -> None:
+def _check_matches(
+    stored_tree: PyTree,
+    abstract: PyTree,
+    *,
+    prefix: Tuple[str, ...],
+    directory: str,
+    step: int,
+    advice: str,
+) -> None:
   """Raises ConfigError unless the checkpoint's arrays fit `abstract`.
 
   Orbax's own errors for a mismatch name neither the leaf nor the cause, so
@@ -108,28 +117,39 @@ def _check_matches(stored_tree: PyTree, abstract: PyTree, *, prefix: Tuple[str, 
     step: the checkpoint's step, for the messages.
     advice: what the user should change, ending every message.
   """
-  stored = {path: meta for path, meta in ocp.tree.to_flat_dict(stored_tree).items()
-            if path[:len(prefix)] == prefix}
+  stored = {
+      path: meta
+      for path, meta in ocp.tree.to_flat_dict(stored_tree).items()
+      if path[: len(prefix)] == prefix
+  }
   wanted = {}
   for keypath, leaf in jax.tree_util.tree_flatten_with_path(abstract)[0]:
     path = prefix + ocp.tree.str_keypath(keypath)
     if getattr(leaf, 'sharding', None) is None:
-      raise ValueError(f'abstract leaf {_leaf_name(path)!r} has no sharding; pass '
-                       'jax.ShapeDtypeStruct leaves with sharding= set.')
+      raise ValueError(
+          f'abstract leaf {_leaf_name(path)!r} has no sharding; pass '
+          'jax.ShapeDtypeStruct leaves with sharding= set.'
+      )
     wanted[path] = leaf
   where = f'the checkpoint of step {step} in {directory}'
   for path, leaf in wanted.items():
     if path not in stored:
-      raise ConfigError(f'{where} has no array {_leaf_name(path)!r} (expected shape '
-                        f'{tuple(leaf.shape)}): {advice}.')
+      raise ConfigError(
+          f'{where} has no array {_leaf_name(path)!r} (expected shape '
+          f'{tuple(leaf.shape)}): {advice}.'
+      )
     stored_shape = tuple(stored[path].shape)
     if stored_shape != tuple(leaf.shape):
-      raise ConfigError(f'{where} holds {_leaf_name(path)!r} with shape {stored_shape}, '
-                        f'but shape {tuple(leaf.shape)} was expected: {advice}.')
+      raise ConfigError(
+          f'{where} holds {_leaf_name(path)!r} with shape {stored_shape}, '
+          f'but shape {tuple(leaf.shape)} was expected: {advice}.'
+      )
   unexpected = sorted(set(stored) - set(wanted))
   if unexpected:
-    raise ConfigError(f'{where} holds array {_leaf_name(unexpected[0])!r} that the '
-                      f'model does not have: {advice}.')
+    raise ConfigError(
+        f'{where} holds array {_leaf_name(unexpected[0])!r} that the '
+        f'model does not have: {advice}.'
+    )
 
 
 def _step_to_read(manager: ocp.CheckpointManager, step: Optional[int]) -> int:
@@ -140,8 +160,10 @@ def _step_to_read(manager: ocp.CheckpointManager, step: Optional[int]) -> int:
       raise ConfigError(f'{manager.directory} holds no checkpoint.')
     return max(steps)
   if step not in steps:
-    raise ConfigError(f'{manager.directory} holds no checkpoint of step {step}; '
-                      f'it holds steps {sorted(steps)}.')
+    raise ConfigError(
+        f'{manager.directory} holds no checkpoint of step {step}; '
+        f'it holds steps {sorted(steps)}.'
+    )
   return step
 
 
@@ -172,9 +194,11 @@ class CheckpointStore:
     options = ocp.CheckpointManagerOptions(
         create=False,
         preservation_policy=ocp.checkpoint_managers.LatestN(n=keep),
-        enable_async_checkpointing=async_save)
-    self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                          handler_registry=_handler_registry())
+        enable_async_checkpointing=async_save,
+    )
+    self._manager = ocp.CheckpointManager(
+        self.directory, options=options, handler_registry=_handler_registry()
+    )
 
   def __enter__(self) -> 'CheckpointStore':
     return self
@@ -190,8 +214,15 @@ class CheckpointStore:
     """The kept steps in increasing order, including one still being written."""
     return sorted(self._manager.all_steps())
 
-  def save(self, step: int, *, state: PyTree, data_state: DataState,
-           config: Dict[str, Any], force: bool = False) -> bool:
+  def save(
+      self,
+      step: int,
+      *,
+      state: PyTree,
+      data_state: DataState,
+      config: Dict[str, Any],
+      force: bool = False,
+  ) -> bool:
     """Saves a checkpoint of `step` unless one exists; returns whether it did.
 
     With asynchronous saving this returns once the arrays are on the host, so
@@ -212,15 +243,18 @@ class CheckpointStore:
     # second save of a step (e.g. the final one after a periodic one) is a no-op.
     if step in self._manager.all_steps():
       return False
-    items = ocp.args.Composite(**{
-        _STATE: ocp.args.StandardSave(state),
-        _DATA_STATE: ocp.args.JsonSave(_encode_data_state(data_state)),
-        _CONFIG: ocp.args.JsonSave(_json_copy(config, 'config')),
-    })
+    items = ocp.args.Composite(
+        **{
+            _STATE: ocp.args.StandardSave(state),
+            _DATA_STATE: ocp.args.JsonSave(_encode_data_state(data_state)),
+            _CONFIG: ocp.args.JsonSave(_json_copy(config, 'config')),
+        }
+    )
     return self._manager.save(step, args=items, force=force)
 
-  def restore(self, step: Optional[int] = None, *, abstract_state: PyTree
-              ) -> Tuple[int, PyTree, DataState, Dict[str, Any]]:
+  def restore(
+      self, step: Optional[int] = None, *, abstract_state: PyTree
+  ) -> Tuple[int, PyTree, DataState, Dict[str, Any]]:
     """Restores a checkpoint onto the shardings of `abstract_state`.
 
     Args:
@@ -239,27 +273,39 @@ class CheckpointStore:
     """
     self.wait()
     step = _step_to_read(self._manager, step)
-    _check_matches(_state_metadata(self._manager, step), abstract_state, prefix=(),
-                   directory=self.directory, step=step, advice=_OTHER_WORKDIR_ADVICE)
-    restored = self._manager.restore(step, args=ocp.args.Composite(**{
-        _STATE: ocp.args.StandardRestore(abstract_state),
-        _DATA_STATE: ocp.args.JsonRestore(),
-        _CONFIG: ocp.args.JsonRestore(),
-    }))
-    return (step, restored[_STATE], _decode_data_state(restored[_DATA_STATE]),
-            restored[_CONFIG])
+    _check_matches(
+        _state_metadata(self._manager, step),
+        abstract_state,
+        prefix=(),
+        directory=self.directory,
+        step=step,
+        advice=_OTHER_WORKDIR_ADVICE,
+    )
+    restored = self._manager.restore(
+        step,
+        args=ocp.args.Composite(
+            **{
+                _STATE: ocp.args.StandardRestore(abstract_state),
+                _DATA_STATE: ocp.args.JsonRestore(),
+                _CONFIG: ocp.args.JsonRestore(),
+            }
+        ),
+    )
+    return (step, restored[_STATE], _decode_data_state(restored[_DATA_STATE]), restored[_CONFIG])
 
   def restore_config(self, step: Optional[int] = None) -> Dict[str, Any]:
     """The config saved with a checkpoint (the newest when step is None)."""
     self.wait()
     step = _step_to_read(self._manager, step)
     restored = self._manager.restore(
-        step, args=ocp.args.Composite(**{_CONFIG: ocp.args.JsonRestore()}))
+        step, args=ocp.args.Composite(**{_CONFIG: ocp.args.JsonRestore()})
+    )
     return restored[_CONFIG]
 
   @staticmethod
-  def restore_params(directory_or_workdir: str, abstract_params: PyTree,
-                     step: Optional[int] = None) -> PyTree:
+  def restore_params(
+      directory_or_workdir: str, abstract_params: PyTree, step: Optional[int] = None
+  ) -> PyTree:
     """Reads only the parameters of another run's checkpoint (for init_from).
 
     Args:
@@ -277,13 +323,16 @@ class CheckpointStore:
         not fit abstract_params.
     """
     return CheckpointStore.restore_subtrees(
-        directory_or_workdir, {('params',): abstract_params}, step=step)[('params',)]
+        directory_or_workdir, {('params',): abstract_params}, step=step
+    )[('params',)]
 
   @staticmethod
-  def restore_subtrees(directory_or_workdir: str,
-                       subtrees: Dict[Tuple[str, ...], PyTree],
-                       step: Optional[int] = None,
-                       advice: str = _INIT_FROM_ADVICE) -> Dict[Tuple[str, ...], PyTree]:
+  def restore_subtrees(
+      directory_or_workdir: str,
+      subtrees: Dict[Tuple[str, ...], PyTree],
+      step: Optional[int] = None,
+      advice: str = _INIT_FROM_ADVICE,
+  ) -> Dict[Tuple[str, ...], PyTree]:
     """Reads chosen parts of another run's train state, e.g. its encoder.
 
     Args:
@@ -308,28 +357,39 @@ class CheckpointStore:
     if os.path.isdir(os.path.join(directory, 'checkpoints')):
       directory = os.path.join(directory, 'checkpoints')
     if not os.path.isdir(directory):
-      raise ConfigError(f'{directory_or_workdir} is not a run directory; '
-                        'config.init_from must name a finished run\'s workdir.')
+      raise ConfigError(
+          f'{directory_or_workdir} is not a run directory; '
+          "config.init_from must name a finished run's workdir."
+      )
     manager = ocp.CheckpointManager(
-        directory, options=ocp.CheckpointManagerOptions(read_only=True),
-        handler_registry=_handler_registry())
+        directory,
+        options=ocp.CheckpointManagerOptions(read_only=True),
+        handler_registry=_handler_registry(),
+    )
     try:
       step = _step_to_read(manager, step)
       metadata = _state_metadata(manager, step)
       target: Dict[str, Any] = {}
       for path, abstract in subtrees.items():
-        _check_matches(metadata, abstract, prefix=path, directory=directory,
-                       step=step, advice=advice)
+        _check_matches(
+            metadata, abstract, prefix=path, directory=directory, step=step, advice=advice
+        )
         node = target
         for key in path[:-1]:
           node = node.setdefault(key, {})
         node[path[-1]] = abstract
-      restored = manager.restore(step, args=ocp.args.Composite(**{
-          _STATE: ocp.args.PyTreeRestore(
-              item=target,
-              restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-              partial_restore=True),
-      }))
+      restored = manager.restore(
+          step,
+          args=ocp.args.Composite(
+              **{
+                  _STATE: ocp.args.PyTreeRestore(
+                      item=target,
+                      restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                      partial_restore=True,
+                  ),
+              }
+          ),
+      )
     finally:
       manager.close()
     out = {}

@@ -20,9 +20,19 @@ from linformer_jax.training.train_steps import TrainState
 # without them (they start from their initial values: zeros).
 FRESH_ENCODER_PARAMS = {'segment_embedding': 'num_segments'}
 # Model fields that decide the encoder's arrays; fine-tuning needs them equal.
-ENCODER_FIELDS = ('vocab_size', 'max_len', 'num_layers', 'num_heads', 'hidden_dim',
-                  'mlp_dim', 'attention', 'projected_len', 'sharing', 'projection',
-                  'pre_layer_norm')
+ENCODER_FIELDS = (
+    'vocab_size',
+    'max_len',
+    'num_layers',
+    'num_heads',
+    'hidden_dim',
+    'mlp_dim',
+    'attention',
+    'projected_len',
+    'sharing',
+    'projection',
+    'pre_layer_norm',
+)
 
 
 def check_pretrained_encoder(config: ml_collections.ConfigDict) -> Dict[str, Any]:
@@ -32,33 +42,40 @@ def check_pretrained_encoder(config: ml_collections.ConfigDict) -> Dict[str, Any
   """
   store = CheckpointStore(checkpoint_directory(config.init_from))
   if store.latest_step() is None:
-    raise ConfigError(f'config.init_from={config.init_from!r} holds no checkpoint; '
-                      'point it at a pretraining run\'s workdir.')
+    raise ConfigError(
+        f'config.init_from={config.init_from!r} holds no checkpoint; '
+        "point it at a pretraining run's workdir."
+    )
   saved = store.restore_config()
   store.close()
   difference = run_config.first_difference(
-      saved['model'], config.model.to_dict(), ENCODER_FIELDS,
-      defaults=run_config.MODEL_DEFAULTS)
+      saved['model'], config.model.to_dict(), ENCODER_FIELDS, defaults=run_config.MODEL_DEFAULTS
+  )
   if difference:
     field, old, new = difference
     raise ConfigError(
         f'config.init_from={config.init_from!r} was trained with '
         f'model.{field}={old!r}, this config has {new!r}; set '
-        f'--config.model.{field}={old!r} to fine-tune it.')
+        f'--config.model.{field}={old!r} to fine-tune it.'
+    )
   difference = run_config.first_difference(
-      saved.get('data', {}), config.data.to_dict(), run_config.DATA_FIELDS_FIXED_BY_A_RUN,
-      skip_unsaved=True)
+      saved.get('data', {}),
+      config.data.to_dict(),
+      run_config.DATA_FIELDS_FIXED_BY_A_RUN,
+      skip_unsaved=True,
+  )
   if difference:
     field, old, new = difference
     raise ConfigError(
         f'config.init_from={config.init_from!r} used data.{field}={old!r}, this '
-        f'config has {new!r}; set --config.data.{field}={old!r}.')
+        f'config has {new!r}; set --config.data.{field}={old!r}.'
+    )
   return saved['model']
 
 
-def with_pretrained_encoder(state: TrainState, abstract_state: TrainState,
-                            init_from: str, saved_model: Dict[str, Any]
-                            ) -> Tuple[TrainState, List[str]]:
+def with_pretrained_encoder(
+    state: TrainState, abstract_state: TrainState, init_from: str, saved_model: Dict[str, Any]
+) -> Tuple[TrainState, List[str]]:
   """`state` with the encoder (parameters and constants) of run `init_from`.
 
   The classification head, and encoder parameters the pretrained model lacks
@@ -67,19 +84,19 @@ def with_pretrained_encoder(state: TrainState, abstract_state: TrainState,
   it first, for clear errors) returns.
   """
   encoder = dict(abstract_state.params['encoder'])
-  fresh = [name for name, field in FRESH_ENCODER_PARAMS.items()
-           if name in encoder and not saved_model.get(field)]
-  subtrees = {('params', 'encoder'): {k: v for k, v in encoder.items()
-                                      if k not in fresh}}
+  fresh = [
+      name
+      for name, field in FRESH_ENCODER_PARAMS.items()
+      if name in encoder and not saved_model.get(field)
+  ]
+  subtrees = {('params', 'encoder'): {k: v for k, v in encoder.items() if k not in fresh}}
   for collection, variables in abstract_state.constants.items():
     if 'encoder' in variables:
       subtrees[('constants', collection, 'encoder')] = variables['encoder']
   restored = CheckpointStore.restore_subtrees(init_from, subtrees)
   params = dict(state.params)
-  params['encoder'] = {**state.params['encoder'],
-                       **restored[('params', 'encoder')]}
-  constants = {collection: dict(variables)
-               for collection, variables in state.constants.items()}
+  params['encoder'] = {**state.params['encoder'], **restored[('params', 'encoder')]}
+  constants = {collection: dict(variables) for collection, variables in state.constants.items()}
   for path, value in restored.items():
     if path[0] == 'constants':
       constants[path[1]]['encoder'] = value

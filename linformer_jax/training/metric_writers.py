@@ -66,13 +66,13 @@ class MetricLogger:
     # clu's writers import TensorFlow, which takes seconds; importing here
     # keeps `read_metrics` and programs that stop before training fast.
     from clu import metric_writers  # pylint: disable=g-import-not-at-top
+
     self.workdir = workdir
     self.total_steps = total_steps
     self.is_primary = is_primary
     if is_primary:
       os.makedirs(workdir, exist_ok=True)
-    self._writer = metric_writers.create_default_writer(
-        workdir, just_logging=not is_primary)
+    self._writer = metric_writers.create_default_writer(workdir, just_logging=not is_primary)
     self._last_step = 0
     self._last_time = time.monotonic()
 
@@ -108,8 +108,9 @@ class MetricLogger:
       with open(_metrics_path(self.workdir), 'a') as f:
         f.write(json.dumps({'step': step, **values}) + '\n')
 
-  def progress(self, step: int, *, tokens_per_step: int,
-               loss: Optional[float] = None) -> Dict[str, float]:
+  def progress(
+      self, step: int, *, tokens_per_step: int, loss: Optional[float] = None
+  ) -> Dict[str, float]:
     """Logs and prints a progress line; returns the rates since the last call.
 
     For example `step 120/1000 | loss 5.123 | 3.2 steps/s | 26,000 tokens/s |
@@ -132,13 +133,11 @@ class MetricLogger:
     tokens_per_sec = steps_per_sec * tokens_per_step
     self._last_step, self._last_time = step, now
     remaining = max(self.total_steps - step, 0)
-    eta = (_format_duration(remaining / steps_per_sec) if steps_per_sec > 0
-           else 'unknown')
+    eta = _format_duration(remaining / steps_per_sec) if steps_per_sec > 0 else 'unknown'
     parts = [f'step {step}/{self.total_steps}']
     if loss is not None:
       parts.append(f'loss {float(loss):.3f}')
-    parts += [f'{steps_per_sec:.3g} steps/s', f'{tokens_per_sec:,.0f} tokens/s',
-              f'ETA {eta}']
+    parts += [f'{steps_per_sec:.3g} steps/s', f'{tokens_per_sec:,.0f} tokens/s', f'ETA {eta}']
     line = ' | '.join(parts)
     logging.info(line)
     if self.is_primary:

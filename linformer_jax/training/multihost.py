@@ -19,8 +19,7 @@ import jax
 from linformer_jax.errors import ConfigError
 
 # Set by a TPU pod slice, SLURM and Open MPI launchers respectively.
-_AUTO_DETECTED_CLUSTER_VARIABLES = ('TPU_WORKER_HOSTNAMES', 'SLURM_NTASKS',
-                                    'OMPI_COMM_WORLD_SIZE')
+_AUTO_DETECTED_CLUSTER_VARIABLES = ('TPU_WORKER_HOSTNAMES', 'SLURM_NTASKS', 'OMPI_COMM_WORLD_SIZE')
 
 
 def _int_or_none(value, name: str) -> Optional[int]:
@@ -42,8 +41,12 @@ def _auto_detected_cluster() -> bool:
   return False
 
 
-def initialize(coordinator_address: str = '', num_processes: Optional[int] = None,
-               process_id: Optional[int] = None, cpu_collectives: str = '') -> bool:
+def initialize(
+    coordinator_address: str = '',
+    num_processes: Optional[int] = None,
+    process_id: Optional[int] = None,
+    cpu_collectives: str = '',
+) -> bool:
   """Connects the processes of a multi-process run; returns whether it did.
 
   Arguments left empty are read from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES
@@ -58,20 +61,29 @@ def initialize(coordinator_address: str = '', num_processes: Optional[int] = Non
       or 'mpi'); '' keeps JAX's default.
   """
   address = coordinator_address or os.environ.get('JAX_COORDINATOR_ADDRESS', '')
-  count = num_processes if num_processes is not None else _int_or_none(
-      os.environ.get('JAX_NUM_PROCESSES'), 'JAX_NUM_PROCESSES')
-  index = process_id if process_id is not None else _int_or_none(
-      os.environ.get('JAX_PROCESS_ID'), 'JAX_PROCESS_ID')
+  count = (
+      num_processes
+      if num_processes is not None
+      else _int_or_none(os.environ.get('JAX_NUM_PROCESSES'), 'JAX_NUM_PROCESSES')
+  )
+  index = (
+      process_id
+      if process_id is not None
+      else _int_or_none(os.environ.get('JAX_PROCESS_ID'), 'JAX_PROCESS_ID')
+  )
   if cpu_collectives:
     jax.config.update('jax_cpu_collectives_implementation', cpu_collectives)
   if address or count is not None or index is not None:
     if not address or count is None or index is None:
       raise ConfigError(
           'A multi-process run needs all of --coordinator_address, --num_processes '
-          f'and --process_id (got {address!r}, {count!r}, {index!r}).')
+          f'and --process_id (got {address!r}, {count!r}, {index!r}).'
+      )
     if count < 1 or not 0 <= index < count:
-      raise ConfigError(f'--process_id={index} is not allowed with --num_processes='
-                        f'{count}; use 0 .. {count - 1}.')
+      raise ConfigError(
+          f'--process_id={index} is not allowed with --num_processes='
+          f'{count}; use 0 .. {count - 1}.'
+      )
     if count == 1:
       return False
     jax.distributed.initialize(address, count, index)

@@ -14,8 +14,8 @@ from typing import Any, Dict, Mapping, Tuple
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 from jax.experimental import multihost_utils
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
@@ -29,14 +29,15 @@ from linformer_jax.training import train_steps
 from linformer_jax.training.checkpoints import CheckpointStore
 from linformer_jax.training.checkpoints import checkpoint_directory
 
-_OTHER_RUN_ADVICE = ('the workdir holds a run with a different model config; '
-                     'use another --workdir')
+_OTHER_RUN_ADVICE = 'the workdir holds a run with a different model config; use another --workdir'
 
 
 def _with_shardings(shapes: Any, shardings: Any) -> Any:
   return jax.tree_util.tree_map(
       lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-      shapes, shardings)
+      shapes,
+      shardings,
+  )
 
 
 def shardings_of(abstract_tree: Any) -> Any:
@@ -57,6 +58,7 @@ class RunParts:
     rules: logical axis name -> mesh axis (config.axis_rules).
     batch_sharding: batches split over the 'data' axis.
   """
+
   config: ml_collections.ConfigDict
   model_config: ModelConfig
   task: tasks.Task
@@ -74,11 +76,11 @@ class RunParts:
     """{'params': ..., other collections...} as `jax.ShapeDtypeStruct`s carrying
     their shardings: what `TrainState.variables()` returns, uncomputed."""
     boxed = self._boxed_variables()
-    return _with_shardings(nn.meta.unbox(boxed),
-                           sharding_lib.parameter_shardings(boxed, self.mesh, self.rules))
+    return _with_shardings(
+        nn.meta.unbox(boxed), sharding_lib.parameter_shardings(boxed, self.mesh, self.rules)
+    )
 
-  def abstract_train_state(self, optimizer: optax.GradientTransformation
-                           ) -> train_steps.TrainState:
+  def abstract_train_state(self, optimizer: optax.GradientTransformation) -> train_steps.TrainState:
     """The train state as `jax.ShapeDtypeStruct`s carrying their shardings.
 
     Parameters and constants follow their logical axis names through the
@@ -89,34 +91,44 @@ class RunParts:
     boxed = self._boxed_variables()
     boxed_opt_state = jax.eval_shape(optimizer.init, boxed['params'])
     variables = _with_shardings(
-        nn.meta.unbox(boxed), sharding_lib.parameter_shardings(boxed, self.mesh, self.rules))
+        nn.meta.unbox(boxed), sharding_lib.parameter_shardings(boxed, self.mesh, self.rules)
+    )
     opt_state = _with_shardings(
         nn.meta.unbox(boxed_opt_state),
-        sharding_lib.parameter_shardings(boxed_opt_state, self.mesh, self.rules))
+        sharding_lib.parameter_shardings(boxed_opt_state, self.mesh, self.rules),
+    )
     params = variables.pop('params')
     step = jax.ShapeDtypeStruct((), jnp.int32, sharding=sharding_lib.replicated(self.mesh))
-    return train_steps.TrainState(step=step, params=params, opt_state=opt_state,
-                                  constants=variables)
+    return train_steps.TrainState(
+        step=step, params=params, opt_state=opt_state, constants=variables
+    )
 
-  def jit_train_step(self, optimizer: optax.GradientTransformation,
-                     abstract_state: train_steps.TrainState):
+  def jit_train_step(
+      self, optimizer: optax.GradientTransformation, abstract_state: train_steps.TrainState
+  ):
     """The jitted train step on the mesh, state donated."""
     return train_steps.jit_train_step(
-        self.task.loss_sums(self.model, self.config), optimizer,
-        self.config.grad_accum_steps, state_shardings=shardings_of(abstract_state),
-        batch_sharding=self.batch_sharding)
+        self.task.loss_sums(self.model, self.config),
+        optimizer,
+        self.config.grad_accum_steps,
+        state_shardings=shardings_of(abstract_state),
+        batch_sharding=self.batch_sharding,
+    )
 
   def jit_eval_step(self, abstract_variables: Mapping[str, Any]):
     """The jitted eval step on the mesh: (variables, batch) -> loss sums."""
     return train_steps.jit_eval_step(
         self.task.loss_sums(self.model, self.config),
         variable_shardings=shardings_of(abstract_variables),
-        batch_sharding=self.batch_sharding)
+        batch_sharding=self.batch_sharding,
+    )
 
   def abstract_batch(self) -> Dict[str, jax.ShapeDtypeStruct]:
     """A global training batch as `jax.ShapeDtypeStruct`s (for compiling only)."""
-    return {name: jax.ShapeDtypeStruct(shape, dtype, sharding=self.batch_sharding)
-            for name, (shape, dtype) in self.task.batch_shapes(self.config).items()}
+    return {
+        name: jax.ShapeDtypeStruct(shape, dtype, sharding=self.batch_sharding)
+        for name, (shape, dtype) in self.task.batch_shapes(self.config).items()
+    }
 
   def device_batch(self, local_batch: Mapping[str, np.ndarray]) -> Dict[str, jax.Array]:
     """This process's rows of a batch as global arrays split over the mesh."""
@@ -130,8 +142,12 @@ class RunParts:
     data has no training iterator (evaluation only).
     """
     build = lambda: self.task.build_data(
-        self.config, workdir, process_index=jax.process_index(),
-        process_count=jax.process_count(), train=train)
+        self.config,
+        workdir,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+        train=train,
+    )
     if jax.process_count() == 1:
       return build()
     data = build() if jax.process_index() == 0 else None
@@ -150,13 +166,23 @@ def build_parts(config: ml_collections.ConfigDict) -> RunParts:
   model_config = run_config.validate(config)
   mesh = sharding_lib.create_mesh(config.mesh_shape)
   rules = sharding_lib.axis_rules(config)
-  sharding_lib.check_divisibility(model_config, mesh, rules,
-                                  batch_size=config.batch_size,
-                                  eval_batch_size=config.eval_batch_size)
+  sharding_lib.check_divisibility(
+      model_config,
+      mesh,
+      rules,
+      batch_size=config.batch_size,
+      eval_batch_size=config.eval_batch_size,
+  )
   # The data builders check model.vocab_size against the tokenizer.
-  return RunParts(config=config, model_config=model_config, task=task,
-                  model=task.create_model(model_config, config), mesh=mesh,
-                  rules=rules, batch_sharding=sharding_lib.batch_sharding(mesh, rules))
+  return RunParts(
+      config=config,
+      model_config=model_config,
+      task=task,
+      model=task.create_model(model_config, config),
+      mesh=mesh,
+      rules=rules,
+      batch_sharding=sharding_lib.batch_sharding(mesh, rules),
+  )
 
 
 @dataclasses.dataclass
@@ -170,6 +196,7 @@ class EvaluationRun:
     data: this process's data, without a training iterator.
     eval_step: the jitted (variables, batch) -> loss sums.
   """
+
   parts: RunParts
   step: int
   variables: Dict[str, Any]
@@ -178,12 +205,16 @@ class EvaluationRun:
 
   def evaluate(self) -> Dict[str, float]:
     """The task's metrics over all evaluation batches."""
-    return tasks.evaluate_batches(self.parts.task, self.eval_step, self.variables,
-                                  self.data.eval_batches, self.parts.device_batch)
+    return tasks.evaluate_batches(
+        self.parts.task,
+        self.eval_step,
+        self.variables,
+        self.data.eval_batches,
+        self.parts.device_batch,
+    )
 
 
-def load_for_evaluation(config: ml_collections.ConfigDict, workdir: str
-                        ) -> EvaluationRun:
+def load_for_evaluation(config: ml_collections.ConfigDict, workdir: str) -> EvaluationRun:
   """The model variables of `workdir`'s newest checkpoint and the evaluation data.
 
   Raises:
@@ -202,8 +233,14 @@ def load_for_evaluation(config: ml_collections.ConfigDict, workdir: str
   for collection, variables in abstract.items():
     if collection != 'params':
       subtrees[('constants', collection)] = variables
-  restored = CheckpointStore.restore_subtrees(workdir, subtrees, step=step,
-                                              advice=_OTHER_RUN_ADVICE)
+  restored = CheckpointStore.restore_subtrees(
+      workdir, subtrees, step=step, advice=_OTHER_RUN_ADVICE
+  )
   variables = {path[-1]: value for path, value in restored.items()}
-  return EvaluationRun(parts=parts, step=step, variables=variables, data=data,
-                       eval_step=parts.jit_eval_step(abstract))
+  return EvaluationRun(
+      parts=parts,
+      step=step,
+      variables=variables,
+      data=data,
+      eval_step=parts.jit_eval_step(abstract),
+  )

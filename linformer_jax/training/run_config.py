@@ -12,10 +12,17 @@ import ml_collections
 from linformer_jax.errors import ConfigError
 from linformer_jax.model.model_config import ModelConfig
 
-_POSITIVE_INTS = ('total_steps', 'batch_size', 'eval_batch_size', 'grad_accum_steps',
-                  'log_every', 'eval_every', 'checkpoint_every', 'keep_checkpoints')
-_NON_NEGATIVE_FLOATS = ('learning_rate', 'end_learning_rate', 'weight_decay',
-                        'grad_clip_norm')
+_POSITIVE_INTS = (
+    'total_steps',
+    'batch_size',
+    'eval_batch_size',
+    'grad_accum_steps',
+    'log_every',
+    'eval_every',
+    'checkpoint_every',
+    'keep_checkpoints',
+)
+_NON_NEGATIVE_FLOATS = ('learning_rate', 'end_learning_rate', 'weight_decay', 'grad_clip_norm')
 MODEL_DEFAULTS = {field.name: field.default for field in dataclasses.fields(ModelConfig)}
 # Data fields that change the token ids, and so the meaning of the parameters.
 DATA_FIELDS_FIXED_BY_A_RUN = ('tokenizer', 'vocab_size')
@@ -35,18 +42,20 @@ def validate(config: ml_collections.ConfigDict) -> ModelConfig:
   if not 0 <= config.warmup_steps <= config.total_steps:
     raise ConfigError(
         f'config.warmup_steps={config.warmup_steps} is not allowed: use a value in '
-        f'[0, total_steps={config.total_steps}].')
+        f'[0, total_steps={config.total_steps}].'
+    )
   if config.batch_size % config.grad_accum_steps:
     raise ConfigError(
         f'config.batch_size={config.batch_size} is not allowed: it must be divisible '
-        f'by grad_accum_steps={config.grad_accum_steps}.')
+        f'by grad_accum_steps={config.grad_accum_steps}.'
+    )
   for field, value in (('adam_b1', config.adam_b1), ('adam_b2', config.adam_b2)):
     if not 0 <= value < 1:
       raise ConfigError(f'config.{field}={value!r} is not allowed: use a value in [0, 1).')
   if not 0 < config.data.mask_rate < 1:
     raise ConfigError(
-        f'config.data.mask_rate={config.data.mask_rate!r} is not allowed: use a '
-        'value in (0, 1).')
+        f'config.data.mask_rate={config.data.mask_rate!r} is not allowed: use a value in (0, 1).'
+    )
   return ModelConfig.from_config(config.model)
 
 
@@ -55,10 +64,14 @@ def _comparable(value: Any) -> Any:
   return tuple(value) if isinstance(value, list) else value
 
 
-def first_difference(saved: Mapping[str, Any], requested: Mapping[str, Any],
-                     fields: Iterable[str], *,
-                     defaults: Optional[Mapping[str, Any]] = None,
-                     skip_unsaved: bool = False) -> Optional[Tuple[str, Any, Any]]:
+def first_difference(
+    saved: Mapping[str, Any],
+    requested: Mapping[str, Any],
+    fields: Iterable[str],
+    *,
+    defaults: Optional[Mapping[str, Any]] = None,
+    skip_unsaved: bool = False,
+) -> Optional[Tuple[str, Any, Any]]:
   """The first field whose saved value differs from the requested one.
 
   Args:
@@ -82,19 +95,32 @@ def first_difference(saved: Mapping[str, Any], requested: Mapping[str, Any],
   return None
 
 
-def check_same_model(saved: Mapping[str, Any], config: ml_collections.ConfigDict,
-                     workdir: str) -> None:
+def check_same_model(
+    saved: Mapping[str, Any], config: ml_collections.ConfigDict, workdir: str
+) -> None:
   """Refuses to resume a workdir whose run used another model or tokenizer."""
   saved_model = dict(saved.get('model', {}))
   requested_model = config.model.to_dict()
   for section, old, new, fields, defaults in (
-      ('model', saved_model, requested_model,
-       sorted(set(saved_model) | set(requested_model)), MODEL_DEFAULTS),
-      ('data', dict(saved.get('data', {})), config.data.to_dict(),
-       DATA_FIELDS_FIXED_BY_A_RUN, None)):
+      (
+          'model',
+          saved_model,
+          requested_model,
+          sorted(set(saved_model) | set(requested_model)),
+          MODEL_DEFAULTS,
+      ),
+      (
+          'data',
+          dict(saved.get('data', {})),
+          config.data.to_dict(),
+          DATA_FIELDS_FIXED_BY_A_RUN,
+          None,
+      ),
+  ):
     difference = first_difference(old, new, fields, defaults=defaults)
     if difference:
       field, old_value, new_value = difference
       raise ConfigError(
           f'{workdir} holds a run with config.{section}.{field}={old_value!r}, not '
-          f'{new_value!r}; use another --workdir, or the same value to resume it.')
+          f'{new_value!r}; use another --workdir, or the same value to resume it.'
+      )

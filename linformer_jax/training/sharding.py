@@ -17,8 +17,10 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from linformer_jax.errors import ConfigError
 from linformer_jax.model.model_config import ModelConfig
@@ -41,31 +43,34 @@ def resolve_mesh_shape(mesh_shape: Sequence[int], device_count: int) -> Tuple[in
   """The (data, model) sizes, with a -1 entry taking the remaining devices."""
   shape = tuple(mesh_shape)
   if len(shape) != len(MESH_AXES) or any(
-      isinstance(s, bool) or not isinstance(s, int) or (s < 1 and s != -1)
-      for s in shape):
+      isinstance(s, bool) or not isinstance(s, int) or (s < 1 and s != -1) for s in shape
+  ):
     raise ConfigError(
         f'config.mesh_shape={shape!r} is not allowed: give two positive ints for '
-        f'the axes {MESH_AXES}, one of them may be -1 (all remaining devices).')
+        f'the axes {MESH_AXES}, one of them may be -1 (all remaining devices).'
+    )
   if shape.count(-1) > 1:
-    raise ConfigError(f'config.mesh_shape={shape!r} has more than one -1; fix all '
-                      'but one axis size.')
+    raise ConfigError(
+        f'config.mesh_shape={shape!r} has more than one -1; fix all but one axis size.'
+    )
   if -1 in shape:
     known = math.prod(s for s in shape if s != -1)
     if device_count % known:
       raise ConfigError(
           f'config.mesh_shape={shape!r}: {device_count} devices do not divide '
-          f'into axes of {known}; use sizes whose product divides {device_count}.')
+          f'into axes of {known}; use sizes whose product divides {device_count}.'
+      )
     shape = tuple(device_count // known if s == -1 else s for s in shape)
   if math.prod(shape) != device_count:
     raise ConfigError(
         f'config.mesh_shape={shape!r} needs {math.prod(shape)} devices but there '
         f'are {device_count}; use sizes whose product is {device_count} '
-        '(e.g. (-1, 1)).')
+        '(e.g. (-1, 1)).'
+    )
   return shape
 
 
-def create_mesh(mesh_shape: Sequence[int],
-                devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
+def create_mesh(mesh_shape: Sequence[int], devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
   """A ('data', 'model') mesh over all devices (or the given ones)."""
   devices = list(devices) if devices is not None else jax.devices()
   shape = resolve_mesh_shape(mesh_shape, len(devices))
@@ -77,13 +82,16 @@ def create_mesh(mesh_shape: Sequence[int],
 
 def axis_rules(config) -> Tuple[Tuple[str, Any], ...]:
   """`config.axis_rules` as a tuple of (logical name, mesh axis or None)."""
-  rules = tuple((str(name), None if axis in (None, '', 'none') else axis)
-                for name, axis in config.get('axis_rules', DEFAULT_AXIS_RULES))
+  rules = tuple(
+      (str(name), None if axis in (None, '', 'none') else axis)
+      for name, axis in config.get('axis_rules', DEFAULT_AXIS_RULES)
+  )
   for name, axis in rules:
     if axis is not None and axis not in MESH_AXES:
       raise ConfigError(
           f'config.axis_rules maps {name!r} to {axis!r}, which is not a mesh axis; '
-          f'use one of {MESH_AXES} or None (replicated).')
+          f'use one of {MESH_AXES} or None (replicated).'
+      )
   return rules
 
 
@@ -94,24 +102,29 @@ def _mesh_axis_of(logical_name: str, rules) -> Optional[str]:
   return None
 
 
-def check_divisibility(model_config: ModelConfig, mesh: Mesh, rules, *,
-                       batch_size: int, eval_batch_size: int) -> None:
+def check_divisibility(
+    model_config: ModelConfig, mesh: Mesh, rules, *, batch_size: int, eval_batch_size: int
+) -> None:
   """Raises ConfigError when the mesh cannot split the model or the batches."""
-  for logical_name, size, field in (('heads', model_config.num_heads, 'num_heads'),
-                                    ('mlp', model_config.mlp_dim, 'mlp_dim')):
+  for logical_name, size, field in (
+      ('heads', model_config.num_heads, 'num_heads'),
+      ('mlp', model_config.mlp_dim, 'mlp_dim'),
+  ):
     axis = _mesh_axis_of(logical_name, rules)
     if axis is not None and size % mesh.shape[axis]:
       raise ConfigError(
           f'config.model.{field}={size} is not divisible by the {mesh.shape[axis]} '
           f"devices of mesh axis '{axis}' (config.mesh_shape={tuple(mesh.shape.values())}); "
-          f'change one of them so that {field} divides evenly.')
+          f'change one of them so that {field} divides evenly.'
+      )
   axis = _mesh_axis_of('batch', rules)
   if axis is not None:
     for field, size in (('batch_size', batch_size), ('eval_batch_size', eval_batch_size)):
       if size % mesh.shape[axis]:
         raise ConfigError(
             f'config.{field}={size} is not divisible by the {mesh.shape[axis]} '
-            f"devices of mesh axis '{axis}'; use a multiple of {mesh.shape[axis]}.")
+            f"devices of mesh axis '{axis}'; use a multiple of {mesh.shape[axis]}."
+        )
 
 
 def _fits(spec: PartitionSpec, shape: Tuple[int, ...], mesh: Mesh) -> PartitionSpec:
@@ -135,9 +148,13 @@ def parameter_shardings(boxed_variables: Any, mesh: Mesh, rules) -> Any:
   logical_specs = nn.get_partition_spec(boxed_variables)
   unboxed = nn.meta.unbox(boxed_variables)
   return jax.tree_util.tree_map(
-      lambda spec, leaf: NamedSharding(mesh, _fits(
-          nn.logical_to_mesh_axes(spec, rules), leaf.shape, mesh)),
-      logical_specs, unboxed, is_leaf=is_spec)
+      lambda spec, leaf: NamedSharding(
+          mesh, _fits(nn.logical_to_mesh_axes(spec, rules), leaf.shape, mesh)
+      ),
+      logical_specs,
+      unboxed,
+      is_leaf=is_spec,
+  )
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -149,8 +166,11 @@ def batch_sharding(mesh: Mesh, rules) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec(_mesh_axis_of('batch', rules)))
 
 
-def global_batch(local_batch: Mapping[str, np.ndarray], sharding: NamedSharding
-                 ) -> Dict[str, jax.Array]:
+def global_batch(
+    local_batch: Mapping[str, np.ndarray], sharding: NamedSharding
+) -> Dict[str, jax.Array]:
   """Assembles the processes' local batches into global arrays split over 'data'."""
-  return {name: jax.make_array_from_process_local_data(sharding, np.asarray(value))
-          for name, value in local_batch.items()}
+  return {
+      name: jax.make_array_from_process_local_data(sharding, np.asarray(value))
+      for name, value in local_batch.items()
+  }

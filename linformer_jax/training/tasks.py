@@ -8,7 +8,7 @@ run builder and the training loop never branch on the task, and a new task
 
 import abc
 import math
-from typing import Any, Dict, Iterable, Optional, Tuple
+from typing import Any, Dict, Iterable, Tuple
 
 import flax.linen as nn
 import jax
@@ -30,15 +30,13 @@ Batch = Dict[str, np.ndarray]
 SUM_KEYS = ('loss_sum', 'correct_sum', 'weight_sum')
 
 
-def unigram_perplexity(train_token_counts: np.ndarray,
-                       batches: Iterable[Batch]) -> float:
+def unigram_perplexity(train_token_counts: np.ndarray, batches: Iterable[Batch]) -> float:
   """Perplexity at the masked tokens of a unigram model of the training split.
 
   The reference a masked-LM must beat: it predicts every masked token from its
   training-set frequency alone (add-one smoothed).
   """
-  probabilities = (train_token_counts + 1.0) / (train_token_counts.sum()
-                                                + len(train_token_counts))
+  probabilities = (train_token_counts + 1.0) / (train_token_counts.sum() + len(train_token_counts))
   log_prob, weight = 0.0, 0.0
   for batch in batches:
     log_prob += float(np.sum(np.log(probabilities[batch['targets']]) * batch['weights']))
@@ -46,8 +44,7 @@ def unigram_perplexity(train_token_counts: np.ndarray,
   return math.exp(-log_prob / max(weight, 1.0))
 
 
-def majority_accuracy(train_label_counts: np.ndarray,
-                      batches: Iterable[Batch]) -> float:
+def majority_accuracy(train_label_counts: np.ndarray, batches: Iterable[Batch]) -> float:
   """Accuracy of always predicting the training split's most common class."""
   majority = int(np.argmax(train_label_counts))
   correct, weight = 0.0, 0.0
@@ -63,24 +60,30 @@ class Task(abc.ABC):
   name: str
 
   @abc.abstractmethod
-  def build_data(self, config: ml_collections.ConfigDict, workdir: str, *,
-                 process_index: int, process_count: int, train: bool) -> Any:
+  def build_data(
+      self,
+      config: ml_collections.ConfigDict,
+      workdir: str,
+      *,
+      process_index: int,
+      process_count: int,
+      train: bool,
+  ) -> Any:
     """This process's data: a tokenizer, `train_iterator` (None unless
     `train`), `eval_batches`, and the counts `reference_results` needs."""
 
   @abc.abstractmethod
-  def create_model(self, model_config: ModelConfig,
-                   config: ml_collections.ConfigDict) -> nn.Module:
+  def create_model(self, model_config: ModelConfig, config: ml_collections.ConfigDict) -> nn.Module:
     """The Flax model: the encoder with this task's head."""
 
   @abc.abstractmethod
-  def loss_sums(self, model: nn.Module,
-                config: ml_collections.ConfigDict) -> train_steps.LossSums:
+  def loss_sums(self, model: nn.Module, config: ml_collections.ConfigDict) -> train_steps.LossSums:
     """The loss function the train and eval steps sum over a batch."""
 
   @abc.abstractmethod
-  def batch_shapes(self, config: ml_collections.ConfigDict
-                   ) -> Dict[str, Tuple[Tuple[int, ...], Any]]:
+  def batch_shapes(
+      self, config: ml_collections.ConfigDict
+  ) -> Dict[str, Tuple[Tuple[int, ...], Any]]:
     """name -> (global shape, dtype) of a training batch (for compiling only)."""
 
   @abc.abstractmethod
@@ -105,16 +108,18 @@ class Task(abc.ABC):
     del config
     return None
 
-  def initialize_from(self, state: train_steps.TrainState,
-                      abstract_state: train_steps.TrainState,
-                      config: ml_collections.ConfigDict, checked: Any
-                      ) -> Tuple[train_steps.TrainState, str]:
+  def initialize_from(
+      self,
+      state: train_steps.TrainState,
+      abstract_state: train_steps.TrainState,
+      config: ml_collections.ConfigDict,
+      checked: Any,
+  ) -> Tuple[train_steps.TrainState, str]:
     """A fresh state with the parameters of run config.init_from, and a line
     saying what was loaded. `checked` is what `check_init_from` returned."""
     del checked
     params = CheckpointStore.restore_params(config.init_from, abstract_state.params)
-    return (state.replace(params=params),
-            f'Initialised parameters from {config.init_from}.')
+    return (state.replace(params=params), f'Initialised parameters from {config.init_from}.')
 
 
 class MaskedLanguageModelling(Task):
@@ -123,8 +128,9 @@ class MaskedLanguageModelling(Task):
   name = 'masked_lm'
 
   def build_data(self, config, workdir, *, process_index, process_count, train):
-    return masked_lm.build_datasets(config, workdir, process_index=process_index,
-                                    process_count=process_count, train=train)
+    return masked_lm.build_datasets(
+        config, workdir, process_index=process_index, process_count=process_count, train=train
+    )
 
   def create_model(self, model_config, config):
     del config
@@ -132,32 +138,43 @@ class MaskedLanguageModelling(Task):
 
   def loss_sums(self, model, config):
     return train_steps.masked_lm_loss(
-        model, masked_lm.max_predictions(config.model.max_len, config.data.mask_rate))
+        model, masked_lm.max_predictions(config.model.max_len, config.data.mask_rate)
+    )
 
   def batch_shapes(self, config):
     shape = (config.batch_size, config.model.max_len)
-    return {'inputs': (shape, jnp.int32), 'targets': (shape, jnp.int32),
-            'weights': (shape, jnp.float32), 'padding_mask': (shape, jnp.bool_)}
+    return {
+        'inputs': (shape, jnp.int32),
+        'targets': (shape, jnp.int32),
+        'weights': (shape, jnp.float32),
+        'padding_mask': (shape, jnp.bool_),
+    }
 
   def metrics(self, sums):
     weight = max(sums['weight_sum'], 1.0)
     loss = sums['loss_sum'] / weight
-    return {'loss': loss, 'accuracy': sums['correct_sum'] / weight,
-            'perplexity': math.exp(min(loss, 700.0)),
-            'masked_tokens': sums['weight_sum']}
+    return {
+        'loss': loss,
+        'accuracy': sums['correct_sum'] / weight,
+        'perplexity': math.exp(min(loss, 700.0)),
+        'masked_tokens': sums['weight_sum'],
+    }
 
   def describe(self, split, metrics):
-    return (f'{split} loss {metrics["loss"]:.4f}, perplexity '
-            f'{metrics["perplexity"]:.2f}, accuracy {metrics["accuracy"]:.4f}')
+    return (
+        f'{split} loss {metrics["loss"]:.4f}, perplexity '
+        f'{metrics["perplexity"]:.2f}, accuracy {metrics["accuracy"]:.4f}'
+    )
 
   def reference_results(self, data):
-    return {'unigram_perplexity': unigram_perplexity(data.train_token_counts,
-                                                     data.eval_batches)}
+    return {'unigram_perplexity': unigram_perplexity(data.train_token_counts, data.eval_batches)}
 
   def summary(self, results):
-    return (f'{results["eval_split"]} perplexity {results["eval_perplexity"]:.1f} '
-            f'after {results["step"]} steps (a unigram model: '
-            f'{results["unigram_perplexity"]:.1f})')
+    return (
+        f'{results["eval_split"]} perplexity {results["eval_perplexity"]:.1f} '
+        f'after {results["step"]} steps (a unigram model: '
+        f'{results["unigram_perplexity"]:.1f})'
+    )
 
 
 class Classification(Task):
@@ -167,8 +184,9 @@ class Classification(Task):
   name = 'classification'
 
   def build_data(self, config, workdir, *, process_index, process_count, train):
-    return classification.build_datasets(config, workdir, process_index=process_index,
-                                         process_count=process_count, train=train)
+    return classification.build_datasets(
+        config, workdir, process_index=process_index, process_count=process_count, train=train
+    )
 
   def create_model(self, model_config, config):
     return models.SequenceClassifier(model_config, classification.num_classes(config))
@@ -179,38 +197,48 @@ class Classification(Task):
 
   def batch_shapes(self, config):
     shape = (config.batch_size, config.model.max_len)
-    return {'inputs': (shape, jnp.int32), 'padding_mask': (shape, jnp.bool_),
-            'segments': (shape, jnp.int32),
-            'labels': ((config.batch_size,), jnp.int32),
-            'weights': ((config.batch_size,), jnp.float32)}
+    return {
+        'inputs': (shape, jnp.int32),
+        'padding_mask': (shape, jnp.bool_),
+        'segments': (shape, jnp.int32),
+        'labels': ((config.batch_size,), jnp.int32),
+        'weights': ((config.batch_size,), jnp.float32),
+    }
 
   def metrics(self, sums):
     weight = max(sums['weight_sum'], 1.0)
-    return {'loss': sums['loss_sum'] / weight,
-            'accuracy': sums['correct_sum'] / weight,
-            'examples': sums['weight_sum']}
+    return {
+        'loss': sums['loss_sum'] / weight,
+        'accuracy': sums['correct_sum'] / weight,
+        'examples': sums['weight_sum'],
+    }
 
   def describe(self, split, metrics):
     return f'{split} loss {metrics["loss"]:.4f}, accuracy {metrics["accuracy"]:.4f}'
 
   def reference_results(self, data):
-    return {'majority_class_accuracy': majority_accuracy(data.train_label_counts,
-                                                         data.eval_batches)}
+    return {
+        'majority_class_accuracy': majority_accuracy(data.train_label_counts, data.eval_batches)
+    }
 
   def summary(self, results):
-    return (f'{results["eval_split"]} accuracy {results["eval_accuracy"]:.2%} after '
-            f'{results["step"]} steps (the majority class: '
-            f'{results["majority_class_accuracy"]:.2%})')
+    return (
+        f'{results["eval_split"]} accuracy {results["eval_accuracy"]:.2%} after '
+        f'{results["step"]} steps (the majority class: '
+        f'{results["majority_class_accuracy"]:.2%})'
+    )
 
   def check_init_from(self, config):
     return fine_tuning.check_pretrained_encoder(config)
 
   def initialize_from(self, state, abstract_state, config, checked):
     state, fresh = fine_tuning.with_pretrained_encoder(
-        state, abstract_state, config.init_from, checked)
+        state, abstract_state, config.init_from, checked
+    )
     new = f' ({", ".join(fresh)} start at zero)' if fresh else ''
-    return state, (f'Initialised the encoder from {config.init_from}{new}; the '
-                   'classification head is new.')
+    return state, (
+        f'Initialised the encoder from {config.init_from}{new}; the classification head is new.'
+    )
 
 
 TASKS = {task.name: task for task in (MaskedLanguageModelling(), Classification())}
@@ -224,9 +252,9 @@ def task_of(config: ml_collections.ConfigDict) -> Task:
   return TASKS[name]
 
 
-def evaluate_batches(task: Task, eval_step, variables,
-                     batches: Iterable[Batch], to_device=lambda batch: batch
-                     ) -> Dict[str, float]:
+def evaluate_batches(
+    task: Task, eval_step, variables, batches: Iterable[Batch], to_device=lambda batch: batch
+) -> Dict[str, float]:
   """The task's metrics over all evaluation batches (one host fetch per batch)."""
   totals = dict.fromkeys(SUM_KEYS, 0.0)
   for batch in batches:

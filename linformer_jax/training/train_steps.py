@@ -29,6 +29,7 @@ class TrainState:
     opt_state: the optimizer's state.
     constants: non-trainable model variables (fixed random projections).
   """
+
   step: Array
   params: Any
   opt_state: Any
@@ -42,8 +43,10 @@ def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
   """Linear warm-up to the peak rate, then linear decay to end_learning_rate."""
   warmup = optax.linear_schedule(0.0, config.learning_rate, config.warmup_steps)
   decay = optax.linear_schedule(
-      config.learning_rate, config.end_learning_rate,
-      max(config.total_steps - config.warmup_steps, 1))
+      config.learning_rate,
+      config.end_learning_rate,
+      max(config.total_steps - config.warmup_steps, 1),
+  )
   return optax.join_schedules([warmup, decay], [config.warmup_steps])
 
 
@@ -55,21 +58,30 @@ def _decay_mask(params):
 def create_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
   """AdamW with RoBERTa's betas/eps, global-norm clipping and the LR schedule."""
   adamw = optax.adamw(
-      learning_rate_schedule(config), b1=config.adam_b1, b2=config.adam_b2,
-      eps=config.adam_eps, weight_decay=config.weight_decay, mask=_decay_mask)
+      learning_rate_schedule(config),
+      b1=config.adam_b1,
+      b2=config.adam_b2,
+      eps=config.adam_eps,
+      weight_decay=config.weight_decay,
+      mask=_decay_mask,
+  )
   if config.grad_clip_norm > 0:
     return optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), adamw)
   return adamw
 
 
-def init_train_state(rng: Array, *, model: nn.Module,
-                     optimizer: optax.GradientTransformation,
-                     seq_len: int) -> TrainState:
+def init_train_state(
+    rng: Array, *, model: nn.Module, optimizer: optax.GradientTransformation, seq_len: int
+) -> TrainState:
   """Initialises parameters, constants and optimizer state (jit this)."""
   variables = nn.meta.unbox(model.init(rng, jnp.ones((1, seq_len), jnp.int32)))
   params = variables.pop('params')
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                    opt_state=optimizer.init(params), constants=variables)
+  return TrainState(
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      opt_state=optimizer.init(params),
+      constants=variables,
+  )
 
 
 def masked_lm_sums(logits: Array, batch: Batch) -> Dict[str, Array]:
@@ -80,9 +92,11 @@ def masked_lm_sums(logits: Array, batch: Batch) -> Dict[str, Array]:
 def _weighted_sums(logits: Array, labels: Array, weights: Array) -> Dict[str, Array]:
   cross_entropy = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
   correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
-  return {'loss_sum': jnp.sum(cross_entropy * weights),
-          'correct_sum': jnp.sum(correct * weights),
-          'weight_sum': jnp.sum(weights)}
+  return {
+      'loss_sum': jnp.sum(cross_entropy * weights),
+      'correct_sum': jnp.sum(correct * weights),
+      'weight_sum': jnp.sum(weights),
+  }
 
 
 def gather_predictions(batch: Batch, num_predictions: int) -> Tuple[Array, Batch]:
@@ -97,8 +111,7 @@ def gather_predictions(batch: Batch, num_predictions: int) -> Tuple[Array, Batch
   num_predictions = min(num_predictions, weights.shape[1])
   _, positions = jax.lax.top_k(weights, num_predictions)
   take = lambda x: jnp.take_along_axis(x, positions, axis=1)
-  return positions, {**batch, 'targets': take(batch['targets']),
-                     'weights': take(weights)}
+  return positions, {**batch, 'targets': take(batch['targets']), 'weights': take(weights)}
 
 
 # A task's loss: (variables, batch, deterministic, rngs) -> the sums
@@ -116,9 +129,14 @@ def masked_lm_loss(model: nn.Module, num_predictions: int) -> LossSums:
 
   def sums(variables, batch: Batch, *, deterministic: bool, rngs=None):
     positions, batch = gather_predictions(batch, num_predictions)
-    logits = model.apply(variables, batch['inputs'], batch['padding_mask'],
-                         deterministic=deterministic, rngs=rngs,
-                         positions=positions)
+    logits = model.apply(
+        variables,
+        batch['inputs'],
+        batch['padding_mask'],
+        deterministic=deterministic,
+        rngs=rngs,
+        positions=positions,
+    )
     return masked_lm_sums(logits, batch)
 
   return sums
@@ -130,9 +148,14 @@ def classification_loss(model: nn.Module) -> LossSums:
   rows)."""
 
   def sums(variables, batch: Batch, *, deterministic: bool, rngs=None):
-    logits = model.apply(variables, batch['inputs'], batch['padding_mask'],
-                         segments=batch['segments'], deterministic=deterministic,
-                         rngs=rngs)
+    logits = model.apply(
+        variables,
+        batch['inputs'],
+        batch['padding_mask'],
+        segments=batch['segments'],
+        deterministic=deterministic,
+        rngs=rngs,
+    )
     return _weighted_sums(logits, batch['labels'], batch['weights'])
 
   return sums
@@ -140,18 +163,26 @@ def classification_loss(model: nn.Module) -> LossSums:
 
 def all_finite(tree: Any) -> Array:
   """A boolean scalar: every element of every array in `tree` is finite."""
-  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf))
-                            for leaf in jax.tree_util.tree_leaves(tree)]))
+  return jnp.all(
+      jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree_util.tree_leaves(tree)])
+  )
 
 
 def _microbatches(batch: Batch, count: int) -> Batch:
   return jax.tree_util.tree_map(
-      lambda x: x.reshape((count, x.shape[0] // count) + x.shape[1:]), batch)
+      lambda x: x.reshape((count, x.shape[0] // count) + x.shape[1:]), batch
+  )
 
 
-def train_step(state: TrainState, batch: Batch, dropout_key: Array, *,
-               loss_sums: LossSums, optimizer: optax.GradientTransformation,
-               grad_accum_steps: int = 1) -> Tuple[TrainState, Dict[str, Array]]:
+def train_step(
+    state: TrainState,
+    batch: Batch,
+    dropout_key: Array,
+    *,
+    loss_sums: LossSums,
+    optimizer: optax.GradientTransformation,
+    grad_accum_steps: int = 1,
+) -> Tuple[TrainState, Dict[str, Array]]:
   """One optimizer step on a batch, optionally over several micro-batches.
 
   The loss is the mean cross-entropy over every weighted prediction of the
@@ -175,8 +206,12 @@ def train_step(state: TrainState, batch: Batch, dropout_key: Array, *,
   step_key = jax.random.fold_in(dropout_key, state.step)
 
   def loss_fn(params, micro_batch, key):
-    sums = loss_sums({'params': params, **state.constants}, micro_batch,
-                     deterministic=False, rngs={'dropout': key})
+    sums = loss_sums(
+        {'params': params, **state.constants},
+        micro_batch,
+        deterministic=False,
+        rngs={'dropout': key},
+    )
     return sums['loss_sum'] / total_weight, sums
 
   grad_fn = jax.grad(loss_fn, has_aux=True)
@@ -184,22 +219,26 @@ def train_step(state: TrainState, batch: Batch, dropout_key: Array, *,
   def accumulate(carry, inputs):
     grads, sums = carry
     micro_batch, index = inputs
-    micro_grads, micro_sums = grad_fn(state.params, micro_batch,
-                                      jax.random.fold_in(step_key, index))
-    return (jax.tree_util.tree_map(jnp.add, grads, micro_grads),
-            jax.tree_util.tree_map(jnp.add, sums, micro_sums)), None
+    micro_grads, micro_sums = grad_fn(
+        state.params, micro_batch, jax.random.fold_in(step_key, index)
+    )
+    return (
+        jax.tree_util.tree_map(jnp.add, grads, micro_grads),
+        jax.tree_util.tree_map(jnp.add, sums, micro_sums),
+    ), None
 
   zero_grads = jax.tree_util.tree_map(jnp.zeros_like, state.params)
   zero_sums = {'loss_sum': 0.0, 'correct_sum': 0.0, 'weight_sum': 0.0}
   zero_sums = jax.tree_util.tree_map(jnp.float32, zero_sums)
   (grads, sums), _ = jax.lax.scan(
-      accumulate, (zero_grads, zero_sums),
-      (_microbatches(batch, grad_accum_steps), jnp.arange(grad_accum_steps)))
+      accumulate,
+      (zero_grads, zero_sums),
+      (_microbatches(batch, grad_accum_steps), jnp.arange(grad_accum_steps)),
+  )
 
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  new_state = state.replace(step=state.step + 1, params=params,
-                            opt_state=opt_state)
+  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
   loss = sums['loss_sum'] / total_weight
   metrics = {
       'loss': loss,
@@ -210,8 +249,7 @@ def train_step(state: TrainState, batch: Batch, dropout_key: Array, *,
   return new_state, metrics
 
 
-def eval_step(variables: Dict[str, Any], batch: Batch, *,
-              loss_sums: LossSums) -> Dict[str, Array]:
+def eval_step(variables: Dict[str, Any], batch: Batch, *, loss_sums: LossSums) -> Dict[str, Array]:
   """The loss sums of one evaluation batch (no dropout)."""
   return loss_sums(variables, batch, deterministic=True)
 
@@ -220,9 +258,14 @@ def _replicated_like(sharding: jax.sharding.NamedSharding) -> jax.sharding.Named
   return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
 
 
-def jit_train_step(loss_sums: LossSums, optimizer: optax.GradientTransformation,
-                   grad_accum_steps: int, *, state_shardings: Any,
-                   batch_sharding: jax.sharding.NamedSharding):
+def jit_train_step(
+    loss_sums: LossSums,
+    optimizer: optax.GradientTransformation,
+    grad_accum_steps: int,
+    *,
+    state_shardings: Any,
+    batch_sharding: jax.sharding.NamedSharding,
+):
   """The jitted train step of a task, state donated.
 
   It takes and returns the state split over the mesh as `state_shardings` (a
@@ -230,16 +273,22 @@ def jit_train_step(loss_sums: LossSums, optimizer: optax.GradientTransformation,
   and the metrics are replicated.
   """
   replicated = _replicated_like(batch_sharding)
-  return jax.jit(functools.partial(train_step, loss_sums=loss_sums, optimizer=optimizer,
-                                   grad_accum_steps=grad_accum_steps),
-                 donate_argnums=0,
-                 in_shardings=(state_shardings, batch_sharding, replicated),
-                 out_shardings=(state_shardings, replicated))
+  return jax.jit(
+      functools.partial(
+          train_step, loss_sums=loss_sums, optimizer=optimizer, grad_accum_steps=grad_accum_steps
+      ),
+      donate_argnums=0,
+      in_shardings=(state_shardings, batch_sharding, replicated),
+      out_shardings=(state_shardings, replicated),
+  )
 
 
-def jit_eval_step(loss_sums: LossSums, *, variable_shardings: Any,
-                  batch_sharding: jax.sharding.NamedSharding):
+def jit_eval_step(
+    loss_sums: LossSums, *, variable_shardings: Any, batch_sharding: jax.sharding.NamedSharding
+):
   """The jitted eval step of a task: (variables, batch) -> replicated loss sums."""
-  return jax.jit(functools.partial(eval_step, loss_sums=loss_sums),
-                 in_shardings=(variable_shardings, batch_sharding),
-                 out_shardings=_replicated_like(batch_sharding))
+  return jax.jit(
+      functools.partial(eval_step, loss_sums=loss_sums),
+      in_shardings=(variable_shardings, batch_sharding),
+      out_shardings=_replicated_like(batch_sharding),
+  )

@@ -76,9 +76,9 @@ def _gather_bytes(data: bytes) -> List[bytes]:
     return [data]
   lengths = multihost_utils.process_allgather(np.array([len(data)], np.int32))
   padded = np.zeros([int(lengths.max())], np.uint8)
-  padded[:len(data)] = np.frombuffer(data, np.uint8)
+  padded[: len(data)] = np.frombuffer(data, np.uint8)
   gathered = multihost_utils.process_allgather(padded)
-  return [bytes(gathered[i, :int(lengths[i, 0])]) for i in range(jax.process_count())]
+  return [bytes(gathered[i, : int(lengths[i, 0])]) for i in range(jax.process_count())]
 
 
 def _this_process_state(data_state: Dict[str, Any]) -> bytes:
@@ -88,7 +88,8 @@ def _this_process_state(data_state: Dict[str, Any]) -> bytes:
     raise ConfigError(
         f'The checkpoint was written by {len(states)} processes, each reading its '
         f'own shard of the data; resume it with {len(states)} processes (the mesh '
-        f'may differ), not {jax.process_count()}.')
+        f'may differ), not {jax.process_count()}.'
+    )
   return states[jax.process_index()].encode('latin-1')
 
 
@@ -100,14 +101,12 @@ class Run:
     self.workdir = workdir
     self.parts = run_builder.build_parts(config)
     self.task = self.parts.task
-    self.store = CheckpointStore(checkpoint_directory(workdir),
-                                 keep=config.keep_checkpoints)
+    self.store = CheckpointStore(checkpoint_directory(workdir), keep=config.keep_checkpoints)
     resuming = self.store.latest_step() is not None
     if resuming:
       run_config.check_same_model(self.store.restore_config(), config, workdir)
     # Checked before the data is built, so a bad init_from fails fast.
-    init_from = (self.task.check_init_from(config)
-                 if config.init_from and not resuming else None)
+    init_from = self.task.check_init_from(config) if config.init_from and not resuming else None
     self.data = self.parts.build_data(workdir)
     self.optimizer = train_steps.create_optimizer(config)
     self.schedule = train_steps.learning_rate_schedule(config)
@@ -119,20 +118,23 @@ class Run:
   def _initial_state(self, init_from: Any) -> train_steps.TrainState:
     latest = self.store.latest_step()
     if latest is not None:
-      step, state, data_state, _ = self.store.restore(
-          latest, abstract_state=self.abstract_state)
+      step, state, data_state, _ = self.store.restore(latest, abstract_state=self.abstract_state)
       self.data.train_iterator.set_state(_this_process_state(data_state))
       report(f'Resumed from the checkpoint of step {step} in {self.workdir}.')
       return state
     # Created already split over the mesh: no device ever holds all of it.
-    init = jax.jit(lambda rng: train_steps.init_train_state(
-        rng, model=self.parts.model, optimizer=self.optimizer,
-        seq_len=self.parts.model_config.max_len),
-                   out_shardings=run_builder.shardings_of(self.abstract_state))
+    init = jax.jit(
+        lambda rng: train_steps.init_train_state(
+            rng,
+            model=self.parts.model,
+            optimizer=self.optimizer,
+            seq_len=self.parts.model_config.max_len,
+        ),
+        out_shardings=run_builder.shardings_of(self.abstract_state),
+    )
     state = init(jax.random.PRNGKey(self.config.seed))
     if self.config.init_from:
-      state, message = self.task.initialize_from(state, self.abstract_state,
-                                                 self.config, init_from)
+      state, message = self.task.initialize_from(state, self.abstract_state, self.config, init_from)
       report(message)
     return state
 
@@ -145,12 +147,18 @@ class Run:
     # process's iterator position (orbax writes JSON from process 0 only).
     states = _gather_bytes(self.data.train_iterator.get_state())
     data_state = {'process_states': [state.decode('latin-1') for state in states]}
-    self.store.save(int(self.state.step), state=self.state, data_state=data_state,
-                    config=self.config.to_dict(), force=force)
+    self.store.save(
+        int(self.state.step),
+        state=self.state,
+        data_state=data_state,
+        config=self.config.to_dict(),
+        force=force,
+    )
 
   def evaluate(self) -> Dict[str, float]:
-    return tasks.evaluate_batches(self.task, self.eval_step, self.state.variables(),
-                                  self.data.eval_batches, self.device_batch)
+    return tasks.evaluate_batches(
+        self.task, self.eval_step, self.state.variables(), self.data.eval_batches, self.device_batch
+    )
 
 
 def _write_json(path: str, payload: Dict[str, Any]) -> None:
@@ -186,17 +194,22 @@ class FiniteGuard:
     for (step, metrics), finite in zip(self._pending, flags):
       if not finite:
         loss = float(metrics['loss'])
-        what = (f'the training loss is {loss}' if not np.isfinite(loss)
-                else f'the parameters became non-finite (loss {loss})')
+        what = (
+            f'the training loss is {loss}'
+            if not np.isfinite(loss)
+            else f'the parameters became non-finite (loss {loss})'
+        )
         raise NonFiniteLossError(
             f'At step {step} {what}; stopping without saving. The last good '
             f'checkpoint stays in {checkpoint_directory(self._workdir)}. Lower '
-            'config.learning_rate or raise config.warmup_steps, then resume.')
+            'config.learning_rate or raise config.warmup_steps, then resume.'
+        )
     self._pending.clear()
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
-                       stop_after: Optional[int] = None) -> Optional[Dict[str, Any]]:
+def train_and_evaluate(
+    config: ml_collections.ConfigDict, workdir: str, *, stop_after: Optional[int] = None
+) -> Optional[Dict[str, Any]]:
   """Trains to config.total_steps (resuming if possible) and evaluates.
 
   Args:
@@ -221,12 +234,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   _write_json(os.path.join(workdir, 'config.json'), config.to_dict())
   first_step = int(run.state.step)
   parameter_count = int(sum(x.size for x in jax.tree_util.tree_leaves(run.state.params)))
-  report(f'{config.model.attention} model, {parameter_count:,} parameters; '
-         f'{run.data.train_sequences:,} training and {run.data.eval_sequences:,} '
-         f'{config.data.eval_split} sequences of {config.model.max_len} tokens; '
-         f'training steps {first_step + 1}..{config.total_steps}.')
-  logger = MetricLogger(workdir, total_steps=config.total_steps,
-                        is_primary=jax.process_index() == 0)
+  report(
+      f'{config.model.attention} model, {parameter_count:,} parameters; '
+      f'{run.data.train_sequences:,} training and {run.data.eval_sequences:,} '
+      f'{config.data.eval_split} sequences of {config.model.max_len} tokens; '
+      f'training steps {first_step + 1}..{config.total_steps}.'
+  )
+  logger = MetricLogger(
+      workdir, total_steps=config.total_steps, is_primary=jax.process_index() == 0
+  )
   logger.discard_after(first_step)
   tokens_per_step = config.batch_size * config.model.max_len
   dropout_key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
@@ -239,19 +255,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       batch = run.device_batch(next(run.data.train_iterator))
       run.state, metrics = run.train_step(run.state, batch, dropout_key)
       guard.add(step, metrics)
-      log, evaluate, save = (is_due(step, every, last) for every in (
-          config.log_every, config.eval_every, config.checkpoint_every))
+      log, evaluate, save = (
+          is_due(step, every, last)
+          for every in (config.log_every, config.eval_every, config.checkpoint_every)
+      )
       stop = stop_after is not None and stop_after <= step < last
       if not (log or evaluate or save or stop or termination.requested):
         continue
       guard.check()
       if log:
         scalars = jax.device_get(metrics)
-        scalars = {name: float(value) for name, value in scalars.items()
-                   if name != 'finite'}
+        scalars = {name: float(value) for name, value in scalars.items() if name != 'finite'}
         scalars['learning_rate'] = float(run.schedule(step - 1))
-        scalars.update(logger.progress(step, tokens_per_step=tokens_per_step,
-                                       loss=scalars['loss']))
+        scalars.update(logger.progress(step, tokens_per_step=tokens_per_step, loss=scalars['loss']))
         logger.write_scalars(step, _prefixed('train', scalars))
       if evaluate:
         eval_metrics = run.evaluate()
@@ -287,14 +303,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   return results
 
 
-def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str,
-                        split: str) -> Dict[str, Any]:
+def evaluate_checkpoint(
+    config: ml_collections.ConfigDict, workdir: str, split: str
+) -> Dict[str, Any]:
   """Evaluates the newest checkpoint of a run on a split; writes JSON."""
   config = ml_collections.ConfigDict(config.to_dict())
   config.data.eval_split = split
   loaded = run_builder.load_for_evaluation(config, workdir)
   metrics = loaded.evaluate()
-  results = {'step': loaded.step, 'split': split, 'task': loaded.parts.task.name,
-             **metrics, **loaded.parts.task.reference_results(loaded.data)}
+  results = {
+      'step': loaded.step,
+      'split': split,
+      'task': loaded.parts.task.name,
+      **metrics,
+      **loaded.parts.task.reference_results(loaded.data),
+  }
   _write_json(os.path.join(workdir, f'eval_{split}.json'), results)
   return results

@@ -55,6 +55,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.worker_count = 0  # grain worker processes (0 = in the main process)
   # Cache for extracted/packed data ('' = $LINFORMER_JAX_CACHE_DIR or ~/.cache/linformer_jax).
   config.data.cache_dir = ''
+  # Prepared ArrayRecord shards of each split ('' = a folder of the cache named by
+  # the data, tokenizer and max_len); a shared filesystem path for many hosts.
+  config.data.prepared_dir = ''
+  config.data.prepare_workers = 0  # tokenizing processes when preparing (0 = all cores)
+  config.data.sequences_per_shard = 8192  # packed sequences per ArrayRecord shard
+  config.data.tokenizer_sample_chars = 100_000_000  # text the tokenizer trains on, at most
   config.data.max_eval_batches = 0  # cap on evaluation batches (0 = the whole split)
 
   config.model = ml_collections.ConfigDict()

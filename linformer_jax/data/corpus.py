@@ -1,4 +1,4 @@
-"""Text sources for pretraining; each returns one split as a list of documents.
+"""Text sources for pretraining; each gives one split's documents, streamed.
 
 * `embedded_documents`: English documentation shipped inside Python itself (the
   pydoc topics and the standard library's docstrings). Needs no network and no
@@ -11,7 +11,8 @@
 * `tfds_documents`: any TFDS text dataset (wiki40b, pg19, lm1b, ...) that the
   machine has prepared, or may download.
 
-`load_documents(config.data, split)` picks one according to `config.data.source`.
+`iter_documents(config.data, split)` streams the documents of the source
+`config.data.source` names; `load_documents` lists them (for small data).
 Documents are returned in a deterministic order; splits are fixed by titles or
 file names, never by random state, so every run sees the same data.
 """
@@ -23,7 +24,7 @@ import pathlib
 import re
 import subprocess
 import sys
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from linformer_jax.errors import ConfigError
 
@@ -313,10 +314,10 @@ def list_text_files(path: str) -> List[pathlib.Path]:
   return files
 
 
-def text_file_documents(
+def split_text_files(
     path: str, split: str, split_files: Mapping[str, Sequence[str]]
-) -> List[str]:
-  """Documents of one split of local text files; whole files never cross splits.
+) -> List[pathlib.Path]:
+  """The text files of one split; whole files never cross splits.
 
   Args:
     path: a text file or a folder of .txt files.
@@ -324,10 +325,6 @@ def text_file_documents(
       split_files.
     split_files: split name -> file names (as in the folder), e.g.
       {'validation': ['pg345.txt'], 'test': ['pg768.txt']}.
-
-  Returns:
-    Each file's text, Gutenberg boilerplate removed, cut into documents of about
-    TEXT_FILE_DOCUMENT_CHARS characters at blank lines; files in sorted order.
   """
   files = list_text_files(path)
   split_files = {name: list(names) for name, names in (split_files or {}).items()}
@@ -357,11 +354,31 @@ def text_file_documents(
         f'{sorted(split_files)}); add it there or change '
         'config.data.train_split/eval_split.'
     )
-  documents = []
-  for file in files:
-    if assigned.get(file.name, 'train') == split:
-      text = strip_gutenberg_boilerplate(_read_text(file))
-      documents.extend(paragraph_documents(text))
+  chosen = [file for file in files if assigned.get(file.name, 'train') == split]
+  if not chosen:
+    raise ConfigError(
+        f'Split {split!r} of config.data.path={path!r} has no text; '
+        'check config.data.path and config.data.split_files.'
+    )
+  return chosen
+
+
+def file_documents(path: pathlib.Path) -> List[str]:
+  """One text file's documents: Gutenberg boilerplate removed, cut into
+  documents of about TEXT_FILE_DOCUMENT_CHARS characters at blank lines."""
+  return paragraph_documents(strip_gutenberg_boilerplate(_read_text(path)))
+
+
+def text_file_documents(
+    path: str, split: str, split_files: Mapping[str, Sequence[str]]
+) -> List[str]:
+  """Documents of one split of local text files (see `split_text_files`), files
+  in sorted order."""
+  documents = [
+      document
+      for file in split_text_files(path, split, split_files)
+      for document in file_documents(file)
+  ]
   if not documents:
     raise ConfigError(
         f'Split {split!r} of config.data.path={path!r} has no text; '
@@ -423,6 +440,29 @@ def tfds_examples(
   return tfds.as_numpy(builder.as_dataset(split=split, shuffle_files=False))
 
 
+def iter_tfds_documents(
+    name: str,
+    split: str,
+    text_key: str = 'text',
+    data_dir: Optional[str] = None,
+    download: bool = False,
+) -> Iterator[str]:
+  """Documents of a TFDS text dataset, e.g. 'wiki40b/en', 'pg19', 'lm1b', streamed
+  one example at a time; see `tfds_examples` for the arguments."""
+  found = False
+  for example in tfds_examples(name, split, [text_key], data_dir, download):
+    text = example[text_key].decode('utf-8')
+    text = _WIKI40B_MARKERS.sub('\n', text).replace('_NEWLINE_', '\n').strip()
+    if text:
+      found = True
+      yield text
+  if not found:
+    raise ConfigError(
+        f'Split {split!r} of TFDS dataset {name!r} has no text in '
+        f'feature config.data.tfds_text_key={text_key!r}.'
+    )
+
+
 def tfds_documents(
     name: str,
     split: str,
@@ -430,38 +470,25 @@ def tfds_documents(
     data_dir: Optional[str] = None,
     download: bool = False,
 ) -> List[str]:
-  """Documents of a TFDS text dataset, e.g. 'wiki40b/en', 'pg19', 'lm1b'.
-
-  The whole split is read into memory, which suits corpora up to a few GB;
-  see `tfds_examples` for the arguments.
-  """
-  documents = []
-  for example in tfds_examples(name, split, [text_key], data_dir, download):
-    text = example[text_key].decode('utf-8')
-    text = _WIKI40B_MARKERS.sub('\n', text).replace('_NEWLINE_', '\n').strip()
-    if text:
-      documents.append(text)
-  if not documents:
-    raise ConfigError(
-        f'Split {split!r} of TFDS dataset {name!r} has no text in '
-        f'feature config.data.tfds_text_key={text_key!r}.'
-    )
-  return documents
+  """All documents of a TFDS text split, in memory (see `iter_tfds_documents`)."""
+  return list(iter_tfds_documents(name, split, text_key, data_dir, download))
 
 
-def load_documents(data_config: Mapping[str, Any], split: str) -> List[str]:
-  """The documents of `split` from the source that `config.data.source` names."""
+def iter_documents(data_config: Mapping[str, Any], split: str) -> Iterator[str]:
+  """The documents of `split` from the source `config.data.source` names, streamed:
+  text files are read one at a time, TFDS examples one by one."""
   source = data_config['source']
   if source == 'embedded':
-    return embedded_documents(split, data_config.get('cache_dir') or None)
+    return iter(embedded_documents(split, data_config.get('cache_dir') or None))
   if source == 'text_files':
-    return text_file_documents(data_config['path'], split, data_config.get('split_files') or {})
+    files = split_text_files(data_config['path'], split, data_config.get('split_files') or {})
+    return (document for file in files for document in file_documents(file))
   if source == 'tfds':
     if not data_config.get('tfds_name'):
       raise ConfigError(
           "config.data.tfds_name is empty; set it to a TFDS dataset, e.g. 'wiki40b/en'."
       )
-    return tfds_documents(
+    return iter_tfds_documents(
         data_config['tfds_name'],
         split,
         data_config.get('tfds_text_key') or 'text',
@@ -469,3 +496,8 @@ def load_documents(data_config: Mapping[str, Any], split: str) -> List[str]:
         bool(data_config.get('tfds_download', False)),
     )
   raise ConfigError(f'config.data.source={source!r} is not allowed; use one of {SOURCES}.')
+
+
+def load_documents(data_config: Mapping[str, Any], split: str) -> List[str]:
+  """All documents of `split` in memory (see `iter_documents`); for small data."""
+  return list(iter_documents(data_config, split))

@@ -20,10 +20,7 @@ Every batch is a dict of numpy arrays of shape [batch, seq_len]:
 """
 
 import hashlib
-import json
 import math
-import os
-import pathlib
 import sys
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 
@@ -32,6 +29,8 @@ import numpy as np
 
 from linformer_jax.data import corpus
 from linformer_jax.data import loaders
+from linformer_jax.data import prepare
+from linformer_jax.data import shards
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
 
@@ -181,6 +180,14 @@ class DynamicMasking(grain.transforms.RandomMap):
     )
 
 
+def as_source(sequences) -> grain.sources.RandomAccessDataSource:
+  """Packed sequences as a grain source: an array [num, seq_len] in memory, or
+  a source already (`shards.ShardedSequences` of a prepared split)."""
+  if isinstance(sequences, (shards.ShardedSequences, PackedSequences)):
+    return sequences
+  return PackedSequences(sequences)
+
+
 def _check_int(field: str, value: Any, minimum: int, maximum: int = sys.maxsize) -> int:
   if (
       isinstance(value, bool)
@@ -208,7 +215,8 @@ def create_train_iterator(
   dropped) and this process reads shard process_index, reshuffled every epoch.
 
   Args:
-    packed_sequences: [num_sequences, seq_len] from `pack_documents`.
+    packed_sequences: [num_sequences, seq_len] from `pack_documents`, or a
+      source of such rows (`as_source`).
     batch_size: examples per batch on this process.
     seed: shuffling and masking seed, an int in [0, 2**32 - 1].
     mask_rate: fraction of text tokens chosen as loss positions.
@@ -222,7 +230,7 @@ def create_train_iterator(
     `set_state(state)` continues from them (same data, seed, batch size,
     shards and worker_count).
   """
-  source = PackedSequences(packed_sequences)
+  source = as_source(packed_sequences)
   batch_size = _check_int('config.batch_size (per process)', batch_size, 1)
   seed = _check_int('config.seed', seed, 0, 2**32 - 1)
   process_count = _check_int('process_count', process_count, 1)
@@ -273,7 +281,7 @@ def create_eval_batches(
   `_empty_rows` with zero weight. A sequence is masked the same way whatever
   the batch size or process count.
   """
-  source = PackedSequences(packed_sequences)
+  source = as_source(packed_sequences)
   batch_size = _check_int('config.eval_batch_size (per process)', batch_size, 1)
   seed = _check_int('seed', seed, 0, 2**32 - 1)
   process_count = _check_int('process_count', process_count, 1)
@@ -313,78 +321,10 @@ class Datasets(NamedTuple):
   train_token_counts: np.ndarray  # [vocab_size] occurrences of each id in the train split
 
 
-def _source_signature(data_config, split: str) -> Dict[str, Any]:
-  """Everything the documents of `split` depend on, for cache keys."""
-  source = data_config.source
-  signature = {'source': source, 'split': split}
-  if source == 'embedded':
-    signature['python'] = list(sys.version_info[:3])
-  elif source == 'text_files':
-    files = corpus.list_text_files(data_config.path)
-    signature['files'] = [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
-    signature['split_files'] = {
-        k: sorted(v) for k, v in dict(data_config.split_files or {}).items()
-    }
-  elif source == 'tfds':
-    signature.update(
-        name=data_config.tfds_name,
-        key=data_config.tfds_text_key,
-        data_dir=data_config.tfds_data_dir or '',
-    )
-  return signature
-
-
-def _packed_split(
-    data_config,
-    split: str,
-    seq_len: int,
-    tokenizer: tokenizer_lib.Tokenizer,
-    cache_root: pathlib.Path,
-    documents_fn,
-) -> np.ndarray:
-  """The split packed into sequences, from the cache or tokenized and saved."""
-  key = json.dumps(
-      {
-          'data': _source_signature(data_config, split),
-          'tokenizer': tokenizer.fingerprint,
-          'seq_len': seq_len,
-          'document_chars': corpus.TEXT_FILE_DOCUMENT_CHARS,
-      },
-      sort_keys=True,
-  )
-  digest = hashlib.sha256(key.encode('utf-8')).hexdigest()[:20]
-  path = cache_root / 'packed' / f'{split}-{digest}.npy'
-  if path.exists():
-    return np.load(path)
-  packed = pack_documents(
-      tokenizer.encode_all(documents_fn(split)),
-      seq_len,
-      bos_id=tokenizer.bos_id,
-      eos_id=tokenizer.eos_id,
-      pad_id=tokenizer.pad_id,
-  )
-  path.parent.mkdir(parents=True, exist_ok=True)
-  temporary = path.with_name(f'{path.stem}.tmp{os.getpid()}.npy')
-  np.save(temporary, packed)
-  os.replace(temporary, path)  # atomic: concurrent processes never read half
-  return packed
-
-
-def build_datasets(
-    config, workdir: str, process_index: int = 0, process_count: int = 1, train: bool = True
-) -> Datasets:
-  """Tokenizer, training iterator and evaluation batches of a run's config.
-
-  Reads config.seed, batch_size, eval_batch_size (global; divided among the
-  processes), model.max_len and config.data.*. The tokenizer lives in
-  `workdir`; packed splits are cached under config.data.cache_dir. Without
-  `train` (evaluation only), `train_iterator` is None.
-  """
+def _checked_tokenizer(config, workdir: str) -> tokenizer_lib.Tokenizer:
+  """Checks the data fields and returns the run's tokenizer (trained on a
+  bounded sample of the training split the first time)."""
   data = config.data
-  seq_len = _check_int('config.model.max_len', config.model.max_len, 3)
-  _check_int('config.batch_size', config.batch_size, 1)
-  _check_int('config.eval_batch_size', config.eval_batch_size, 1)
-  batch_size, eval_batch_size = loaders.per_process_batch_sizes(config, process_count)
   for field in ('train_split', 'eval_split'):
     if not isinstance(data[field], str) or not data[field]:
       raise ConfigError(
@@ -395,15 +335,10 @@ def build_datasets(
     raise ConfigError(
         f'config.data.source={data.source!r} is not allowed; use one of {corpus.SOURCES}.'
     )
-
-  loaded = {}
-
-  def documents(split: str) -> List[str]:
-    if split not in loaded:
-      loaded[split] = corpus.load_documents(data, split)
-    return loaded[split]
-
-  tokenizer = tokenizer_lib.build_tokenizer(data, workdir, lambda: documents(data.train_split))
+  sample = _check_int('config.data.tokenizer_sample_chars', data.tokenizer_sample_chars, 1)
+  tokenizer = tokenizer_lib.build_tokenizer(
+      data, workdir, lambda: prepare.sample_documents(data, data.train_split, sample)
+  )
   model_vocab = config.model.get('vocab_size')
   if model_vocab is not None and model_vocab != tokenizer.vocab_size:
     raise ConfigError(
@@ -411,9 +346,81 @@ def build_datasets(
         f'{tokenizer.vocab_size} tokens; set config.data.vocab_size='
         f'{tokenizer.vocab_size} (config.model.vocab_size follows it).'
     )
-  cache_root = corpus.cache_root(data.cache_dir)
-  train_split = _packed_split(data, data.train_split, seq_len, tokenizer, cache_root, documents)
-  evaluation = _packed_split(data, data.eval_split, seq_len, tokenizer, cache_root, documents)
+  return tokenizer
+
+
+def prepare_splits(
+    config, workdir: str, *, part_index: int = 0, part_count: int = 1, tokenizer_only: bool = False
+) -> Dict[str, Any]:
+  """Prepares part `part_index` of `part_count` of the train and eval splits.
+
+  Returns a summary: per split its folder, this part's sequences, tokens and
+  shards, and whether every part is there yet.
+  """
+  part_count = _check_int('--part_count', part_count, 1)
+  part_index = _check_int('--part_index', part_index, 0, part_count - 1)
+  seq_len = _check_int('config.model.max_len', config.model.max_len, 3)
+  tokenizer = _checked_tokenizer(config, workdir)
+  summary: Dict[str, Any] = {'tokenizer': tokenizer.fingerprint}
+  if tokenizer_only:
+    return summary
+  for split in dict.fromkeys((config.data.train_split, config.data.eval_split)):
+    signature = prepare.split_signature(config.data, split, tokenizer, seq_len)
+    folder = prepare.split_folder(config.data, split, signature)
+    manifest = prepare.prepare_part(
+        config.data,
+        split,
+        folder,
+        tokenizer=tokenizer,
+        seq_len=seq_len,
+        signature=signature,
+        workers=prepare.workers_of(config.data),
+        sequences_per_shard=config.data.sequences_per_shard,
+        part_index=part_index,
+        part_count=part_count,
+    )
+    try:
+      shards.PreparedSplit(folder, signature)
+      all_parts = True
+    except ConfigError:
+      all_parts = False
+    summary[split] = {
+        'folder': str(folder),
+        'sequences': manifest['sequences'],
+        'tokens': manifest['tokens'],
+        'shards': len(manifest['shards']),
+        'all_parts_prepared': all_parts,
+    }
+  return summary
+
+
+def build_datasets(
+    config, workdir: str, process_index: int = 0, process_count: int = 1, train: bool = True
+) -> Datasets:
+  """Tokenizer, training iterator and evaluation batches of a run's config.
+
+  Reads config.seed, batch_size, eval_batch_size (global; divided among the
+  processes), model.max_len and config.data.*. The tokenizer lives in
+  `workdir`; the splits are prepared as ArrayRecord shards (`prepare`) under
+  config.data.prepared_dir or the cache the first time, and read from them with
+  random access. Without `train` (evaluation only), `train_iterator` is None.
+  """
+  data = config.data
+  seq_len = _check_int('config.model.max_len', config.model.max_len, 3)
+  _check_int('config.batch_size', config.batch_size, 1)
+  _check_int('config.eval_batch_size', config.eval_batch_size, 1)
+  batch_size, eval_batch_size = loaders.per_process_batch_sizes(config, process_count)
+  tokenizer = _checked_tokenizer(config, workdir)
+  # Process 0 prepares what is missing (the others wait for it); everyone
+  # then reads only the shards' footers and manifests, whatever their size.
+  train_prepared, eval_prepared = (
+      prepare.prepared_split(
+          data, split, tokenizer=tokenizer, seq_len=seq_len, prepare=process_index == 0
+      )
+      for split in (data.train_split, data.eval_split)
+  )
+  train_split = shards.ShardedSequences(train_prepared, seq_len)
+  evaluation = shards.ShardedSequences(eval_prepared, seq_len)
   train_iterator = None
   if train:
     train_iterator = create_train_iterator(
@@ -440,11 +447,9 @@ def build_datasets(
       tokenizer=tokenizer,
       train_iterator=train_iterator,
       eval_batches=eval_batches,
-      train_tokens=int(np.count_nonzero(train_split != tokenizer.pad_id)),
-      eval_tokens=int(np.count_nonzero(evaluation != tokenizer.pad_id)),
-      train_sequences=len(train_split),
-      eval_sequences=len(evaluation),
-      train_token_counts=np.bincount(
-          train_split[train_split != tokenizer.pad_id], minlength=tokenizer.vocab_size
-      ),
+      train_tokens=train_prepared.tokens,
+      eval_tokens=eval_prepared.tokens,
+      train_sequences=train_prepared.sequences,
+      eval_sequences=eval_prepared.sequences,
+      train_token_counts=train_prepared.unigram_counts,
   )

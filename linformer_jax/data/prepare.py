@@ -1,0 +1,442 @@
+"""Streaming preparation of a pretraining split: documents to ArrayRecord shards.
+
+A split's documents come as a sequence of *units*, each small enough to hold
+in memory: a text file (or a 32 MiB block of a larger one), or a chunk of
+documents of the embedded corpus or of a TFDS dataset. Worker processes (all
+cores by default) read and tokenize units in parallel; this process packs
+their token streams, in order, with the FULL-SENTENCES rule of
+`masked_lm.pack_documents` (documents joined by eos, cut into rows of
+bos + seq_len - 2 tokens + eos) and writes the rows to shards
+(`shards.ShardWriter`). At most two units per worker are in flight, so memory
+stays bounded whatever the corpus size.
+
+After each shard the part's manifest records the units done and the tokens
+carried into the next row, so a killed preparation resumes there. Several
+hosts can prepare one split together: part I of N takes units I, I+N, ...
+"""
+
+import hashlib
+import json
+import multiprocessing
+import os
+import pathlib
+import sys
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from linformer_jax.data import corpus
+from linformer_jax.data import shards
+from linformer_jax.data import tokenizer as tokenizer_lib
+from linformer_jax.errors import ConfigError
+
+# Embedded and TFDS documents go to the workers in chunks of this many.
+DOCUMENTS_PER_UNIT = 64
+# Text files larger than this are read in blocks of this size (cut at blank
+# lines), so one huge file never has to fit in memory.
+FILE_BLOCK_BYTES = 32 * 2**20
+# A unit is ('texts', [documents]), ('file', path) or ('block', path, index).
+Unit = Tuple[Any, ...]
+
+
+def _read_block(path: str, index: int) -> str:
+  """Block `index` of a large text file, from the first blank line at or after
+  its start to the first blank line at or after its end (UTF-8, errors
+  replaced): neighbouring blocks meet exactly."""
+
+  def boundary(f, offset: int) -> int:
+    if offset == 0:
+      return 0
+    f.seek(offset)
+    window = b''
+    while True:
+      data = f.read(1 << 16)
+      if not data:
+        return offset + len(window)
+      found = (window[-1:] + data).find(b'\n\n')
+      if found >= 0:
+        return offset + len(window) - len(window[-1:]) + found + 2
+      window += data
+
+  with open(path, 'rb') as f:
+    start = boundary(f, index * FILE_BLOCK_BYTES)
+    end = boundary(f, (index + 1) * FILE_BLOCK_BYTES)
+    f.seek(start)
+    raw = f.read(max(end - start, 0))
+  return raw.decode('utf-8', errors='replace').replace('\r\n', '\n')
+
+
+def unit_documents(unit: Unit) -> List[str]:
+  """The documents of one unit (text files as `corpus.text_file_documents` cuts them)."""
+  kind = unit[0]
+  if kind == 'texts':
+    return list(unit[1])
+  if kind == 'file':
+    return corpus.file_documents(pathlib.Path(unit[1]))
+  if kind == 'block':
+    return corpus.paragraph_documents(_read_block(unit[1], unit[2]))
+  raise ValueError(f'unknown unit {unit!r}')
+
+
+def _chunks(documents: Iterable[str]) -> Iterator[Unit]:
+  chunk: List[str] = []
+  for document in documents:
+    chunk.append(document)
+    if len(chunk) == DOCUMENTS_PER_UNIT:
+      yield ('texts', chunk)
+      chunk = []
+  if chunk:
+    yield ('texts', chunk)
+
+
+def split_units(data_config: Mapping[str, Any], split: str) -> Iterator[Unit]:
+  """The units of a split, in the order its documents are packed."""
+  if data_config['source'] == 'text_files':
+    for path in corpus.split_text_files(
+        data_config['path'], split, data_config.get('split_files') or {}
+    ):
+      size = path.stat().st_size
+      if size <= FILE_BLOCK_BYTES:
+        yield ('file', str(path))
+      else:
+        for index in range(-(-size // FILE_BLOCK_BYTES)):
+          yield ('block', str(path), index)
+    return
+  yield from _chunks(corpus.iter_documents(data_config, split))
+
+
+def unit_size(unit: Unit) -> int:
+  """Characters (or bytes on disk) of a unit, to budget samples."""
+  if unit[0] == 'texts':
+    return sum(len(text) for text in unit[1])
+  if unit[0] == 'file':
+    return os.path.getsize(unit[1])
+  return FILE_BLOCK_BYTES
+
+
+def sample_documents(
+    data_config: Mapping[str, Any], split: str, max_chars: int, seed: int = 0
+) -> Iterator[str]:
+  """At most about `max_chars` of the split's documents, streamed.
+
+  The whole split, in order, when it fits; otherwise whole units in a seeded
+  random order until the budget is spent (only their sizes are held).
+  """
+  units = list(split_units(data_config, split)) if data_config['source'] == 'text_files' else None
+  if units is None:
+    # Documents stream from the source; take them in order up to the budget.
+    used = 0
+    for document in corpus.iter_documents(data_config, split):
+      if used >= max_chars:
+        return
+      used += len(document)
+      yield document
+    return
+  sizes = [unit_size(unit) for unit in units]
+  order = (
+      range(len(units))
+      if sum(sizes) <= max_chars
+      else np.random.default_rng(seed).permutation(len(units))
+  )
+  used = 0
+  for index in order:
+    if used >= max_chars:
+      return
+    used += sizes[index]
+    yield from unit_documents(units[index])
+
+
+# ---------------------------------------------------------------- workers
+
+_WORKER_TOKENIZER: Optional[tokenizer_lib.Tokenizer] = None
+
+
+def _start_worker(tokenizer_spec: Tuple[str, str]) -> None:
+  global _WORKER_TOKENIZER
+  kind, path = tokenizer_spec
+  _WORKER_TOKENIZER = (
+      tokenizer_lib.ByteTokenizer()
+      if kind == 'byte'
+      else tokenizer_lib.SentencePieceTokenizer(path)
+  )
+
+
+def tokenize_unit(unit: Unit, tokenizer: Optional[tokenizer_lib.Tokenizer] = None) -> np.ndarray:
+  """The unit's documents tokenized and joined by eos, as one int32 stream."""
+  tokenizer = tokenizer or _WORKER_TOKENIZER
+  pieces = []
+  for tokens in tokenizer.encode_all(unit_documents(unit)):
+    if pieces:
+      pieces.append(np.array([tokenizer.eos_id], np.int32))
+    pieces.append(np.asarray(tokens, np.int32))
+  return np.concatenate(pieces) if pieces else np.zeros([0], np.int32)
+
+
+def _tokenizer_spec(tokenizer: tokenizer_lib.Tokenizer) -> Tuple[str, str]:
+  if isinstance(tokenizer, tokenizer_lib.ByteTokenizer):
+    return ('byte', '')
+  return ('sentencepiece', tokenizer.model_path)
+
+
+def _ordered_map(
+    function: Callable[[Unit], np.ndarray],
+    units: Iterable[Unit],
+    tokenizer: tokenizer_lib.Tokenizer,
+    workers: int,
+) -> Iterator[np.ndarray]:
+  """function(unit) for each unit, in order, on `workers` processes (0: here),
+  with at most 2 * workers units read ahead."""
+  if workers == 0:
+    for unit in units:
+      yield function(unit, tokenizer)
+    return
+  # 'spawn': this process may run JAX's threads, which fork would copy broken.
+  context = multiprocessing.get_context('spawn')
+  with context.Pool(
+      workers, initializer=_start_worker, initargs=(_tokenizer_spec(tokenizer),)
+  ) as pool:
+    pending: List[Any] = []
+    for unit in units:
+      pending.append(pool.apply_async(function, (unit,)))
+      if len(pending) >= 2 * workers:
+        yield pending.pop(0).get()
+    while pending:
+      yield pending.pop(0).get()
+
+
+# ---------------------------------------------------------------- packing
+
+
+class _Packer:
+  """Packs a token stream into rows as `masked_lm.pack_documents` does."""
+
+  def __init__(
+      self,
+      seq_len: int,
+      tokenizer: tokenizer_lib.Tokenizer,
+      carry: Sequence[int] = (),
+      started: bool = False,
+  ):
+    self.chunk = seq_len - 2
+    self.seq_len = seq_len
+    self.bos, self.eos, self.pad = tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id
+    self.carry = np.asarray(carry, np.int32)
+    self.started = started
+
+  def add(self, stream: np.ndarray) -> np.ndarray:
+    """Appends a unit's stream (eos before it unless first); returns full rows."""
+    if not stream.size:
+      return np.zeros([0, self.seq_len], np.int32)
+    head = [np.array([self.eos], np.int32)] if self.started else []
+    self.started = True
+    tokens = np.concatenate([self.carry, *head, stream])
+    full = tokens.size // self.chunk
+    self.carry = tokens[full * self.chunk :]
+    rows = np.empty([full, self.seq_len], np.int32)
+    rows[:, 0], rows[:, -1] = self.bos, self.eos
+    rows[:, 1:-1] = tokens[: full * self.chunk].reshape(full, self.chunk)
+    return rows
+
+  def finish(self) -> np.ndarray:
+    """The last, partial row (bos, the rest, eos, padding), if any."""
+    if not self.carry.size:
+      return np.zeros([0, self.seq_len], np.int32)
+    row = np.full([1, self.seq_len], self.pad, np.int32)
+    row[0, 0] = self.bos
+    row[0, 1 : 1 + self.carry.size] = self.carry
+    row[0, 1 + self.carry.size] = self.eos
+    self.carry = np.zeros([0], np.int32)
+    return row
+
+
+# ---------------------------------------------------------------- preparation
+
+
+def prepare_part(
+    data_config: Mapping[str, Any],
+    split: str,
+    folder: pathlib.Path,
+    *,
+    tokenizer: tokenizer_lib.Tokenizer,
+    seq_len: int,
+    signature: Mapping[str, Any],
+    workers: int = 0,
+    sequences_per_shard: int = 8192,
+    part_index: int = 0,
+    part_count: int = 1,
+) -> Dict[str, Any]:
+  """Prepares (or finishes preparing) part `part_index` of `part_count` of a split.
+
+  Returns the part's complete manifest. A complete part is returned as it is;
+  an incomplete one resumes after its last finished shard.
+  """
+  if seq_len < 3:
+    raise ConfigError(
+        f'config.model.max_len={seq_len} is too short: a sequence needs bos, '
+        'eos and at least one token (use >= 3).'
+    )
+  folder.mkdir(parents=True, exist_ok=True)
+  path = folder / shards.manifest_name(part_index, part_count)
+  manifest = shards.read_manifest(path)
+  if manifest is not None:
+    shards.check_signature(manifest, signature, path)
+    if manifest['complete']:
+      return manifest
+  shards.remove_temporary_files(folder)
+  manifest = manifest or {
+      'version': shards.MANIFEST_VERSION,
+      'signature': dict(signature),
+      'part_index': part_index,
+      'part_count': part_count,
+      'complete': False,
+      'units_done': 0,
+      'carry': [],
+      'started': False,
+      'shards': [],
+      'sequences': 0,
+      'tokens': 0,
+      'unigram_counts': [0] * tokenizer.vocab_size,
+  }
+  content = hashlib.sha256()
+  for shard in manifest['shards']:  # the digest runs over every row, in order
+    for record in shards.read_records(folder / shard['name']):
+      content.update(record)
+  counts = np.asarray(manifest['unigram_counts'], np.int64)
+  packer = _Packer(seq_len, tokenizer, manifest['carry'], manifest['started'])
+  writer: Optional[shards.ShardWriter] = None
+
+  def write(rows: np.ndarray) -> None:
+    nonlocal writer, counts
+    if not len(rows):
+      return
+    if writer is None:
+      writer = shards.ShardWriter(
+          folder, shards.shard_name(part_index, part_count, len(manifest['shards']))
+      )
+    writer.write(rows)
+    content.update(np.ascontiguousarray(rows).tobytes())
+    real = rows[rows != tokenizer.pad_id]
+    counts += np.bincount(real, minlength=tokenizer.vocab_size)
+    manifest['sequences'] += len(rows)
+    manifest['tokens'] += int(real.size)
+
+  def close_shard(units_done: int) -> None:
+    nonlocal writer
+    if writer is not None:
+      manifest['shards'].append(writer.close())
+      writer = None
+    manifest.update(
+        units_done=units_done,
+        carry=packer.carry.tolist(),
+        started=packer.started,
+        unigram_counts=counts.tolist(),
+    )
+    shards.write_json_atomically(path, manifest)
+
+  mine = (
+      unit
+      for index, unit in enumerate(split_units(data_config, split))
+      if index % part_count == part_index
+  )
+  done = manifest['units_done']
+  remaining = (unit for index, unit in enumerate(mine) if index >= done)
+  for offset, stream in enumerate(_ordered_map(tokenize_unit, remaining, tokenizer, workers)):
+    write(packer.add(stream))
+    done_now = done + offset + 1
+    if writer is not None and writer.sequences >= sequences_per_shard:
+      close_shard(done_now)
+  write(packer.finish())
+  if manifest['sequences'] == 0 and part_count == 1:
+    raise ConfigError(
+        f'Split {split!r} holds no tokens; check config.data.source and its ' 'path or dataset.'
+    )
+  manifest['content_sha256'] = content.hexdigest()
+  manifest['complete'] = True
+  close_shard(manifest['units_done'])  # units_done no longer matters
+  return manifest
+
+
+def source_signature(data_config: Mapping[str, Any], split: str) -> Dict[str, Any]:
+  """Everything the documents of `split` depend on (file names, sizes and
+  modification times; never their contents, so it is cheap)."""
+  source = data_config['source']
+  signature: Dict[str, Any] = {'source': source, 'split': split}
+  if source == 'embedded':
+    signature['python'] = list(sys.version_info[:3])
+  elif source == 'text_files':
+    files = corpus.list_text_files(data_config['path'])
+    signature['files'] = [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+    signature['split_files'] = {
+        k: sorted(v) for k, v in dict(data_config.get('split_files') or {}).items()
+    }
+  elif source == 'tfds':
+    signature.update(
+        name=data_config['tfds_name'],
+        key=data_config['tfds_text_key'],
+        data_dir=data_config.get('tfds_data_dir') or '',
+    )
+  return signature
+
+
+def split_signature(
+    data_config: Mapping[str, Any], split: str, tokenizer: tokenizer_lib.Tokenizer, seq_len: int
+) -> Dict[str, Any]:
+  """What a prepared split depends on; its manifest must match it."""
+  return {
+      'data': source_signature(data_config, split),
+      'tokenizer': tokenizer.fingerprint,
+      'seq_len': seq_len,
+      'document_chars': corpus.TEXT_FILE_DOCUMENT_CHARS,
+  }
+
+
+def split_folder(
+    data_config: Mapping[str, Any], split: str, signature: Mapping[str, Any]
+) -> pathlib.Path:
+  """config.data.prepared_dir/SPLIT, or a folder of the cache named by the
+  signature's digest."""
+  if data_config.get('prepared_dir'):
+    return pathlib.Path(os.path.expanduser(data_config['prepared_dir'])) / split
+  digest = hashlib.sha256(json.dumps(signature, sort_keys=True).encode()).hexdigest()[:20]
+  return corpus.cache_root(data_config.get('cache_dir')) / 'prepared' / f'{split}-{digest}'
+
+
+def workers_of(data_config: Mapping[str, Any]) -> int:
+  """config.data.prepare_workers, 0 meaning all cores."""
+  workers = data_config.get('prepare_workers', 0)
+  if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+    raise ConfigError(
+        f'config.data.prepare_workers={workers!r} is not allowed; use an int '
+        '>= 0 (0 = all cores).'
+    )
+  return workers or os.cpu_count() or 1
+
+
+def prepared_split(
+    data_config: Mapping[str, Any],
+    split: str,
+    *,
+    tokenizer: tokenizer_lib.Tokenizer,
+    seq_len: int,
+    prepare: bool = True,
+    part_index: int = 0,
+    part_count: int = 1,
+) -> shards.PreparedSplit:
+  """The split's prepared shards; with `prepare`, prepares part
+  `part_index` of `part_count` first when its manifest is not complete."""
+  signature = split_signature(data_config, split, tokenizer, seq_len)
+  folder = split_folder(data_config, split, signature)
+  if prepare:
+    prepare_part(
+        data_config,
+        split,
+        folder,
+        tokenizer=tokenizer,
+        seq_len=seq_len,
+        signature=signature,
+        workers=workers_of(data_config),
+        sequences_per_shard=data_config.get('sequences_per_shard', 8192),
+        part_index=part_index,
+        part_count=part_count,
+    )
+  return shards.PreparedSplit(folder, signature)

@@ -1,0 +1,51 @@
+"""Prepares the train and eval splits of a masked-LM config as ArrayRecord shards.
+
+  python -m linformer_jax.prepare_data --config configs/gutenberg.py \
+      --workdir runs/gutenberg --config.data.path=../shared/data/gutenberg
+
+Trains the tokenizer (saved in --workdir, as `train` would) unless it is
+there, then tokenizes the splits in `config.data.prepare_workers` processes
+(all cores by default) and writes the shards to config.data.prepared_dir (or
+the cache). `train` does the same by itself when the shards are missing; this
+command does it ahead of time, or on many hosts at once: host I of N runs
+
+  python -m linformer_jax.prepare_data --config ... --workdir RUN \
+      --part_index=I --part_count=N
+
+with config.data.prepared_dir on a filesystem all hosts share, after one host
+has trained the tokenizer (run it there first with --tokenizer_only). A
+killed preparation resumes after its last finished shard. Bad input ends with
+a one-line error and exit code 2.
+"""
+
+import json
+
+from absl import flags
+
+from linformer_jax import cli
+from linformer_jax.data import masked_lm
+
+cli.define_config_flags()
+_PART_INDEX = flags.DEFINE_integer('part_index', 0, "This host's part of the splits.")
+_PART_COUNT = flags.DEFINE_integer('part_count', 1, 'How many hosts prepare the splits.')
+_TOKENIZER_ONLY = flags.DEFINE_boolean(
+    'tokenizer_only', False, 'Only train (or check) the tokenizer.'
+)
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  if len(argv) > 1:
+    cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
+  summary = masked_lm.prepare_splits(
+      FLAGS.config,
+      FLAGS.workdir,
+      part_index=_PART_INDEX.value,
+      part_count=_PART_COUNT.value,
+      tokenizer_only=_TOKENIZER_ONLY.value,
+  )
+  print(json.dumps(summary, indent=2, sort_keys=True), flush=True)
+
+
+if __name__ == '__main__':
+  cli.run(main)

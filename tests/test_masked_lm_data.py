@@ -433,7 +433,7 @@ def test_unknown_source_and_missing_tfds_dataset_raise(tmp_path):
   with pytest.raises(ValueError, match='config.data.source'):
     corpus.load_documents({'source': 'web'}, 'train')
   with pytest.raises(ValueError, match='config.data.tfds_download'):
-    corpus.tfds_documents('lm1b', 'train', data_dir=str(tmp_path))
+    list(corpus.iter_tfds_documents('lm1b', 'train', data_dir=str(tmp_path)))
 
 
 # The whole pipeline from a config.
@@ -484,7 +484,7 @@ def test_build_datasets_from_text_files(tmp_path):
   batch = next(datasets.train_iterator)
   assert batch['inputs'].shape == (4, 64)
   assert 'Book b ' not in BYTES.decode(batch['targets'].ravel())
-  assert len(list((tmp_path / 'cache' / 'packed').glob('*.npy'))) == 2
+  assert len(list((tmp_path / 'cache' / 'prepared').glob('*/part-0-of-1.json'))) == 2
   again = masked_lm.build_datasets(config, str(tmp_path / 'run'))
   assert_batches_equal(again.eval_batches, datasets.eval_batches)
   assert_batches_equal([next(again.train_iterator)], [batch])

@@ -6,9 +6,9 @@
   357 documents, 1.72 M characters (372 k tokens with an 8000-piece
   SentencePiece model); validation 23 documents, 0.098 M characters (22 k
   tokens). Extraction takes under a second, once; later runs read a JSON cache.
-* `text_file_documents`: local text files, e.g. Project Gutenberg books, with
+* `split_text_files`, `file_documents`: local text files, e.g. Project Gutenberg books, with
   whole files assigned to splits and the Gutenberg header/footer stripped.
-* `tfds_documents`: any TFDS text dataset (wiki40b, pg19, lm1b, ...) that the
+* `iter_tfds_documents`: any TFDS text dataset (wiki40b, pg19, lm1b, ...) that the
   machine has prepared, or may download.
 
 `iter_documents(config.data, split)` streams the documents of the source
@@ -372,12 +372,9 @@ def file_documents(path: pathlib.Path) -> List[str]:
 def text_file_documents(
     path: str, split: str, split_files: Mapping[str, Sequence[str]]
 ) -> List[str]:
-  """Documents of one split of local text files (see `split_text_files`), files
-  in sorted order."""
+  """Documents of one split of local text files (see `split_text_files`), in memory."""
   documents = [
-      document
-      for file in split_text_files(path, split, split_files)
-      for document in file_documents(file)
+      doc for file in split_text_files(path, split, split_files) for doc in file_documents(file)
   ]
   if not documents:
     raise ConfigError(
@@ -440,6 +437,13 @@ def tfds_examples(
   return tfds.as_numpy(builder.as_dataset(split=split, shuffle_files=False))
 
 
+def tfds_text(example: Mapping[str, Any], text_key: str) -> str:
+  """The plain text of a TFDS example (wiki40b's structure markers undone)."""
+  text = example[text_key]
+  text = text.decode('utf-8') if isinstance(text, bytes) else str(text)
+  return _WIKI40B_MARKERS.sub('\n', text).replace('_NEWLINE_', '\n').strip()
+
+
 def iter_tfds_documents(
     name: str,
     split: str,
@@ -451,8 +455,7 @@ def iter_tfds_documents(
   one example at a time; see `tfds_examples` for the arguments."""
   found = False
   for example in tfds_examples(name, split, [text_key], data_dir, download):
-    text = example[text_key].decode('utf-8')
-    text = _WIKI40B_MARKERS.sub('\n', text).replace('_NEWLINE_', '\n').strip()
+    text = tfds_text(example, text_key)
     if text:
       found = True
       yield text
@@ -461,17 +464,6 @@ def iter_tfds_documents(
         f'Split {split!r} of TFDS dataset {name!r} has no text in '
         f'feature config.data.tfds_text_key={text_key!r}.'
     )
-
-
-def tfds_documents(
-    name: str,
-    split: str,
-    text_key: str = 'text',
-    data_dir: Optional[str] = None,
-    download: bool = False,
-) -> List[str]:
-  """All documents of a TFDS text split, in memory (see `iter_tfds_documents`)."""
-  return list(iter_tfds_documents(name, split, text_key, data_dir, download))
 
 
 def iter_documents(data_config: Mapping[str, Any], split: str) -> Iterator[str]:

@@ -32,6 +32,7 @@ from linformer_jax.data import loaders
 from linformer_jax.data import prepare
 from linformer_jax.data import shards
 from linformer_jax.data import tokenizer as tokenizer_lib
+from linformer_jax.data import units
 from linformer_jax.errors import ConfigError
 
 Batch = Dict[str, np.ndarray]
@@ -335,9 +336,13 @@ def _checked_tokenizer(config, workdir: str) -> tokenizer_lib.Tokenizer:
     raise ConfigError(
         f'config.data.source={data.source!r} is not allowed; use one of {corpus.SOURCES}.'
     )
-  sample = _check_int('config.data.tokenizer_sample_chars', data.tokenizer_sample_chars, 1)
+  sample = _check_int(
+      'config.data.tokenizer_sample_chars',
+      data.get('tokenizer_sample_chars', prepare.TOKENIZER_SAMPLE_CHARS),
+      1,
+  )
   tokenizer = tokenizer_lib.build_tokenizer(
-      data, workdir, lambda: prepare.sample_documents(data, data.train_split, sample)
+      data, workdir, lambda: units.sample_documents(data, data.train_split, sample)
   )
   model_vocab = config.model.get('vocab_size')
   if model_vocab is not None and model_vocab != tokenizer.vocab_size:
@@ -375,7 +380,7 @@ def prepare_splits(
         seq_len=seq_len,
         signature=signature,
         workers=prepare.workers_of(config.data),
-        sequences_per_shard=config.data.sequences_per_shard,
+        sequences_per_shard=prepare.sequences_per_shard_of(config.data),
         part_index=part_index,
         part_count=part_count,
     )

@@ -1,8 +1,8 @@
 """Streaming preparation of a pretraining split: documents to ArrayRecord shards.
 
-A split's documents come as a sequence of *units*, each small enough to hold
-in memory: a text file (or a 32 MiB block of a larger one), or a chunk of
-documents of the embedded corpus or of a TFDS dataset. Worker processes (all
+A split's documents come as a sequence of *units* (`units`), each small
+enough to hold in memory: a text file (or a 32 MiB block of a larger one), or
+a chunk of documents of the embedded corpus or of a TFDS dataset. Worker processes (all
 cores by default) read and tokenize units in parallel; this process packs
 their token streams, in order, with the FULL-SENTENCES rule of
 `masked_lm.pack_documents` (documents joined by eos, cut into rows of
@@ -28,122 +28,12 @@ import numpy as np
 from linformer_jax.data import corpus
 from linformer_jax.data import shards
 from linformer_jax.data import tokenizer as tokenizer_lib
+from linformer_jax.data import units
 from linformer_jax.errors import ConfigError
 
-# Embedded and TFDS documents go to the workers in chunks of this many.
-DOCUMENTS_PER_UNIT = 64
-# Text files larger than this are read in blocks of this size (cut at blank
-# lines), so one huge file never has to fit in memory.
-FILE_BLOCK_BYTES = 32 * 2**20
-# A unit is ('texts', [documents]), ('file', path) or ('block', path, index).
-Unit = Tuple[Any, ...]
-
-
-def _read_block(path: str, index: int) -> str:
-  """Block `index` of a large text file, from the first blank line at or after
-  its start to the first blank line at or after its end (UTF-8, errors
-  replaced): neighbouring blocks meet exactly."""
-
-  def boundary(f, offset: int) -> int:
-    if offset == 0:
-      return 0
-    f.seek(offset)
-    window = b''
-    while True:
-      data = f.read(1 << 16)
-      if not data:
-        return offset + len(window)
-      found = (window[-1:] + data).find(b'\n\n')
-      if found >= 0:
-        return offset + len(window) - len(window[-1:]) + found + 2
-      window += data
-
-  with open(path, 'rb') as f:
-    start = boundary(f, index * FILE_BLOCK_BYTES)
-    end = boundary(f, (index + 1) * FILE_BLOCK_BYTES)
-    f.seek(start)
-    raw = f.read(max(end - start, 0))
-  return raw.decode('utf-8', errors='replace').replace('\r\n', '\n')
-
-
-def unit_documents(unit: Unit) -> List[str]:
-  """The documents of one unit (text files as `corpus.text_file_documents` cuts them)."""
-  kind = unit[0]
-  if kind == 'texts':
-    return list(unit[1])
-  if kind == 'file':
-    return corpus.file_documents(pathlib.Path(unit[1]))
-  if kind == 'block':
-    return corpus.paragraph_documents(_read_block(unit[1], unit[2]))
-  raise ValueError(f'unknown unit {unit!r}')
-
-
-def _chunks(documents: Iterable[str]) -> Iterator[Unit]:
-  chunk: List[str] = []
-  for document in documents:
-    chunk.append(document)
-    if len(chunk) == DOCUMENTS_PER_UNIT:
-      yield ('texts', chunk)
-      chunk = []
-  if chunk:
-    yield ('texts', chunk)
-
-
-def split_units(data_config: Mapping[str, Any], split: str) -> Iterator[Unit]:
-  """The units of a split, in the order its documents are packed."""
-  if data_config['source'] == 'text_files':
-    for path in corpus.split_text_files(
-        data_config['path'], split, data_config.get('split_files') or {}
-    ):
-      size = path.stat().st_size
-      if size <= FILE_BLOCK_BYTES:
-        yield ('file', str(path))
-      else:
-        for index in range(-(-size // FILE_BLOCK_BYTES)):
-          yield ('block', str(path), index)
-    return
-  yield from _chunks(corpus.iter_documents(data_config, split))
-
-
-def unit_size(unit: Unit) -> int:
-  """Characters (or bytes on disk) of a unit, to budget samples."""
-  if unit[0] == 'texts':
-    return sum(len(text) for text in unit[1])
-  if unit[0] == 'file':
-    return os.path.getsize(unit[1])
-  return FILE_BLOCK_BYTES
-
-
-def sample_documents(
-    data_config: Mapping[str, Any], split: str, max_chars: int, seed: int = 0
-) -> Iterator[str]:
-  """At most about `max_chars` of the split's documents, streamed.
-
-  The whole split, in order, when it fits; otherwise whole units in a seeded
-  random order until the budget is spent (only their sizes are held).
-  """
-  units = list(split_units(data_config, split)) if data_config['source'] == 'text_files' else None
-  if units is None:
-    # Documents stream from the source; take them in order up to the budget.
-    used = 0
-    for document in corpus.iter_documents(data_config, split):
-      if used >= max_chars:
-        return
-      used += len(document)
-      yield document
-    return
-  sizes = [unit_size(unit) for unit in units]
-  order = (
-      range(len(units))
-      if sum(sizes) <= max_chars
-      else np.random.default_rng(seed).permutation(len(units))
-  )
-  used = 0
-  for index in order:
-    if used >= max_chars:
-      return
-    used += sizes[index]
-    yield from unit_documents(units[index])
+# Defaults of config.data fields (also for configs written before them).
+TOKENIZER_SAMPLE_CHARS = 100_000_000
+SEQUENCES_PER_SHARD = 8192
 
 
 # ---------------------------------------------------------------- workers
@@ -161,11 +51,13 @@ def _start_worker(tokenizer_spec: Tuple[str, str]) -> None:
   )
 
 
-def tokenize_unit(unit: Unit, tokenizer: Optional[tokenizer_lib.Tokenizer] = None) -> np.ndarray:
+def tokenize_unit(
+    unit: units.Unit, tokenizer: Optional[tokenizer_lib.Tokenizer] = None
+) -> np.ndarray:
   """The unit's documents tokenized and joined by eos, as one int32 stream."""
   tokenizer = tokenizer or _WORKER_TOKENIZER
   pieces = []
-  for tokens in tokenizer.encode_all(unit_documents(unit)):
+  for tokens in tokenizer.encode_all(units.unit_documents(unit)):
     if pieces:
       pieces.append(np.array([tokenizer.eos_id], np.int32))
     pieces.append(np.asarray(tokens, np.int32))
@@ -179,15 +71,15 @@ def _tokenizer_spec(tokenizer: tokenizer_lib.Tokenizer) -> Tuple[str, str]:
 
 
 def _ordered_map(
-    function: Callable[[Unit], np.ndarray],
-    units: Iterable[Unit],
+    function: Callable[..., np.ndarray],
+    work: Iterable[units.Unit],
     tokenizer: tokenizer_lib.Tokenizer,
     workers: int,
 ) -> Iterator[np.ndarray]:
   """function(unit) for each unit, in order, on `workers` processes (0: here),
   with at most 2 * workers units read ahead."""
   if workers == 0:
-    for unit in units:
+    for unit in work:
       yield function(unit, tokenizer)
     return
   # 'spawn': this process may run JAX's threads, which fork would copy broken.
@@ -196,7 +88,7 @@ def _ordered_map(
       workers, initializer=_start_worker, initargs=(_tokenizer_spec(tokenizer),)
   ) as pool:
     pending: List[Any] = []
-    for unit in units:
+    for unit in work:
       pending.append(pool.apply_async(function, (unit,)))
       if len(pending) >= 2 * workers:
         yield pending.pop(0).get()
@@ -261,7 +153,7 @@ def prepare_part(
     seq_len: int,
     signature: Mapping[str, Any],
     workers: int = 0,
-    sequences_per_shard: int = 8192,
+    sequences_per_shard: int = SEQUENCES_PER_SHARD,
     part_index: int = 0,
     part_count: int = 1,
 ) -> Dict[str, Any]:
@@ -335,7 +227,7 @@ def prepare_part(
 
   mine = (
       unit
-      for index, unit in enumerate(split_units(data_config, split))
+      for index, unit in enumerate(units.split_units(data_config, split))
       if index % part_count == part_index
   )
   done = manifest['units_done']
@@ -348,7 +240,7 @@ def prepare_part(
   write(packer.finish())
   if manifest['sequences'] == 0 and part_count == 1:
     raise ConfigError(
-        f'Split {split!r} holds no tokens; check config.data.source and its ' 'path or dataset.'
+        f'Split {split!r} holds no tokens; check config.data.source and its path or dataset.'
     )
   manifest['content_sha256'] = content.hexdigest()
   manifest['complete'] = True
@@ -410,6 +302,16 @@ def workers_of(data_config: Mapping[str, Any]) -> int:
         '>= 0 (0 = all cores).'
     )
   return workers or os.cpu_count() or 1
+
+
+def sequences_per_shard_of(data_config: Mapping[str, Any]) -> int:
+  """config.data.sequences_per_shard, checked."""
+  value = data_config.get('sequences_per_shard', SEQUENCES_PER_SHARD)
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise ConfigError(
+        f'config.data.sequences_per_shard={value!r} is not allowed; use a positive int.'
+    )
+  return value
 
 
 def prepared_split(

@@ -16,6 +16,7 @@ ALLOWED = {
 COMMANDS = (
     'train',
     'evaluate',
+    'prepare_data',
     'benchmark',
     'spectrum',
     'sweep',

@@ -40,6 +40,7 @@ import psutil
 
 from linformer_jax.data import corpus
 from linformer_jax.data import masked_lm
+from linformer_jax.data import prepare
 from linformer_jax.data import shards
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
@@ -95,6 +96,8 @@ class Settings:
     object.__setattr__(self, 'sizes_mb', tuple(self.sizes_mb))
     object.__setattr__(self, 'stages', tuple(self.stages))
     object.__setattr__(self, 'seq_len', self.seq_len or self.config.model.max_len)
+    # The commands run in the repository root.
+    object.__setattr__(self, 'config_path', os.path.abspath(self.config_path))
     if not self.out:
       raise ConfigError('--out is empty; name a folder for the corpora and results.')
     if not self.sizes_mb or min(self.sizes_mb) < 1:
@@ -193,7 +196,7 @@ def generate_corpus(
     target = min(FILE_BYTES, remaining)
     order = np.random.default_rng([seed, len(files)]).permutation(len(encoded))
     chosen, size = [], 0
-    while size < target:  # a file larger than the whole corpus repeats it, reshuffled
+    while size < target:  # a file larger than all the documents repeats them
       for index in order:
         chosen.append(encoded[index])
         size += len(encoded[index]) + 2
@@ -418,10 +421,17 @@ class SizeBenchmark:
         **extra,
     }
 
-  def _prepare_data(self, name: str, workers: int, *extra: str) -> Measurement:
-    prepared = self.work / f'prepared_n{self.settings.seq_len}_{name}'
+  def _prepared_folder(self, name: str) -> pathlib.Path:
+    return self.work / f'prepared_n{self.settings.seq_len}_{name}'
+
+  def _prepare_data(self, name: str, workers: int, *extra: str, log: str = '') -> Measurement:
+    """Times `prepare_data` into the prepared folder `name` (none is written
+    with --tokenizer_only)."""
     overrides = self._overrides(
-        **{'data.prepared_dir': str(prepared), 'data.prepare_workers': workers}
+        **{
+            'data.prepared_dir': str(self._prepared_folder(name)),
+            'data.prepare_workers': workers,
+        }
     )
     return run_measured(
         [
@@ -431,18 +441,23 @@ class SizeBenchmark:
             *config_flags(self.settings.config_path, overrides),
             *extra,
         ],
-        self.work / 'logs' / f'prepare_{name}.log',
+        self.work / 'logs' / f'{log or "prepare_" + name}.log',
     )
-
-  def _prepared_folder(self, name: str) -> pathlib.Path:
-    return self.work / f'prepared_n{self.settings.seq_len}_{name}'
 
   def tokenizer(self) -> Dict[str, float]:
     """Trains the shared tokenizer if missing; times that and a start-up run
     (the command with nothing to do: imports, config, tokenizer loading)."""
-    trained = self._prepare_data('tokenizer', 0, '--tokenizer_only')
-    startup = self._prepare_data('tokenizer', 0, '--tokenizer_only')
-    return {'tokenizer_s': trained.wall_s, 'startup_s': startup.wall_s}
+    existed = (self.tokenizer_dir / tokenizer_lib.MODEL_FILENAME).exists()
+    trained = self._prepare_data('none', 0, '--tokenizer_only', log='tokenizer')
+    startup = self._prepare_data('none', 0, '--tokenizer_only', log='startup')
+    self.progress(
+        f'tokenizer: {trained.wall_s:.1f} s; prepare_data start-up {startup.wall_s:.1f} s'
+    )
+    return {
+        'tokenizer_s': trained.wall_s,
+        'tokenizer_trained': not existed and self.settings.config.data.tokenizer != 'byte',
+        'startup_s': startup.wall_s,
+    }
 
   def prepare(self) -> Dict[str, Any]:
     """Prepares the splits afresh with 1 worker, then all cores."""
@@ -475,7 +490,7 @@ class SizeBenchmark:
         self.settings.config,
         self._overrides(**{'data.prepared_dir': str(self._prepared_folder('workers_all'))}),
     )
-    if not (self._prepared_folder('workers_all') / 'train').exists():
+    if 'prepare' not in self.settings.stages:  # finishes or checks an earlier preparation
       self._prepare_data('workers_all', 0)
     tokenizer = tokenizer_lib.build_tokenizer(
         config.data, str(self.tokenizer_dir), lambda: iter(())
@@ -497,8 +512,6 @@ class SizeBenchmark:
     return results
 
   def _prepared_split(self, config, tokenizer) -> shards.PreparedSplit:
-    from linformer_jax.data import prepare  # pylint: disable=g-import-not-at-top
-
     signature = prepare.split_signature(config.data, 'train', tokenizer, self.settings.seq_len)
     return shards.PreparedSplit(prepare.split_folder(config.data, 'train', signature), signature)
 
@@ -528,6 +541,11 @@ class SizeBenchmark:
           'first_step_s': measured.marker_s,
           'peak_rss_gib': measured.peak_rss_bytes / _GIB,
       }
+      if measured.marker_s is None:
+        raise RuntimeError(
+            f'The {name} training run printed no `step {first_step}/{steps}` line; see '
+            f'{self.work / "logs" / f"train_{name}.log"}.'
+        )
       self.progress(
           f'train, {name}: {measured.wall_s:.1f} s in all, step {first_step} after '
           f'{measured.marker_s:.1f} s'
@@ -589,8 +607,7 @@ def markdown_table(results: Mapping[str, Any]) -> str:
   """The report: a header line, then a row per measure and a column per size."""
   machine, settings = results['machine'], results['settings']
   overrides = ' '.join(
-      f'--config.{key}={_flag_value(value)}'
-      for key, value in settings['config_overrides'].items()
+      f'--config.{key}={_flag_value(value)}' for key, value in settings['config_overrides'].items()
   )
   header = (
       f'Machine: {machine["cpus"]} CPUs ({machine["physical_cpus"]} physical, '
@@ -598,7 +615,7 @@ def markdown_table(results: Mapping[str, Any]) -> str:
       f'{settings["config"]} {overrides} seq_len {settings["seq_len"]}, tokenizer '
       f'{settings["tokenizer"]} ({settings["vocab_size"]}), loader batch '
       f'{settings["loader_batch_size"]} for {settings["loader_seconds"]:g} s. Preparation rates '
-      'are input MiB over the prepare_data command\'s wall time (start-up included); peak RSS '
+      "are input MiB over the prepare_data command's wall time (start-up included); peak RSS "
       f'sums the command and its workers, sampled every {SAMPLE_INTERVAL_S * 1e3:.0f} ms.'
   )
   sizes = sorted(results['sizes'], key=int)

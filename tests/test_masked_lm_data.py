@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from linformer_jax.data import corpus
+from linformer_jax.data import embedded
 from linformer_jax.data import masked_lm
 from linformer_jax.data import tokenizer as tokenizer_lib
 
@@ -333,8 +334,8 @@ def test_bad_tokenizer_settings_raise(tmp_path):
 
 
 def test_embedded_corpus_is_deterministic_and_splits_are_disjoint(tmp_path):
-  train = corpus.embedded_documents('train', str(tmp_path))
-  validation = corpus.embedded_documents('validation', str(tmp_path))
+  train = embedded.embedded_documents('train', str(tmp_path))
+  validation = embedded.embedded_documents('validation', str(tmp_path))
   version = '.'.join(map(str, sys.version_info[:3]))
   cache_file = tmp_path / f'embedded_docs_py{version}.json'
   titles = [title for title, _ in json.loads(cache_file.read_text())]
@@ -342,12 +343,12 @@ def test_embedded_corpus_is_deterministic_and_splits_are_disjoint(tmp_path):
   assert len(train) > 200 and len(validation) > 5
   assert 0.02 < len(validation) / (len(train) + len(validation)) < 0.1
   assert not set(train) & set(validation)
-  assert min(map(len, train + validation)) >= corpus.MIN_DOCUMENT_CHARS
+  assert min(map(len, train + validation)) >= embedded.MIN_DOCUMENT_CHARS
   assert any('attribute reference' in doc for doc in train + validation)
   # A fresh extraction gives the same documents in the same order.
-  assert corpus.embedded_documents('train', str(tmp_path / 'again')) == train
+  assert embedded.embedded_documents('train', str(tmp_path / 'again')) == train
   with pytest.raises(ValueError, match='config.data.train_split'):
-    corpus.embedded_documents('test', str(tmp_path))
+    embedded.embedded_documents('test', str(tmp_path))
 
 
 def test_the_cache_folder_is_the_config_value_else_the_variable_else_home(monkeypatch, tmp_path):

@@ -1,11 +1,7 @@
 """Text sources for pretraining; each gives one split's documents, streamed.
 
-* `embedded_documents`: English documentation shipped inside Python itself (the
-  pydoc topics and the standard library's docstrings). Needs no network and no
-  download, so it is the default corpus. Measured with CPython 3.11.7: train
-  357 documents, 1.72 M characters (372 k tokens with an 8000-piece
-  SentencePiece model); validation 23 documents, 0.098 M characters (22 k
-  tokens). Extraction takes under a second, once; later runs read a JSON cache.
+* `embedded.embedded_documents`: English documentation shipped inside Python
+  itself, the default corpus (see `embedded`).
 * `split_text_files`, `file_documents`: local text files, e.g. Project Gutenberg books, with
   whole files assigned to splits and the Gutenberg header/footer stripped.
 * `iter_tfds_documents`: any TFDS text dataset (wiki40b, pg19, lm1b, ...) that the
@@ -17,49 +13,25 @@ Documents are returned in a deterministic order; splits are fixed by titles or
 file names, never by random state, so every run sees the same data.
 """
 
-import hashlib
-import json
 import os
 import pathlib
 import re
-import subprocess
-import sys
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence
 
 from linformer_jax.errors import ConfigError
 
 SOURCES = ('embedded', 'text_files', 'tfds')
-EMBEDDED_SPLITS = ('train', 'validation')
-# Documents shorter than this are mostly one-line docstrings ("Return self.");
-# they add little text and a separator token per handful of words.
-MIN_DOCUMENT_CHARS = 200
-# Share of embedded documents, in thousandths, that go to the validation split.
-VALIDATION_PER_MILLE = 50
 # Text files are cut into documents of about this many characters at paragraph
 # boundaries: SentencePiece trains on them and packing separates them with eos.
 TEXT_FILE_DOCUMENT_CHARS = 4000
+# Text files larger than this are read in blocks of this size, cut at blank
+# lines, so that one huge file never has to fit in memory.
+FILE_BLOCK_BYTES = 32 * 2**20
+_BLANK_LINE = re.compile(rb'\n[ \t\r\f\v]*\n')
 DEFAULT_CACHE_DIR = '~/.cache/linformer_jax'
 # Environment variable that moves the default cache (config.data.cache_dir
 # still wins): the test suite points it at a fresh folder.
 CACHE_DIR_VARIABLE = 'LINFORMER_JAX_CACHE_DIR'
-
-# Standard-library modules never imported for the embedded corpus: they open
-# windows or browsers, print on import, write files (lib2to3's grammar cache),
-# replace themselves (distutils under setuptools) or are the test suite.
-_SKIPPED_MODULES = frozenset(
-    {
-        'antigravity',
-        'distutils',
-        'idlelib',
-        'lib2to3',
-        'readline',
-        'test',
-        'this',
-        'tkinter',
-        'turtle',
-        'turtledemo',
-    }
-)
 
 
 def cache_root(cache_dir: Optional[str] = None) -> pathlib.Path:
@@ -68,170 +40,6 @@ def cache_root(cache_dir: Optional[str] = None) -> pathlib.Path:
   return pathlib.Path(
       os.path.expanduser(cache_dir or os.environ.get(CACHE_DIR_VARIABLE) or DEFAULT_CACHE_DIR)
   )
-
-
-def split_of_title(title: str) -> str:
-  """'validation' for about VALIDATION_PER_MILLE/1000 of titles, else 'train'.
-
-  A hash of the title (not Python's salted `hash`) keeps the assignment the
-  same in every process, run and Python version.
-  """
-  digest = hashlib.sha256(title.encode('utf-8')).digest()
-  bucket = int.from_bytes(digest[:8], 'big') % 1000
-  return 'validation' if bucket < VALIDATION_PER_MILLE else 'train'
-
-
-def embedded_documents(split: str, cache_dir: Optional[str] = None) -> List[str]:
-  """Python's own English documentation, as documents of one split.
-
-  One document per pydoc topic (`pydoc_data.topics`) and one per standard
-  library module (its docstring followed by those of its public classes,
-  methods and functions). A module and all its docstrings go to one split.
-
-  Args:
-    split: 'train' or 'validation'.
-    cache_dir: where the extracted documents are cached as JSON, one file per
-      Python version (default ~/.cache/linformer_jax).
-
-  Returns:
-    The split's documents, in a fixed order.
-  """
-  if split not in EMBEDDED_SPLITS:
-    raise ConfigError(
-        f"Split {split!r} does not exist for config.data.source='embedded'; "
-        f'set config.data.train_split/eval_split to one of {EMBEDDED_SPLITS}.'
-    )
-  return [
-      text
-      for title, text in _embedded_titled_documents(cache_dir)
-      if split_of_title(title) == split
-  ]
-
-
-def _embedded_titled_documents(cache_dir: Optional[str]) -> List[Tuple[str, str]]:
-  """All (title, text) pairs, extracted once per Python version and cached."""
-  version = '.'.join(map(str, sys.version_info[:3]))
-  cache_file = cache_root(cache_dir) / f'embedded_docs_py{version}.json'
-  if not cache_file.exists():
-    cache_file.parent.mkdir(parents=True, exist_ok=True)
-    temporary = cache_file.with_suffix(f'.tmp{os.getpid()}')
-    # Importing ~250 modules has side effects (threads, signal handlers,
-    # warnings, global state), so a fresh interpreter does it, not this one.
-    package_parent = str(pathlib.Path(__file__).resolve().parents[1])
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(filter(None, [package_parent, os.environ.get('PYTHONPATH')])),
-    )
-    subprocess.run(
-        [
-            sys.executable,
-            '-W',
-            'ignore',
-            '-c',
-            'import sys; from linformer_jax.data import corpus; '
-            'corpus._write_embedded_documents(sys.argv[1])',
-            str(temporary),
-        ],
-        env=env,
-        check=True,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        timeout=600,
-    )
-    os.replace(temporary, cache_file)  # atomic: concurrent runs never see half
-  return [tuple(pair) for pair in json.loads(cache_file.read_text('utf-8'))]
-
-
-def _write_embedded_documents(path: str) -> None:
-  """Runs in a child interpreter: extracts all documents into a JSON file."""
-  import pydoc_data.topics  # pylint: disable=g-import-not-at-top
-
-  documents = [
-      (f'topic:{name}', text.strip()) for name, text in sorted(pydoc_data.topics.topics.items())
-  ]
-  seen = set()
-  for name in _stdlib_module_names():
-    module = _import_quietly(name)
-    if module is not None:
-      documents.append((f'module:{name}', _module_text(module, seen)))
-  kept, texts = [], set()
-  for title, text in documents:
-    # Some pydoc topics are aliases ('if' and 'else' share a text); a text in
-    # two titles could land in both splits.
-    if len(text) >= MIN_DOCUMENT_CHARS and text not in texts:
-      texts.add(text)
-      kept.append((title, text))
-  pathlib.Path(path).write_text(json.dumps(kept), 'utf-8')
-
-
-def _stdlib_module_names() -> List[str]:
-  """Public standard-library modules and their public submodules, sorted."""
-  import pkgutil  # pylint: disable=g-import-not-at-top
-
-  names = []
-  for name in sorted(sys.stdlib_module_names):
-    if name.startswith('_') or name in _SKIPPED_MODULES:
-      continue
-    names.append(name)
-    module = _import_quietly(name)
-    for info in pkgutil.walk_packages(
-        getattr(module, '__path__', []), prefix=f'{name}.', onerror=lambda _: None
-    ):
-      parts = info.name.split('.')
-      if not any(part.startswith('_') or part in ('test', 'tests', 'idle_test') for part in parts):
-        names.append(info.name)
-  return sorted(set(names))
-
-
-def _import_quietly(name: str):
-  """The module, or None if importing it fails or writes to stdout/stderr."""
-  import contextlib  # pylint: disable=g-import-not-at-top
-  import importlib  # pylint: disable=g-import-not-at-top
-  import io  # pylint: disable=g-import-not-at-top
-
-  output = io.StringIO()
-  try:
-    with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
-      module = importlib.import_module(name)
-  except BaseException:  # pylint: disable=broad-except
-    # SystemExit and friends too: some modules refuse to load on this platform.
-    return None
-  return None if output.getvalue() else module
-
-
-def _module_text(module, seen: set) -> str:
-  """The module docstring, then each public class/function docstring once."""
-  import inspect  # pylint: disable=g-import-not-at-top
-
-  parts = []
-
-  def add(title: str, obj) -> None:
-    doc = obj.__doc__ if isinstance(getattr(obj, '__doc__', None), str) else None
-    if doc:
-      doc = inspect.cleandoc(doc)
-      # Aliases and re-exports share docstrings; keep each text once.
-      if doc not in seen:
-        seen.add(doc)
-        parts.append(f'{title}\n\n{doc}' if title else doc)
-
-  add('', module)
-  for name, obj in sorted(vars(module).items()):
-    owner = getattr(obj, '__module__', None) or ''
-    # Objects of C accelerators (heapq.heappush from _heapq) are documented
-    # under the public module that re-exports them; other imports are not.
-    if name.startswith('_') or not (owner == module.__name__ or owner.startswith('_')):
-      continue
-    if inspect.isclass(obj):
-      add(f'class {name}', obj)
-      for member_name, member in sorted(vars(obj).items()):
-        if not member_name.startswith('_') and (
-            inspect.isroutine(member) or isinstance(member, property)
-        ):
-          add(f'{name}.{member_name}', member)
-    elif inspect.isfunction(obj) or inspect.isbuiltin(obj):
-      add(name, obj)
-  return '\n\n'.join(parts)
 
 
 # Line-anchored, case-insensitive markers of Project Gutenberg boilerplate.
@@ -363,9 +171,55 @@ def split_text_files(
   return chosen
 
 
+def _after_blank_line(f, offset: int) -> int:
+  """The offset just past the first blank line at or after `offset` (0 stays 0;
+  the end of the file when there is none), reading 64 KiB at a time."""
+  if offset == 0:
+    return 0
+  f.seek(offset)
+  position, tail = offset, b''
+  while True:
+    data = f.read(1 << 16)
+    if not data:
+      return position + len(tail)
+    buffer = tail + data
+    match = _BLANK_LINE.search(buffer)
+    if match:
+      return position + match.end()
+    keep = min(len(buffer), 256)  # enough for a blank line split between reads
+    position += len(buffer) - keep
+    tail = buffer[len(buffer) - keep :]
+
+
+def file_blocks(path: pathlib.Path) -> int:
+  """How many blocks `file_documents` reads the file in (1 up to FILE_BLOCK_BYTES)."""
+  return max(1, -(-path.stat().st_size // FILE_BLOCK_BYTES))
+
+
+def block_documents(path: pathlib.Path, index: int) -> List[str]:
+  """The documents of block `index` of a large file: from the first blank line
+  at or after index * FILE_BLOCK_BYTES to the first one at or after the next
+  block's start, so neighbouring blocks meet exactly; UTF-8, with undecodable
+  bytes replaced."""
+  with open(path, 'rb') as f:
+    start = _after_blank_line(f, index * FILE_BLOCK_BYTES)
+    end = _after_blank_line(f, (index + 1) * FILE_BLOCK_BYTES)
+    f.seek(start)
+    raw = f.read(max(end - start, 0))
+  text = raw.decode('utf-8', errors='replace').replace('\r\n', '\n').replace('\r', '\n')
+  return paragraph_documents(text)
+
+
 def file_documents(path: pathlib.Path) -> List[str]:
-  """One text file's documents: Gutenberg boilerplate removed, cut into
-  documents of about TEXT_FILE_DOCUMENT_CHARS characters at blank lines."""
+  """One text file's documents, cut at blank lines into documents of about
+  TEXT_FILE_DOCUMENT_CHARS characters, Gutenberg boilerplate removed.
+
+  A file over FILE_BLOCK_BYTES (no book is) is read block by block instead
+  (`block_documents`), so it never has to fit in memory: a document also ends
+  at each block's end, and the boilerplate is not looked for.
+  """
+  if path.stat().st_size > FILE_BLOCK_BYTES:
+    return [doc for index in range(file_blocks(path)) for doc in block_documents(path, index)]
   return paragraph_documents(strip_gutenberg_boilerplate(_read_text(path)))
 
 
@@ -471,7 +325,9 @@ def iter_documents(data_config: Mapping[str, Any], split: str) -> Iterator[str]:
   text files are read one at a time, TFDS examples one by one."""
   source = data_config['source']
   if source == 'embedded':
-    return iter(embedded_documents(split, data_config.get('cache_dir') or None))
+    from linformer_jax.data import embedded  # pylint: disable=g-import-not-at-top
+
+    return iter(embedded.embedded_documents(split, data_config.get('cache_dir') or None))
   if source == 'text_files':
     files = split_text_files(data_config['path'], split, data_config.get('split_files') or {})
     return (document for file in files for document in file_documents(file))

@@ -174,7 +174,7 @@ def prepare_part(
     shards.check_signature(manifest, signature, path)
     if manifest['complete']:
       return manifest
-  shards.remove_temporary_files(folder)
+  shards.remove_temporary_files(folder, part_index, part_count)
   manifest = manifest or {
       'version': shards.MANIFEST_VERSION,
       'signature': dict(signature),

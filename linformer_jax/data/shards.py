@@ -79,10 +79,13 @@ def read_records(path: pathlib.Path) -> Iterator[bytes]:
     reader.close()
 
 
-def remove_temporary_files(folder: pathlib.Path) -> None:
-  """Deletes what a killed preparation left half written."""
-  for path in folder.glob('*.tmp*'):
-    path.unlink()
+def remove_temporary_files(folder: pathlib.Path, part_index: int, part_count: int) -> None:
+  """Deletes what a killed preparation of this part left half written (never
+  another part's: other hosts may be writing theirs)."""
+  prefix = f'part-{part_index}-of-{part_count}'
+  for pattern in (f'{prefix}-shard-*.tmp', f'{prefix}.json.tmp*'):
+    for path in folder.glob(pattern):
+      path.unlink()
 
 
 def read_manifest(path: pathlib.Path) -> Optional[Dict[str, Any]]:
@@ -176,6 +179,11 @@ class PreparedSplit:
           )
         self.paths.append(str(path))
     self.sequences = sum(manifest['sequences'] for manifest in parts)
+    if not self.sequences:
+      raise ConfigError(
+          f'{folder} holds no sequences: the split has no text; check '
+          'config.data.source and its path or dataset.'
+      )
     self.tokens = sum(manifest['tokens'] for manifest in parts)
     self.unigram_counts = np.sum(
         [np.asarray(manifest['unigram_counts'], np.int64) for manifest in parts], axis=0

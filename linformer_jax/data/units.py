@@ -21,51 +21,21 @@ from linformer_jax.data import corpus
 
 # Embedded and TFDS documents go to the workers in chunks of this many.
 DOCUMENTS_PER_UNIT = 64
-# Text files larger than this are read in blocks of this size (cut at blank
-# lines), so one huge file never has to fit in memory.
-FILE_BLOCK_BYTES = 32 * 2**20
 # A unit is ('texts', [documents]), ('file', path), ('block', path, index) or
 # ('tfds', name, split, data_dir, text_key, start, stop): examples start..stop
 # of a TFDS split stored as ArrayRecord, read with random access.
 Unit = Tuple[Any, ...]
 
 
-def _read_block(path: str, index: int) -> str:
-  """Block `index` of a large text file, from the first blank line at or after
-  its start to the first blank line at or after its end (UTF-8, errors
-  replaced): neighbouring blocks meet exactly."""
-
-  def boundary(f, offset: int) -> int:
-    if offset == 0:
-      return 0
-    f.seek(offset)
-    window = b''
-    while True:
-      data = f.read(1 << 16)
-      if not data:
-        return offset + len(window)
-      found = (window[-1:] + data).find(b'\n\n')
-      if found >= 0:
-        return offset + len(window) - len(window[-1:]) + found + 2
-      window += data
-
-  with open(path, 'rb') as f:
-    start = boundary(f, index * FILE_BLOCK_BYTES)
-    end = boundary(f, (index + 1) * FILE_BLOCK_BYTES)
-    f.seek(start)
-    raw = f.read(max(end - start, 0))
-  return raw.decode('utf-8', errors='replace').replace('\r\n', '\n')
-
-
 def unit_documents(unit: Unit) -> List[str]:
-  """The documents of one unit (text files as `corpus.text_file_documents` cuts them)."""
+  """The documents of one unit (text files as `corpus.file_documents` cuts them)."""
   kind = unit[0]
   if kind == 'texts':
     return list(unit[1])
   if kind == 'file':
     return corpus.file_documents(pathlib.Path(unit[1]))
   if kind == 'block':
-    return corpus.paragraph_documents(_read_block(unit[1], unit[2]))
+    return corpus.block_documents(pathlib.Path(unit[1]), unit[2])
   if kind == 'tfds':
     _, name, split, data_dir, text_key, start, stop = unit
     source = _tfds_source(name, split, data_dir)
@@ -126,11 +96,10 @@ def split_units(data_config: Mapping[str, Any], split: str) -> Iterator[Unit]:
     for path in corpus.split_text_files(
         data_config['path'], split, data_config.get('split_files') or {}
     ):
-      size = path.stat().st_size
-      if size <= FILE_BLOCK_BYTES:
+      if path.stat().st_size <= corpus.FILE_BLOCK_BYTES:
         yield ('file', str(path))
       else:
-        for index in range(-(-size // FILE_BLOCK_BYTES)):
+        for index in range(corpus.file_blocks(path)):
           yield ('block', str(path), index)
     return
   if data_config['source'] == 'tfds' and data_config.get('tfds_name'):
@@ -147,7 +116,7 @@ def unit_size(unit: Unit) -> int:
     return sum(len(text) for text in unit[1])
   if unit[0] == 'file':
     return os.path.getsize(unit[1])
-  return FILE_BLOCK_BYTES
+  return corpus.FILE_BLOCK_BYTES
 
 
 def sample_documents(

@@ -17,6 +17,7 @@ COMMANDS = (
     'train',
     'evaluate',
     'prepare_data',
+    'data_benchmark',
     'benchmark',
     'spectrum',
     'sweep',

@@ -16,8 +16,9 @@ The library of `python -m linformer_jax.data_benchmark`. For each corpus size:
             same workdir resumed to 4 steps: seconds from the resumed process's
             start to its `step 3/4` progress line.
 
-Results go to OUT/data_benchmark.json (merged with the sizes of earlier runs
-of the same settings) and OUT/data_benchmark.md, a table with a column per size.
+Results go to OUT/data_benchmark.json (merged with the sizes and stages of
+earlier runs with the same settings) and OUT/data_benchmark.md, a table with a
+column per size. Logs of every command are in OUT/work_<size>MB/logs.
 """
 
 import copy
@@ -25,20 +26,24 @@ import dataclasses
 import json
 import os
 import pathlib
-import platform
 import re
 import shutil
 import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import ml_collections
 import numpy as np
 import psutil
 
-from linformer_jax.data import corpus
+from linformer_jax.analysis import data_benchmark_report as report
+from linformer_jax.analysis.data_benchmark_report import FIRST_RUN_STEPS
+from linformer_jax.analysis.data_benchmark_report import SAMPLE_INTERVAL_S
+from linformer_jax.analysis.data_benchmark_report import config_flags
+from linformer_jax.analysis.data_benchmark_report import flag_value
+from linformer_jax.data import embedded
 from linformer_jax.data import masked_lm
 from linformer_jax.data import prepare
 from linformer_jax.data import shards
@@ -47,17 +52,17 @@ from linformer_jax.errors import ConfigError
 from linformer_jax.training import run_config
 
 STAGES = ('prepare', 'loader', 'train')
-# Each training text file stops at the first document boundary past this size.
+# A training text file ends with the first document that takes it past this size.
 FILE_BYTES = 2**20
 VALIDATION_FILE = 'validation.txt'
 CORPUS_MANIFEST = 'corpus.json'
-SAMPLE_INTERVAL_S = 0.05
 RESULTS_JSON = 'data_benchmark.json'
 RESULTS_MD = 'data_benchmark.md'
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-# Steps of the run from nothing, then of the same workdir resumed.
-FIRST_RUN_STEPS = 2
 RESUMED_RUN_STEPS = 4
+# The commands' exit code for a one-line usage error (cli.USAGE_ERROR_EXIT_CODE;
+# libraries do not import the command layer).
+USAGE_ERROR_EXIT_CODE = 2
 _GIB = 2**30
 _MIB = 2**20
 
@@ -71,10 +76,10 @@ class Settings:
     sizes_mb: training corpus sizes in MiB.
     config_path: the config file the commands run with.
     config: that config with `config_overrides` applied.
-    config_overrides: dotted fields the user overrode; passed on to every command.
+    config_overrides: dotted fields the user overrode; every command gets them.
     seq_len: prepared sequence length (model.max_len); 0 keeps the config's.
     stages: which of STAGES to run.
-    seed: seeds the corpus's document order.
+    seed: seeds the corpus's document orders.
     loader_batch_size: sequences per loader batch.
     loader_seconds: how long the loader is timed (after the warm-up).
     loader_warmup_batches: batches read before the timing starts.
@@ -105,8 +110,7 @@ class Settings:
           f'--sizes_mb={",".join(map(str, self.sizes_mb))} is not allowed: give positive '
           'sizes in MiB, e.g. 256,1024.'
       )
-    unknown = sorted(set(self.stages) - set(STAGES))
-    if unknown or not self.stages:
+    if not self.stages or set(self.stages) - set(STAGES):
       raise ConfigError(
           f'--stages={",".join(self.stages)} is not allowed: use some of {",".join(STAGES)}.'
       )
@@ -115,12 +119,13 @@ class Settings:
     for name in ('loader_batch_size', 'loader_warmup_batches', 'loader_seconds'):
       if not getattr(self, name) > 0:
         raise ConfigError(f'--{name}={getattr(self, name)} is not allowed: use a positive value.')
-    # The training runs' config, checked now rather than after an hour of preparation.
-    run_config.validate(apply_overrides(self.config, self.train_overrides('.', 'x', 2)))
+    # Now, not after an hour of preparation: the model must take seq_len, and so on.
+    run_config.validate(apply_overrides(self.config, self.train_overrides('', '', 2)))
 
   def train_overrides(self, corpus_folder: str, workdir: str, total_steps: int) -> Dict[str, Any]:
-    """Overrides of the end-to-end training runs."""
+    """Config overrides of the end-to-end training runs."""
     return {
+        **self.config_overrides,
         **corpus_overrides(corpus_folder, self.seq_len),
         'data.prepared_dir': os.path.join(workdir, 'prepared'),
         'data.prepare_workers': 0,
@@ -133,37 +138,29 @@ class Settings:
 
   def describe(self) -> Dict[str, Any]:
     """The settings that make results comparable, as JSON values."""
-    return json.loads(
-        json.dumps(
-            {
-                'config': self.config_path,
-                'config_overrides': dict(self.config_overrides),
-                'seq_len': self.seq_len,
-                'seed': self.seed,
-                'tokenizer': self.config.data.tokenizer,
-                'vocab_size': self.config.data.vocab_size,
-                'loader_batch_size': self.loader_batch_size,
-                'loader_seconds': self.loader_seconds,
-                'loader_warmup_batches': self.loader_warmup_batches,
-            },
-            sort_keys=True,
-        )
-    )
+    described = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+    for name in ('out', 'sizes_mb', 'stages', 'config'):
+      del described[name]
+    described.update(tokenizer=self.config.data.tokenizer, vocab_size=self.config.data.vocab_size)
+    return json.loads(json.dumps(described, sort_keys=True, default=flag_value))
 
 
-# ---------------------------------------------------------------- corpus
+# ---------------------------------------------------------------- corpus and configs
 
 
 def generate_corpus(
-    folder: pathlib.Path, size_mb: int, seed: int = 0, documents: Optional[Sequence[str]] = None
+    folder: pathlib.Path,
+    size_mb: int,
+    seed: int = 0,
+    documents: Optional[Tuple[Sequence[str], Sequence[str]]] = None,
 ) -> Dict[str, Any]:
   """Writes (or reuses) a corpus of about `size_mb` MiB of training text.
 
-  Training files train-NNNNN.txt hold whole documents, separated by blank lines,
-  in the order of a permutation seeded by (seed, file index), up to about
-  FILE_BYTES each; validation.txt holds the validation documents once. Only the
-  documents are held in memory, whatever the size. A folder whose manifest
-  matches is reused as it is.
+  Training files train-NNNNN.txt hold whole documents separated by blank lines,
+  in the order of a permutation seeded by (seed, file index), about FILE_BYTES
+  each; validation.txt holds the validation documents once. Only the documents
+  are held in memory, whatever the size. A folder whose manifest matches is
+  reused as it is.
 
   Args:
     folder: where the files go.
@@ -172,7 +169,7 @@ def generate_corpus(
     documents: (train, validation) document lists; default the embedded corpus.
 
   Returns:
-    The manifest (also folder/corpus.json): files and bytes of each split.
+    The manifest (also folder/corpus.json): file count and bytes of each split.
   """
   manifest_path = folder / CORPUS_MANIFEST
   wanted = {'size_mb': size_mb, 'seed': seed, 'file_bytes': FILE_BYTES}
@@ -180,45 +177,43 @@ def generate_corpus(
     manifest = json.loads(manifest_path.read_text())
     if all(manifest.get(key) == value for key, value in wanted.items()):
       return manifest
-  train_documents, validation_documents = documents or (
-      corpus.embedded_documents('train'),
-      corpus.embedded_documents('validation'),
+  train, validation = documents or (
+      embedded.embedded_documents('train'),
+      embedded.embedded_documents('validation'),
   )
-  encoded = [text.encode('utf-8') for text in train_documents]
-  if not encoded or not validation_documents:
-    raise ConfigError('The documents to build the benchmark corpus from are empty.')
+  encoded = [text.encode('utf-8') for text in train]
+  if not encoded or not validation:
+    raise ValueError('generate_corpus needs training and validation documents.')
   folder.mkdir(parents=True, exist_ok=True)
   manifest_path.unlink(missing_ok=True)
   for stale in folder.glob('*.txt'):
     stale.unlink()
-  files, remaining = [], size_mb * _MIB
+  train_files, remaining = 0, size_mb * _MIB
   while remaining > 0:
-    target = min(FILE_BYTES, remaining)
-    order = np.random.default_rng([seed, len(files)]).permutation(len(encoded))
+    order = np.random.default_rng([seed, train_files]).permutation(len(encoded))
     chosen, size = [], 0
-    while size < target:  # a file larger than all the documents repeats them
+    while size < min(FILE_BYTES, remaining):  # a file larger than all documents repeats them
       for index in order:
         chosen.append(encoded[index])
         size += len(encoded[index]) + 2
-        if size >= target:
+        if size >= min(FILE_BYTES, remaining):
           break
-    name = f'train-{len(files):05d}.txt'
-    (folder / name).write_bytes(b'\n\n'.join(chosen) + b'\n')
-    files.append(name)
-    remaining -= size
-  (folder / VALIDATION_FILE).write_text('\n\n'.join(validation_documents) + '\n', 'utf-8')
+    (folder / f'train-{train_files:05d}.txt').write_bytes(b'\n\n'.join(chosen) + b'\n')
+    train_files, remaining = train_files + 1, remaining - size
+  (folder / VALIDATION_FILE).write_text('\n\n'.join(validation) + '\n', 'utf-8')
+  validation_bytes = (folder / VALIDATION_FILE).stat().st_size
   manifest = {
       **wanted,
-      'train_files': len(files),
-      'train_bytes': sum((folder / name).stat().st_size for name in files),
-      'validation_bytes': (folder / VALIDATION_FILE).stat().st_size,
+      'train_files': train_files,
+      'train_bytes': sum(path.stat().st_size for path in folder.glob('*.txt')) - validation_bytes,
+      'validation_bytes': validation_bytes,
   }
   shards.write_json_atomically(manifest_path, manifest)  # last: marks the corpus complete
   return manifest
 
 
 def corpus_overrides(folder: str, seq_len: int) -> Dict[str, Any]:
-  """Config overrides that read a generated corpus at seq_len."""
+  """Config overrides that read a generated corpus in sequences of seq_len."""
   return {
       'data.source': 'text_files',
       'data.path': str(folder),
@@ -232,54 +227,34 @@ def corpus_overrides(folder: str, seq_len: int) -> Dict[str, Any]:
 def apply_overrides(
     config: ml_collections.ConfigDict, overrides: Mapping[str, Any]
 ) -> ml_collections.ConfigDict:
-  """A copy of `config` with dotted fields set (as --config.FIELD=VALUE would)."""
+  """A copy of `config` with dotted fields set, as --config.FIELD=VALUE sets them."""
   config = copy.deepcopy(config)
-  for key, value in overrides.items():
-    *groups, name = key.split('.')
-    node = config
-    for group in groups:
-      node = node[group]
-    node[name] = value
+  config.update_from_flattened_dict(dict(overrides))
   return config
 
 
-def _flag_value(value: Any) -> str:
-  if isinstance(value, str):
-    return value
-  if isinstance(value, ml_collections.ConfigDict):
-    value = value.to_dict()
-  return repr(value)
-
-
-def config_flags(config_path: str, overrides: Mapping[str, Any]) -> List[str]:
-  """--config and --config.FIELD=VALUE arguments that give `overrides`."""
-  return ['--config', config_path] + [
-      f'--config.{key}={_flag_value(value)}' for key, value in overrides.items()
-  ]
-
-
-# ---------------------------------------------------------------- measuring commands
+# ---------------------------------------------------------------- measuring
 
 
 def tree_rss(process: psutil.Process) -> int:
-  """Resident bytes of a process and all its descendants (shared pages count
-  once per process, as `ps` shows them)."""
-  total = 0
+  """Resident bytes of a process and all its descendants, summed (pages they
+  share count once per process, as `ps` shows them)."""
   try:
     members = [process, *process.children(recursive=True)]
-  except (psutil.NoSuchProcess, psutil.AccessDenied):
+  except psutil.Error:
     return 0
+  total = 0
   for member in members:
     try:
       total += member.memory_info().rss
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-      pass  # exited between listing and reading
+    except psutil.Error:
+      pass  # it exited between the listing and the reading
   return total
 
 
 def peak_tree_rss(popen: subprocess.Popen, interval_s: float = SAMPLE_INTERVAL_S) -> int:
   """Samples `tree_rss` of a running process every interval_s until it exits;
-  returns the largest sum seen (bytes)."""
+  returns the largest sum seen, in bytes."""
   process = psutil.Process(popen.pid)
   peak = 0
   while popen.poll() is None:
@@ -288,13 +263,12 @@ def peak_tree_rss(popen: subprocess.Popen, interval_s: float = SAMPLE_INTERVAL_S
   return peak
 
 
-@dataclasses.dataclass
-class Measurement:
-  """One command's wall time, peak tree RSS and time to a marker line."""
+class Measurement(NamedTuple):
+  """What `run_measured` measures of a command."""
 
-  wall_s: float
-  peak_rss_bytes: int
-  marker_s: Optional[float] = None
+  wall_s: float  # from start to exit
+  peak_rss_bytes: int  # of the process tree
+  marker_s: Optional[float]  # from start to the first line matching the marker
 
 
 def run_measured(
@@ -304,26 +278,22 @@ def run_measured(
 
   Args:
     arguments: the interpreter's arguments, e.g. ['-m', 'linformer_jax.train', ...].
-    log_path: stdout and stderr of the command.
-    marker: a regular expression; `marker_s` is the time from the start to the
-      first output line matching it.
+    log_path: gets stdout and stderr of the command.
+    marker: a regular expression for `marker_s`.
 
   Raises:
     ConfigError: the command ended with a usage error (exit code 2).
     RuntimeError: it failed otherwise.
   """
   log_path.parent.mkdir(parents=True, exist_ok=True)
-  env = {
-      **os.environ,
-      'PYTHONPATH': os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get('PYTHONPATH')])),
-  }
+  path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get('PYTHONPATH')]))
   pattern = re.compile(marker) if marker else None
-  marker_time: List[float] = []
+  marker_times: List[float] = []
   start = time.perf_counter()
   popen = subprocess.Popen(
       [sys.executable, *arguments],
       cwd=REPO_ROOT,
-      env=env,
+      env={**os.environ, 'PYTHONPATH': path},
       stdin=subprocess.DEVNULL,
       stdout=subprocess.PIPE,
       stderr=subprocess.STDOUT,
@@ -333,8 +303,8 @@ def run_measured(
   def copy_output():
     with open(log_path, 'w') as log:
       for line in popen.stdout:
-        if pattern and not marker_time and pattern.search(line):
-          marker_time.append(time.perf_counter() - start)
+        if pattern and not marker_times and pattern.search(line):
+          marker_times.append(time.perf_counter() - start)
         log.write(line)
 
   reader = threading.Thread(target=copy_output, daemon=True)
@@ -344,17 +314,14 @@ def run_measured(
   reader.join()
   if popen.returncode:
     lines = log_path.read_text().strip().splitlines() or ['(no output)']
-    errors = [line for line in lines if line.startswith('error:')]
-    if popen.returncode == 2 and errors:
-      raise ConfigError(f'{arguments[1]}: {errors[-1][len("error:"):].strip()}')
+    errors = [line[len('error:') :].strip() for line in lines if line.startswith('error:')]
+    if popen.returncode == USAGE_ERROR_EXIT_CODE and errors:
+      raise ConfigError(f'{arguments[1]}: {errors[-1]}')
     raise RuntimeError(
         f'{" ".join(arguments[:2])} failed with exit code {popen.returncode}: '
         f'{lines[-1]} (log: {log_path})'
     )
-  return Measurement(wall_s, peak, marker_time[0] if marker_time else None)
-
-
-# ---------------------------------------------------------------- stages
+  return Measurement(wall_s, peak, marker_times[0] if marker_times else None)
 
 
 def loader_throughput(
@@ -367,13 +334,13 @@ def loader_throughput(
     warmup_batches: int = 5,
     seed: int = 0,
 ) -> Dict[str, float]:
-  """Masked training batches per second of `create_train_iterator` here.
+  """Masked training batches of `masked_lm.create_train_iterator`, timed here.
 
   Args:
-    source: packed sequences [num, seq_len]: an array or a grain source
-      (`shards.ShardedSequences`).
+    source: packed sequences [num_sequences, seq_len]: an array, or a grain
+      source such as `shards.ShardedSequences`.
     tokenizer: the split's tokenizer (special ids, vocabulary size).
-    batch_size, mask_rate, seed: as the training run passes them.
+    batch_size, mask_rate, seed: as a training run passes them.
     seconds: batches are read for at least this long after the warm-up.
     warmup_batches: batches read before the clock starts.
 
@@ -399,12 +366,14 @@ def loader_throughput(
   }
 
 
+# ---------------------------------------------------------------- stages
+
+
 class SizeBenchmark:
-  """The stages of one corpus size, in OUT/work_<size>MB/."""
+  """The stages of one corpus size; their files go to OUT/work_<size>MB/."""
 
   def __init__(self, settings: Settings, size_mb: int, progress: Callable[[str], None]):
     self.settings = settings
-    self.size_mb = size_mb
     self.progress = lambda message: progress(f'[{size_mb} MB] {message}')
     out = pathlib.Path(settings.out).resolve()
     self.corpus_folder = out / f'corpus_{size_mb}MB'
@@ -414,94 +383,68 @@ class SizeBenchmark:
     self.corpus = generate_corpus(self.corpus_folder, size_mb, settings.seed)
     self.input_bytes = self.corpus['train_bytes'] + self.corpus['validation_bytes']
 
-  def _overrides(self, **extra: Any) -> Dict[str, Any]:
+  def _prepared_overrides(self, name: str, workers: int = 0) -> Dict[str, Any]:
     return {
         **self.settings.config_overrides,
         **corpus_overrides(str(self.corpus_folder), self.settings.seq_len),
-        **extra,
+        'data.prepared_dir': str(self.work / f'prepared_n{self.settings.seq_len}_{name}'),
+        'data.prepare_workers': workers,
     }
 
-  def _prepared_folder(self, name: str) -> pathlib.Path:
-    return self.work / f'prepared_n{self.settings.seq_len}_{name}'
-
-  def _prepare_data(self, name: str, workers: int, *extra: str, log: str = '') -> Measurement:
-    """Times `prepare_data` into the prepared folder `name` (none is written
-    with --tokenizer_only)."""
-    overrides = self._overrides(
-        **{
-            'data.prepared_dir': str(self._prepared_folder(name)),
-            'data.prepare_workers': workers,
-        }
-    )
+  def _prepare_data(self, name: str, workers: int, *flags: str, log: str = '') -> Measurement:
+    """Runs `prepare_data` into the prepared folder `name` (untouched with
+    --tokenizer_only), with the shared tokenizer."""
+    overrides = self._prepared_overrides(name, workers)
     return run_measured(
-        [
-            '-m',
-            'linformer_jax.prepare_data',
-            f'--workdir={self.tokenizer_dir}',
-            *config_flags(self.settings.config_path, overrides),
-            *extra,
-        ],
+        ['-m', 'linformer_jax.prepare_data', f'--workdir={self.tokenizer_dir}']
+        + config_flags(self.settings.config_path, overrides)
+        + list(flags),
         self.work / 'logs' / f'{log or "prepare_" + name}.log',
     )
 
-  def tokenizer(self) -> Dict[str, float]:
-    """Trains the shared tokenizer if missing; times that and a start-up run
-    (the command with nothing to do: imports, config, tokenizer loading)."""
-    existed = (self.tokenizer_dir / tokenizer_lib.MODEL_FILENAME).exists()
+  def prepare(self) -> Dict[str, Any]:
+    """Trains the shared tokenizer if missing and times a run with nothing
+    left to do (the start-up); then prepares both splits afresh with 1 worker
+    and with all cores."""
     trained = self._prepare_data('none', 0, '--tokenizer_only', log='tokenizer')
     startup = self._prepare_data('none', 0, '--tokenizer_only', log='startup')
-    self.progress(
-        f'tokenizer: {trained.wall_s:.1f} s; prepare_data start-up {startup.wall_s:.1f} s'
-    )
-    return {
-        'tokenizer_s': trained.wall_s,
-        'tokenizer_trained': not existed and self.settings.config.data.tokenizer != 'byte',
-        'startup_s': startup.wall_s,
-    }
-
-  def prepare(self) -> Dict[str, Any]:
-    """Prepares the splits afresh with 1 worker, then all cores."""
-    results: Dict[str, Any] = self.tokenizer()
+    results: Dict[str, Any] = {'tokenizer_s': trained.wall_s, 'startup_s': startup.wall_s}
+    self.progress(f'tokenizer {trained.wall_s:.1f} s; prepare_data start-up {startup.wall_s:.1f} s')
     for name, workers in (('workers1', 1), ('workers_all', 0)):
-      shutil.rmtree(self._prepared_folder(name), ignore_errors=True)
+      folder = pathlib.Path(self._prepared_overrides(name)['data.prepared_dir'])
+      shutil.rmtree(folder, ignore_errors=True)
       measured = self._prepare_data(name, workers)
-      manifest = shards.read_manifest(
-          self._prepared_folder(name) / 'train' / shards.manifest_name(0, 1)
-      )
+      manifest = shards.read_manifest(folder / 'train' / shards.manifest_name(0, 1))
       results[name] = {
+          'workers': workers or os.cpu_count(),
           'wall_s': measured.wall_s,
           'mib_per_s': self.input_bytes / _MIB / measured.wall_s,
           'peak_rss_gib': measured.peak_rss_bytes / _GIB,
           'train_tokens': manifest['tokens'],
           'train_sequences': manifest['sequences'],
       }
+      if name == 'workers1':  # only the all-cores shards are read later; spare the disk
+        shutil.rmtree(folder)
       self.progress(
-          f'prepare, {name}: {measured.wall_s:.1f} s, '
-          f'{results[name]["mib_per_s"]:.2f} MiB/s, peak RSS '
-          f'{results[name]["peak_rss_gib"]:.2f} GiB'
+          f'prepare, {name}: {measured.wall_s:.1f} s, {results[name]["mib_per_s"]:.2f} MiB/s, '
+          f'peak RSS {results[name]["peak_rss_gib"]:.2f} GiB'
       )
-    results['workers_all']['count'] = os.cpu_count()
     results['speed_up'] = results['workers1']['wall_s'] / results['workers_all']['wall_s']
     return results
 
   def loader(self) -> Dict[str, Any]:
-    """Loader throughput on the all-cores shards (prepared first if missing)."""
-    config = apply_overrides(
-        self.settings.config,
-        self._overrides(**{'data.prepared_dir': str(self._prepared_folder('workers_all'))}),
-    )
+    """Loader throughput on the all-cores shards."""
     if 'prepare' not in self.settings.stages:  # finishes or checks an earlier preparation
       self._prepare_data('workers_all', 0)
-    tokenizer = tokenizer_lib.build_tokenizer(
-        config.data, str(self.tokenizer_dir), lambda: iter(())
-    )
-    prepared = self._prepared_split(config, tokenizer)
-    source = shards.ShardedSequences(prepared, self.settings.seq_len)
+    data = apply_overrides(self.settings.config, self._prepared_overrides('workers_all')).data
+    tokenizer = tokenizer_lib.build_tokenizer(data, str(self.tokenizer_dir), lambda: iter(()))
+    signature = prepare.split_signature(data, 'train', tokenizer, self.settings.seq_len)
+    prepared = shards.PreparedSplit(prepare.split_folder(data, 'train', signature), signature)
     results = loader_throughput(
-        source,
+        shards.ShardedSequences(prepared, self.settings.seq_len),
         tokenizer,
         batch_size=self.settings.loader_batch_size,
-        mask_rate=config.data.mask_rate,
+        mask_rate=data.mask_rate,
         seconds=self.settings.loader_seconds,
         warmup_batches=self.settings.loader_warmup_batches,
     )
@@ -511,143 +454,35 @@ class SizeBenchmark:
     )
     return results
 
-  def _prepared_split(self, config, tokenizer) -> shards.PreparedSplit:
-    signature = prepare.split_signature(config.data, 'train', tokenizer, self.settings.seq_len)
-    return shards.PreparedSplit(prepare.split_folder(config.data, 'train', signature), signature)
-
   def train(self) -> Dict[str, Any]:
-    """A 2-step run from nothing, then the same workdir resumed to 4 steps."""
+    """A run of 2 steps from nothing, then the same workdir resumed to 4 steps."""
     workdir = self.work / f'train_n{self.settings.seq_len}'
     shutil.rmtree(workdir, ignore_errors=True)
     results = {}
-    for name, steps in (('first', FIRST_RUN_STEPS), ('resumed', RESUMED_RUN_STEPS)):
-      overrides = {
-          **self.settings.config_overrides,
-          **self.settings.train_overrides(str(self.corpus_folder), str(workdir), steps),
-      }
-      first_step = FIRST_RUN_STEPS + 1 if name == 'resumed' else 1
+    for name, steps, step in (
+        ('first', FIRST_RUN_STEPS, 1),
+        ('resumed', RESUMED_RUN_STEPS, FIRST_RUN_STEPS + 1),
+    ):
+      overrides = self.settings.train_overrides(str(self.corpus_folder), str(workdir), steps)
+      log = self.work / 'logs' / f'train_{name}.log'
       measured = run_measured(
-          [
-              '-m',
-              'linformer_jax.train',
-              f'--workdir={workdir}',
-              *config_flags(self.settings.config_path, overrides),
-          ],
-          self.work / 'logs' / f'train_{name}.log',
-          marker=rf'^step {first_step}/{steps}\b',
+          ['-m', 'linformer_jax.train', f'--workdir={workdir}']
+          + config_flags(self.settings.config_path, overrides),
+          log,
+          marker=rf'^step {step}/{steps}\b',
       )
+      if measured.marker_s is None:
+        raise RuntimeError(f'The {name} training run printed no `step {step}/{steps}`; see {log}.')
       results[name] = {
           'wall_s': measured.wall_s,
           'first_step_s': measured.marker_s,
           'peak_rss_gib': measured.peak_rss_bytes / _GIB,
       }
-      if measured.marker_s is None:
-        raise RuntimeError(
-            f'The {name} training run printed no `step {first_step}/{steps}` line; see '
-            f'{self.work / "logs" / f"train_{name}.log"}.'
-        )
       self.progress(
-          f'train, {name}: {measured.wall_s:.1f} s in all, step {first_step} after '
+          f'train, {name}: {measured.wall_s:.1f} s in all, step {step} after '
           f'{measured.marker_s:.1f} s'
       )
     return results
-
-
-# ---------------------------------------------------------------- report
-
-
-def machine_description() -> Dict[str, Any]:
-  """CPU count and model, total RAM, Python and platform."""
-  model = platform.processor()
-  try:
-    with open('/proc/cpuinfo') as cpuinfo:
-      names = [line.split(':', 1)[1].strip() for line in cpuinfo if line.startswith('model name')]
-    model = names[0] if names else model
-  except OSError:
-    pass
-  return {
-      'cpus': os.cpu_count(),
-      'physical_cpus': psutil.cpu_count(logical=False),
-      'ram_gib': psutil.virtual_memory().total / _GIB,
-      'cpu_model': model,
-      'platform': platform.platform(),
-  }
-
-
-def _cell(entry: Mapping[str, Any], path: str, template: str) -> str:
-  value: Any = entry
-  for key in path.split('.'):
-    if not isinstance(value, Mapping) or value.get(key) is None:
-      return '–'
-    value = value[key]
-  return template.format(value)
-
-
-# (row label, path in a size's entry, format)
-TABLE_ROWS = (
-    ('input text, MiB (train + validation)', 'corpus.input_mib', '{:,.0f}'),
-    ('prepare, 1 worker: MiB/s', 'prepare.workers1.mib_per_s', '{:.2f}'),
-    ('prepare, all cores: MiB/s', 'prepare.workers_all.mib_per_s', '{:.2f}'),
-    ('prepare speed-up, all cores / 1 worker', 'prepare.speed_up', '{:.2f}x'),
-    ('prepare, 1 worker: peak RSS GiB', 'prepare.workers1.peak_rss_gib', '{:.2f}'),
-    ('prepare, all cores: peak RSS GiB', 'prepare.workers_all.peak_rss_gib', '{:.2f}'),
-    ('prepare_data start-up, s', 'prepare.startup_s', '{:.1f}'),
-    ('loader: masked sequences/s', 'loader.sequences_per_s', '{:,.0f}'),
-    ('loader: tokens/s', 'loader.tokens_per_s', '{:,.0f}'),
-    (f'end to end, {FIRST_RUN_STEPS} steps from nothing: s', 'train.first.wall_s', '{:.1f}'),
-    (
-        f'restart: s to step {FIRST_RUN_STEPS + 1} of the resumed run',
-        'train.resumed.first_step_s',
-        '{:.1f}',
-    ),
-)
-
-
-def markdown_table(results: Mapping[str, Any]) -> str:
-  """The report: a header line, then a row per measure and a column per size."""
-  machine, settings = results['machine'], results['settings']
-  overrides = ' '.join(
-      f'--config.{key}={_flag_value(value)}' for key, value in settings['config_overrides'].items()
-  )
-  header = (
-      f'Machine: {machine["cpus"]} CPUs ({machine["physical_cpus"]} physical, '
-      f'{machine["cpu_model"]}), {machine["ram_gib"]:.1f} GiB RAM. Settings: --config '
-      f'{settings["config"]} {overrides} seq_len {settings["seq_len"]}, tokenizer '
-      f'{settings["tokenizer"]} ({settings["vocab_size"]}), loader batch '
-      f'{settings["loader_batch_size"]} for {settings["loader_seconds"]:g} s. Preparation rates '
-      "are input MiB over the prepare_data command's wall time (start-up included); peak RSS "
-      f'sums the command and its workers, sampled every {SAMPLE_INTERVAL_S * 1e3:.0f} ms.'
-  )
-  sizes = sorted(results['sizes'], key=int)
-  lines = [
-      header,
-      '',
-      '| measure | ' + ' | '.join(f'{size} MB' for size in sizes) + ' |',
-      '|---|' + '---:|' * len(sizes),
-  ]
-  for label, path, template in TABLE_ROWS:
-    cells = [_cell(results['sizes'][size], path, template) for size in sizes]
-    lines.append(f'| {label} | ' + ' | '.join(cells) + ' |')
-  return '\n'.join(lines) + '\n'
-
-
-def merge_results(
-    previous: Optional[Mapping[str, Any]],
-    settings: Mapping[str, Any],
-    machine: Mapping[str, Any],
-    measured: Mapping[str, Mapping[str, Any]],
-) -> Dict[str, Any]:
-  """New measurements over those of earlier runs with the same settings and
-  machine (other sizes and stages are kept; anything else is dropped)."""
-  same = (
-      previous
-      and previous.get('settings') == settings
-      and previous.get('machine', {}).get('cpus') == machine['cpus']
-  )
-  sizes = {key: dict(value) for key, value in previous['sizes'].items()} if same else {}
-  for size, entry in measured.items():
-    sizes.setdefault(size, {}).update(entry)
-  return {'machine': dict(machine), 'settings': dict(settings), 'sizes': sizes}
 
 
 def run_benchmark(settings: Settings, progress: Callable[[str], None] = print) -> str:
@@ -664,8 +499,10 @@ def run_benchmark(settings: Settings, progress: Callable[[str], None] = print) -
     measured[str(size_mb)] = entry
   json_path = out / RESULTS_JSON
   previous = json.loads(json_path.read_text()) if json_path.exists() else None
-  results = merge_results(previous, settings.describe(), machine_description(), measured)
+  results = report.merge_results(
+      previous, settings.describe(), report.machine_description(), measured
+  )
   shards.write_json_atomically(json_path, results)
-  table = markdown_table(results)
+  table = report.markdown_table(results)
   (out / RESULTS_MD).write_text(table)
   return table

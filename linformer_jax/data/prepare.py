@@ -44,10 +44,11 @@ _WORKER_TOKENIZER: Optional[tokenizer_lib.Tokenizer] = None
 def _start_worker(tokenizer_spec: Tuple[str, str]) -> None:
   global _WORKER_TOKENIZER
   kind, path = tokenizer_spec
+  # One thread each: the pool's processes are the parallelism.
   _WORKER_TOKENIZER = (
       tokenizer_lib.ByteTokenizer()
       if kind == 'byte'
-      else tokenizer_lib.SentencePieceTokenizer(path)
+      else tokenizer_lib.SentencePieceTokenizer(path, threads=1)
   )
 
 

@@ -12,7 +12,7 @@ import hashlib
 import io
 import os
 import pathlib
-from typing import Any, Callable, Iterable, Iterator, List, Mapping, Sequence, Tuple
+from typing import Any, Callable, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import sentencepiece as spm
@@ -83,8 +83,10 @@ class ByteTokenizer(Tokenizer):
 class SentencePieceTokenizer(Tokenizer):
   """A SentencePiece model: pad 0, unk 1, bos 2, eos 3, <mask> 4."""
 
-  def __init__(self, model_path: str):
+  def __init__(self, model_path: str, threads: Optional[int] = None):
+    """Loads a model; `encode_all` uses `threads` (default: all cores)."""
     self.model_path = str(model_path)
+    self._threads = threads or os.cpu_count() or 1
     model_bytes = pathlib.Path(model_path).read_bytes()
     self._processor = spm.SentencePieceProcessor(model_proto=model_bytes)
     self._digest = _short_digest(model_bytes)
@@ -109,7 +111,7 @@ class SentencePieceTokenizer(Tokenizer):
     return self._processor.encode(text)
 
   def encode_all(self, texts: Sequence[str]) -> List[List[int]]:
-    return self._processor.encode(list(texts), num_threads=os.cpu_count() or 1)
+    return self._processor.encode(list(texts), num_threads=self._threads)
 
   def decode(self, ids: Iterable[int]) -> str:
     return self._processor.decode([int(i) for i in ids])

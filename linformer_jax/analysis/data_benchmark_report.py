@@ -1,0 +1,117 @@
+"""The report of the data benchmark: the machine, a markdown table, merged runs."""
+
+import os
+import pathlib
+import platform
+import re
+from typing import Any, Dict, List, Mapping, Optional
+
+import ml_collections
+import psutil
+
+_GIB = 2**30
+SAMPLE_INTERVAL_S = 0.05
+# Steps of the run from nothing, then of the same workdir resumed.
+FIRST_RUN_STEPS = 2
+
+
+def flag_value(value: Any) -> str:
+  if isinstance(value, str):
+    return value
+  return repr(value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value)
+
+
+def config_flags(config_path: str, overrides: Mapping[str, Any]) -> List[str]:
+  """--config and --config.FIELD=VALUE arguments that give `overrides`."""
+  return ['--config', config_path] + [
+      f'--config.{key}={flag_value(value)}' for key, value in overrides.items()
+  ]
+
+
+def machine_description() -> Dict[str, Any]:
+  """CPU count and model, total RAM and platform."""
+  cpuinfo = pathlib.Path('/proc/cpuinfo')
+  names = re.findall(
+      r'^model name\s*: (.*)$', cpuinfo.read_text() if cpuinfo.exists() else '', re.M
+  )
+  model = names[0] if names else platform.processor()
+  return {
+      'cpus': os.cpu_count(),
+      'physical_cpus': psutil.cpu_count(logical=False),
+      'ram_gib': psutil.virtual_memory().total / _GIB,
+      'cpu_model': model,
+      'platform': platform.platform(),
+  }
+
+
+# (row label, path in a size's entry, format)
+TABLE_ROWS = (
+    ('input text, MiB (train + validation)', 'corpus.input_mib', '{:,.1f}'),
+    ('prepare, 1 worker: MiB/s', 'prepare.workers1.mib_per_s', '{:.2f}'),
+    ('prepare, all cores: MiB/s', 'prepare.workers_all.mib_per_s', '{:.2f}'),
+    ('prepare speed-up, all cores / 1 worker', 'prepare.speed_up', '{:.2f}x'),
+    ('prepare, 1 worker: peak RSS, GiB', 'prepare.workers1.peak_rss_gib', '{:.2f}'),
+    ('prepare, all cores: peak RSS, GiB', 'prepare.workers_all.peak_rss_gib', '{:.2f}'),
+    ('prepare_data start-up, s', 'prepare.startup_s', '{:.1f}'),
+    ('loader: masked sequences/s', 'loader.sequences_per_s', '{:,.0f}'),
+    ('loader: tokens/s', 'loader.tokens_per_s', '{:,.0f}'),
+    (f'end to end, {FIRST_RUN_STEPS} steps from nothing, s', 'train.first.wall_s', '{:.1f}'),
+    (
+        f'restart: s to step {FIRST_RUN_STEPS + 1} when resumed',
+        'train.resumed.first_step_s',
+        '{:.1f}',
+    ),
+)
+
+
+def _cell(entry: Mapping[str, Any], path: str, template: str) -> str:
+  for key in path.split('.'):
+    if not isinstance(entry, Mapping) or entry.get(key) is None:
+      return '–'
+    entry = entry[key]
+  return template.format(entry)
+
+
+def markdown_table(results: Mapping[str, Any]) -> str:
+  """The report: a header line, then a row per measure and a column per size."""
+  machine, settings = results['machine'], results['settings']
+  flags = config_flags(settings['config_path'], settings['config_overrides'])
+  header = (
+      f'Machine: {machine["cpus"]} CPUs ({machine["physical_cpus"]} physical, '
+      f'{machine["cpu_model"]}), {machine["ram_gib"]:.1f} GiB RAM. Settings: {" ".join(flags)}, '
+      f'seq_len {settings["seq_len"]}, tokenizer {settings["tokenizer"]} '
+      f'({settings["vocab_size"]}), loader batch {settings["loader_batch_size"]} for '
+      f'{settings["loader_seconds"]:g} s. Preparation rates are input MiB over the whole '
+      "prepare_data command's wall time (start-up included); peak RSS sums the command and "
+      f'its workers, sampled every {SAMPLE_INTERVAL_S * 1e3:.0f} ms.'
+  )
+  sizes = sorted(results['sizes'], key=int)
+  lines = [
+      header,
+      '',
+      '| measure | ' + ' | '.join(f'{size} MB' for size in sizes) + ' |',
+      '|---|' + '---:|' * len(sizes),
+  ]
+  for label, path, template in TABLE_ROWS:
+    cells = [_cell(results['sizes'][size], path, template) for size in sizes]
+    lines.append(f'| {label} | ' + ' | '.join(cells) + ' |')
+  return '\n'.join(lines) + '\n'
+
+
+def merge_results(
+    previous: Optional[Mapping[str, Any]],
+    settings: Mapping[str, Any],
+    machine: Mapping[str, Any],
+    measured: Mapping[str, Mapping[str, Any]],
+) -> Dict[str, Any]:
+  """New measurements over those of an earlier run with the same settings and
+  CPU count (its other sizes and stages are kept; any other run is dropped)."""
+  same = (
+      previous
+      and previous.get('settings') == settings
+      and previous.get('machine', {}).get('cpus') == machine['cpus']
+  )
+  sizes = {size: dict(entry) for size, entry in previous['sizes'].items()} if same else {}
+  for size, entry in measured.items():
+    sizes.setdefault(size, {}).update(entry)
+  return {'machine': dict(machine), 'settings': dict(settings), 'sizes': sizes}

@@ -7,7 +7,9 @@ separators, rows of max_len - 2 tokens), not read back from the pipeline.
 
 import json
 import math
+import os
 import pathlib
+import subprocess
 import sys
 
 import ml_collections
@@ -520,3 +522,31 @@ def test_build_datasets_checks_the_batch_divides_among_processes(tmp_path):
   config.batch_size = 6
   with pytest.raises(ValueError, match='config.batch_size'):
     masked_lm.build_datasets(config, str(tmp_path / 'run'), process_index=0, process_count=4)
+
+
+@pytest.mark.slow
+def test_extracting_the_embedded_corpus_never_runs_code_from_the_current_folder(tmp_path):
+  """A `tabnanny.py` where the command runs is not imported in place of the
+  standard module while the embedded corpus is extracted."""
+  folder = tmp_path / 'here'
+  folder.mkdir()
+  marker = tmp_path / 'planted_module_ran'
+  (folder / 'tabnanny.py').write_text(f'open({str(marker)!r}, "w").close()\n')
+  script = folder / 'extract.py'
+  script.write_text(
+      'import sys\n'
+      'from linformer_jax.data import embedded\n'
+      'print(len(embedded.embedded_documents("train", sys.argv[1])))\n'
+  )
+  result = subprocess.run(
+      [sys.executable, str(script), str(tmp_path / 'cache')],
+      cwd=folder,
+      env={**os.environ, 'PYTHONPATH': str(pathlib.Path(__file__).resolve().parents[1])},
+      capture_output=True,
+      text=True,
+      timeout=600,
+      check=False,
+  )
+  assert result.returncode == 0, result.stderr
+  assert int(result.stdout.split()[-1]) > 100
+  assert not marker.exists()

@@ -92,22 +92,24 @@ def _embedded_titled_documents(cache_dir: Optional[str]) -> List[Tuple[str, str]
     temporary = cache_file.with_suffix(f'.tmp{os.getpid()}')
     # Importing ~250 modules has side effects (threads, signal handlers,
     # warnings, global state), so a fresh interpreter does it, not this one.
+    # Isolated (-I): neither the current folder nor PYTHONPATH comes first on
+    # sys.path, so a file named like a standard module (a `tabnanny.py` where
+    # the command runs) is never imported in its place; the package is
+    # appended after the standard library.
     package_parent = str(pathlib.Path(__file__).resolve().parents[2])
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(filter(None, [package_parent, os.environ.get('PYTHONPATH')])),
-    )
     subprocess.run(
         [
             sys.executable,
+            '-I',
             '-W',
             'ignore',
             '-c',
-            'import sys; from linformer_jax.data import embedded; '
+            'import sys; sys.path.append(sys.argv[2]); '
+            'from linformer_jax.data import embedded; '
             'embedded._write_embedded_documents(sys.argv[1])',
             str(temporary),
+            package_parent,
         ],
-        env=env,
         check=True,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,

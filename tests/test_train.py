@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 
 from configs import tiny
+from linformer_jax.errors import ConfigError
+from linformer_jax.training import run_config
 from linformer_jax.training import trainer
 from linformer_jax.training.checkpoints import CheckpointStore
 from linformer_jax.training.metric_writers import read_metrics
@@ -197,6 +199,32 @@ def test_a_non_finite_step_is_never_saved_and_the_kept_checkpoint_resumes(tmp_pa
   assert sorted(resumed) == [2, 3, 4, 5, 6]
   assert all(np.isfinite(loss) for loss in resumed.values())
   assert results['step'] == 6 and np.isfinite(results['eval_loss'])
+
+
+def test_a_run_that_diverges_before_any_checkpoint_says_none_was_saved(tmp_path):
+  """With no checkpoint yet, the error says so and advises a fresh start."""
+  config = tiny_config(
+      learning_rate=1e12,
+      warmup_steps=0,
+      grad_clip_norm=0.0,
+      checkpoint_every=100,
+      log_every=1,
+      total_steps=20,
+  )
+  with pytest.raises(trainer.NonFiniteLossError, match='No checkpoint was saved'):
+    trainer.train_and_evaluate(config, str(tmp_path))
+  assert latest_checkpoint(str(tmp_path)) is None
+
+
+@pytest.mark.parametrize(
+    'field', ['learning_rate', 'end_learning_rate', 'weight_decay', 'grad_clip_norm', 'adam_eps']
+)
+@pytest.mark.parametrize('value', [float('nan'), float('inf')])
+def test_non_finite_optimizer_settings_are_refused_before_anything_runs(field, value):
+  """NaN passes every comparison: such a value is refused, naming the field."""
+  config = tiny_config(**{field: value})
+  with pytest.raises(ConfigError, match=f'config.{field}=.*finite'):
+    run_config.validate(config)
 
 
 def snapshot(directory):

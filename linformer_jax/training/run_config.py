@@ -5,6 +5,7 @@ rest and compares a workdir's saved run with the requested one.
 """
 
 import dataclasses
+import math
 from typing import Any, Iterable, Mapping, Optional, Tuple
 
 import ml_collections
@@ -34,9 +35,11 @@ def validate(config: ml_collections.ConfigDict) -> ModelConfig:
     value = config[field]
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
       raise ConfigError(f'config.{field}={value!r} is not allowed: use a positive integer.')
-  for field in _NON_NEGATIVE_FLOATS:
-    if config[field] < 0:
-      raise ConfigError(f'config.{field}={config[field]!r} is not allowed: use a value >= 0.')
+  for field in _NON_NEGATIVE_FLOATS + ('adam_eps',):
+    value = config[field]
+    # NaN passes every comparison, so finiteness is checked first.
+    if isinstance(value, bool) or not math.isfinite(value) or value < 0:
+      raise ConfigError(f'config.{field}={value!r} is not allowed: use a finite value >= 0.')
   if config.learning_rate == 0:
     raise ConfigError('config.learning_rate=0 is not allowed: use a positive value.')
   if not 0 <= config.warmup_steps <= config.total_steps:

@@ -180,9 +180,26 @@ class FiniteGuard:
   runs when something is due, before any state is logged, evaluated or saved.
   """
 
-  def __init__(self, workdir: str):
+  def __init__(self, workdir: str, store: CheckpointStore):
     self._workdir = workdir
+    self._store = store
     self._pending: List[Tuple[int, Dict[str, jax.Array]]] = []
+
+  def _advice(self) -> str:
+    """What is kept, and what to change: resuming restarts from the newest
+    checkpoint, so with none a new workdir is as good."""
+    self._store.wait()
+    kept = self._store.latest_step()
+    if kept is None:
+      return (
+          'No checkpoint was saved. Lower config.learning_rate or raise '
+          'config.warmup_steps and start again.'
+      )
+    return (
+        f'The checkpoint of step {kept} stays in {checkpoint_directory(self._workdir)}. '
+        'Lower config.learning_rate or raise config.warmup_steps, then run the same '
+        'command to resume from it.'
+    )
 
   def add(self, step: int, metrics: Dict[str, jax.Array]) -> None:
     self._pending.append((step, metrics))
@@ -200,9 +217,7 @@ class FiniteGuard:
             else f'the parameters became non-finite (loss {loss})'
         )
         raise NonFiniteLossError(
-            f'At step {step} {what}; stopping without saving. The last good '
-            f'checkpoint stays in {checkpoint_directory(self._workdir)}. Lower '
-            'config.learning_rate or raise config.warmup_steps, then resume.'
+            f'At step {step} {what}; stopping without saving. {self._advice()}'
         )
     self._pending.clear()
 
@@ -247,7 +262,7 @@ def train_and_evaluate(
   tokens_per_step = config.batch_size * config.model.max_len
   dropout_key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
   termination = _TerminationRequest()
-  guard = FiniteGuard(workdir)
+  guard = FiniteGuard(workdir, run.store)
   last = config.total_steps
   eval_metrics: Optional[Dict[str, float]] = None
   try:

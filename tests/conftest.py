@@ -95,3 +95,21 @@ def run_command():
     )
 
   return run
+
+
+@pytest.fixture
+def books(tmp_path) -> pathlib.Path:
+  """A folder of three small Gutenberg-style 'books' (CRLF newlines, header and
+  licence markers) whose paragraphs name their book, and one non-.txt file."""
+  folder = tmp_path / 'books'
+  folder.mkdir(parents=True, exist_ok=True)
+  for name in ('a', 'b', 'c'):
+    paragraphs = [f'Book {name} paragraph {i} ' + 'word ' * 60 for i in range(80)]
+    text = (
+        'Header\n*** START OF THE PROJECT GUTENBERG EBOOK X ***\n'
+        + '\n\n'.join(p.replace('word word ', 'word\nword ', 3) for p in paragraphs)
+        + '\n*** END OF THE PROJECT GUTENBERG EBOOK X ***\nLicence\n'
+    )
+    (folder / f'{name}.txt').write_bytes(text.replace('\n', '\r\n').encode())
+  (folder / 'notes.md').write_text('not a .txt file')
+  return folder

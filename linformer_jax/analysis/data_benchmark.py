@@ -2,23 +2,16 @@
 
 The library of `python -m linformer_jax.data_benchmark`. For each corpus size:
 
-  corpus    OUT/corpus_<size>MB/: ~1 MiB .txt files of English (the embedded
-            corpus's documents, whole, in a seeded order per file) and one
-            validation.txt; kept and reused once complete.
-  prepare   `python -m linformer_jax.prepare_data` on a fresh prepared_dir with
-            1 worker and with all cores (the tokenizer, trained once per size by
-            a `--tokenizer_only` run, is shared): MiB/s of input text over the
-            command's wall time, and the peak summed RSS of its process tree.
-  loader    `masked_lm.create_train_iterator` with masking on the prepared
-            shards, in this process: sequences/s and tokens/s after a warm-up.
-  train     `python -m linformer_jax.train` for 2 steps from nothing (tokenizer,
-            preparation, compilation, 2 steps, evaluation, checkpoint), then the
-            same workdir resumed to 4 steps: seconds from the resumed process's
-            start to its `step 3/4` progress line.
+  corpus    OUT/corpus_<size>MB/: ~1 MiB .txt files of the embedded corpus's
+            documents, whole, in a seeded order per file, and validation.txt.
+  prepare   `prepare_data` with 1 worker and with all cores (sharing one
+            tokenizer): input MiB/s and the peak summed RSS of its processes.
+  loader    `masked_lm.create_train_iterator` on the shards: sequences/s, tokens/s.
+  train     `train` for 2 steps from nothing, then resumed to 4 steps: seconds
+            from the resumed process's start to its `step 3/4` line.
 
-Results go to OUT/data_benchmark.json (merged with the sizes and stages of
-earlier runs with the same settings) and OUT/data_benchmark.md, a table with a
-column per size. Logs of every command are in OUT/work_<size>MB/logs.
+Results go to OUT/data_benchmark.json (merged with earlier runs of the same
+settings) and OUT/data_benchmark.md; logs to OUT/work_<size>MB/logs.
 """
 
 import copy
@@ -145,9 +138,6 @@ class Settings:
     return json.loads(json.dumps(described, sort_keys=True, default=flag_value))
 
 
-# ---------------------------------------------------------------- corpus and configs
-
-
 def generate_corpus(
     folder: pathlib.Path,
     size_mb: int,
@@ -231,9 +221,6 @@ def apply_overrides(
   config = copy.deepcopy(config)
   config.update_from_flattened_dict(dict(overrides))
   return config
-
-
-# ---------------------------------------------------------------- measuring
 
 
 def tree_rss(process: psutil.Process) -> int:
@@ -364,9 +351,6 @@ def loader_throughput(
       'batches': batches,
       'seconds': elapsed,
   }
-
-
-# ---------------------------------------------------------------- stages
 
 
 class SizeBenchmark:

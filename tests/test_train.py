@@ -100,6 +100,33 @@ def wait_for_step(workdir, step, process, timeout=180):
 
 
 @pytest.mark.slow
+def test_one_run_per_workdir_and_a_dead_runs_lock_never_blocks(tmp_path, run_command):
+  """A second run on a busy workdir exits 2 with one line naming it; once the
+  first is killed, a new run takes the workdir."""
+  workdir = str(tmp_path / 'run')
+  first = run_command(
+      'train',
+      *tiny_flags(workdir),
+      '--config.total_steps=100000',
+      '--config.log_every=1',
+      '--config.checkpoint_every=100000',
+      '--config.eval_every=100000',
+      wait=False,
+  )
+  wait_for_step(workdir, 2, first)
+  second = run_command('train', *tiny_flags(workdir))
+  errors = [line for line in second.stderr.splitlines() if line.startswith('error:')]
+  assert second.returncode == 2, second.stderr
+  assert len(errors) == 1 and f'{workdir} is in use by another run' in errors[0]
+  first.kill()
+  first.wait()
+  third = run_command(
+      'train', *tiny_flags(workdir), '--config.total_steps=2', '--config.warmup_steps=1'
+  )
+  assert third.returncode == 0, third.stderr
+
+
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_before_exiting(tmp_path, run_command):
   workdir = str(tmp_path)
   process = run_command(
@@ -249,6 +276,7 @@ def snapshot(directory):
         (['--config.model.projected_len=64'], 'config.model.projected_len'),
         (['--config.batch_size=0'], 'config.batch_size'),
         (['--config.data.vocab_size=300'], 'config.model.vocab_size=300'),
+        (['--config.learning_rate=nan'], 'config.learning_rate=nan'),
     ],
 )
 @pytest.mark.slow

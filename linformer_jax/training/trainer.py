@@ -16,11 +16,13 @@ every checkpoint holds finite parameters. SIGTERM saves a checkpoint before
 the program exits.
 """
 
+import contextlib
+import fcntl
 import json
 import os
 import signal
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from absl import logging
 import jax
@@ -222,10 +224,51 @@ class FiniteGuard:
     self._pending.clear()
 
 
+@contextlib.contextmanager
+def exclusive_workdir(workdir: str) -> Iterator[None]:
+  """Holds an exclusive lock on `workdir` (on process 0) while a run uses it.
+
+  The lock is `flock` on the folder itself: the kernel drops it when the
+  holder exits, however it dies, so a dead run never blocks the next one. A
+  folder this call created stays only if the run wrote something into it.
+
+  Raises:
+    ConfigError: another run holds the workdir, or it cannot be a folder.
+  """
+  if jax.process_index() != 0:
+    yield
+    return
+  created = not os.path.exists(workdir)
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    folder = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY)
+  except OSError as error:
+    raise ConfigError(
+        f'--workdir={workdir!r} cannot be a run folder ({error.strerror}); give the path '
+        'of a folder you can write to.'
+    ) from None
+  try:
+    try:
+      fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      raise ConfigError(
+          f'{workdir} is in use by another run; wait for it to finish or use another --workdir.'
+      ) from None
+    yield
+  except ConfigError:
+    if created and not os.listdir(workdir):
+      os.rmdir(workdir)
+    raise
+  finally:
+    os.close(folder)
+
+
 def train_and_evaluate(
     config: ml_collections.ConfigDict, workdir: str, *, stop_after: Optional[int] = None
 ) -> Optional[Dict[str, Any]]:
   """Trains to config.total_steps (resuming if possible) and evaluates.
+
+  One run at a time per workdir (`exclusive_workdir`).
 
   Args:
     config: the run's config.
@@ -238,10 +281,18 @@ def train_and_evaluate(
     stopped early by stop_after.
 
   Raises:
-    ConfigError: bad config, data or workdir; nothing in the workdir is changed.
+    ConfigError: bad config, data or workdir, or the workdir is in use by
+      another run; nothing in the workdir is changed.
     NonFiniteLossError: the loss or the parameters became NaN/inf; the last
       good checkpoint stays.
   """
+  with exclusive_workdir(workdir):
+    return _train_and_evaluate(config, workdir, stop_after)
+
+
+def _train_and_evaluate(
+    config: ml_collections.ConfigDict, workdir: str, stop_after: Optional[int]
+) -> Optional[Dict[str, Any]]:
   start_time = time.time()
   run = Run(config, workdir)
   task = run.task

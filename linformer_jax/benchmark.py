@@ -10,7 +10,7 @@ with a one-line error and exit code 2.
 """
 
 import sys
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 from absl import flags
 
@@ -55,21 +55,12 @@ _MEMORY_LIMIT_GB = flags.DEFINE_float(
 )
 
 
-def _int_list(name: str, values: List[str]) -> List[int]:
-  try:
-    return [int(value) for value in values]
-  except ValueError:
-    raise ConfigError(
-        f'--{name}={",".join(values)} is not allowed: give comma-separated integers.'
-    ) from None
-
-
 def settings_from_flags() -> BenchmarkSettings:
   """Builds the validated settings from the command-line flags."""
   limit_gb = _MEMORY_LIMIT_GB.value
   return BenchmarkSettings(
-      seq_lens=_int_list('seq_lens', _SEQ_LENS.value),
-      projected_lens=_int_list('projected_lens', _PROJECTED_LENS.value),
+      seq_lens=cli.int_list('seq_lens', _SEQ_LENS.value),
+      projected_lens=cli.int_list('projected_lens', _PROJECTED_LENS.value),
       num_layers=_NUM_LAYERS.value,
       hidden_dim=_HIDDEN_DIM.value,
       num_heads=_NUM_HEADS.value,
@@ -90,7 +81,7 @@ def _print_progress(row: Dict[str, Any]) -> None:
 def main(argv):
   del argv
   settings = settings_from_flags()
-  matmul_sizes = _int_list('matmul_sizes', _MATMUL_SIZES.value)
+  matmul_sizes = cli.int_list('matmul_sizes', _MATMUL_SIZES.value)
   if not matmul_sizes or min(matmul_sizes) < 1:
     raise ConfigError(
         f'--matmul_sizes={",".join(_MATMUL_SIZES.value)} is not '

@@ -78,6 +78,16 @@ def fail(message: str) -> None:
   sys.exit(USAGE_ERROR_EXIT_CODE)
 
 
+def int_list(flag: str, values: List[str]) -> List[int]:
+  """The values of a comma-separated list flag as ints; ConfigError naming the flag."""
+  try:
+    return [int(value) for value in values]
+  except ValueError:
+    raise ConfigError(
+        f'--{flag}={",".join(values)} is not allowed: give comma-separated integers.'
+    ) from None
+
+
 def _parse_flags(argv: List[str]) -> List[str]:
   try:
     return flags.FLAGS(argv)

@@ -15,14 +15,12 @@ end with a one-line error and exit code 2.
 """
 
 import sys
-from typing import List
 
 from absl import flags
 from ml_collections import config_flags
 
 from linformer_jax import cli
 from linformer_jax.analysis import data_benchmark
-from linformer_jax.errors import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', 'configs/default.py', 'Config the commands run with.', lock_config=True
@@ -44,21 +42,12 @@ _LOADER_WARMUP_BATCHES = flags.DEFINE_integer(
 )
 
 
-def _sizes(values: List[str]) -> List[int]:
-  try:
-    return [int(value) for value in values]
-  except ValueError:
-    raise ConfigError(
-        f'--sizes_mb={",".join(values)} is not allowed: give comma-separated integers (MiB).'
-    ) from None
-
-
 def main(argv):
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}')
   settings = data_benchmark.Settings(
       out=_OUT.value,
-      sizes_mb=_sizes(_SIZES_MB.value),
+      sizes_mb=cli.int_list('sizes_mb', _SIZES_MB.value),
       config_path=config_flags.get_config_filename(flags.FLAGS['config']),
       config=_CONFIG.value,
       config_overrides=config_flags.get_override_values(flags.FLAGS['config']),

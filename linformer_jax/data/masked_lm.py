@@ -51,34 +51,22 @@ def pack_documents(
   """Packs tokenized documents into an int32 array [num_sequences, seq_len].
 
   Concatenating the rows without their first token, their last eos and any
-  padding gives back the documents joined by eos, token for token.
+  padding gives back the documents joined by eos, token for token. It is the
+  packing preparation streams (`prepare.Packer`), over a list in memory.
   """
   if seq_len < 3:
     raise ConfigError(
         f'config.model.max_len={seq_len} is too short: a sequence '
         'needs bos, eos and at least one token (use >= 3).'
     )
-  pieces = []
-  for index, tokens in enumerate(token_lists):
-    if index:
-      pieces.append(np.array([eos_id], np.int32))
-    pieces.append(np.asarray(tokens, np.int32))
-  stream = np.concatenate(pieces) if pieces else np.zeros([0], np.int32)
-  if not stream.size:
+  packer = prepare.Packer(seq_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+  rows = [packer.add(np.asarray(tokens, np.int32)) for tokens in token_lists]
+  rows.append(packer.finish())
+  sequences = np.concatenate(rows)
+  if not len(sequences):
     raise ConfigError(
         'The documents hold no tokens; check config.data.source and its path or dataset.'
     )
-  chunk = seq_len - 2
-  num_sequences = math.ceil(stream.size / chunk)
-  sequences = np.full([num_sequences, seq_len], pad_id, np.int32)
-  sequences[:, 0] = bos_id
-  full_rows = stream.size // chunk
-  sequences[:full_rows, 1:-1] = stream[: full_rows * chunk].reshape(full_rows, chunk)
-  sequences[:full_rows, -1] = eos_id
-  rest = stream[full_rows * chunk :]
-  if rest.size:
-    sequences[-1, 1 : 1 + rest.size] = rest
-    sequences[-1, 1 + rest.size] = eos_id
   return sequences
 
 

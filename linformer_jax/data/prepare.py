@@ -100,19 +100,23 @@ def _ordered_map(
 # ---------------------------------------------------------------- packing
 
 
-class _Packer:
-  """Packs a token stream into rows as `masked_lm.pack_documents` does."""
+class Packer:
+  """RoBERTa's FULL-SENTENCES packing, streamed: documents joined by eos, cut
+  into rows of bos + seq_len - 2 tokens + eos; the last row padded."""
 
   def __init__(
       self,
       seq_len: int,
-      tokenizer: tokenizer_lib.Tokenizer,
+      *,
+      bos_id: int,
+      eos_id: int,
+      pad_id: int,
       carry: Sequence[int] = (),
       started: bool = False,
   ):
     self.chunk = seq_len - 2
     self.seq_len = seq_len
-    self.bos, self.eos, self.pad = tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id
+    self.bos, self.eos, self.pad = bos_id, eos_id, pad_id
     self.carry = np.asarray(carry, np.int32)
     self.started = started
 
@@ -195,7 +199,14 @@ def prepare_part(
     for record in shards.read_records(folder / shard['name']):
       content.update(record)
   counts = np.asarray(manifest['unigram_counts'], np.int64)
-  packer = _Packer(seq_len, tokenizer, manifest['carry'], manifest['started'])
+  packer = Packer(
+      seq_len,
+      bos_id=tokenizer.bos_id,
+      eos_id=tokenizer.eos_id,
+      pad_id=tokenizer.pad_id,
+      carry=manifest['carry'],
+      started=manifest['started'],
+  )
   writer: Optional[shards.ShardWriter] = None
 
   def write(rows: np.ndarray) -> None:

@@ -6,9 +6,14 @@ one-line message saying what to change and exit code 2, before anything in the
 workdir is written.
 """
 
+import contextlib
+import errno
+import importlib.machinery
+import importlib.util
 import os
 import sys
-from typing import Callable, List
+import traceback
+from typing import Callable, Iterator, List
 
 # TensorFlow (imported by the TensorBoard writer) prints C++ start-up notices;
 # it only writes summaries here, so its oneDNN kernels are not needed either.
@@ -18,12 +23,87 @@ os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
 from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
-from ml_collections import config_flags
+import ml_collections  # pylint: disable=g-import-not-at-top,wrong-import-position
+from ml_collections import config_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from linformer_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top,wrong-import-position
+from linformer_jax.errors import free_space_of  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.training import multihost  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 USAGE_ERROR_EXIT_CODE = 2
+
+
+class ConfigFileError(Exception):
+  """A --config file that cannot be loaded.
+
+  Not a ValueError: absl would rewrite that into a message about the flag value.
+  """
+
+
+@contextlib.contextmanager
+def _running_config_code(flag: str, path: str) -> Iterator[None]:
+  """Turns any exception of the config file's own code into a `ConfigFileError`
+  naming the flag, the exception and its line in the file at `path`."""
+  try:
+    yield
+  except Exception as error:  # pylint: disable=broad-exception-caught
+    if isinstance(error, SyntaxError):
+      line = error.lineno
+      message = error.msg
+    else:
+      lines = [
+          frame.lineno
+          for frame in traceback.extract_tb(error.__traceback__)
+          if os.path.abspath(frame.filename) == os.path.abspath(path)
+      ]
+      line = lines[-1] if lines else None
+      message = str(error)
+    where = f' (line {line})' if line else ''
+    raise ConfigFileError(
+        f'{flag} cannot be loaded: {type(error).__name__}: {message}{where}'
+    ) from None
+
+
+class ConfigFileParser(flags.ArgumentParser):
+  """Loads --config=FILE[:ARGUMENT] as ml_collections does, but strictly.
+
+  ml_collections puts off a missing file's error until the config is first
+  read (after the workdir is made) and wraps the others in a traceback; here a
+  file that cannot be loaded, or whose get_config() does not return a
+  ConfigDict, is a `ConfigFileError` while the flags are parsed.
+  """
+
+  def __init__(self, name: str):
+    self.name = name
+
+  def flag_type(self) -> str:
+    return 'config object'
+
+  def parse(self, argument: str) -> ml_collections.ConfigDict:
+    path, *config_argument = argument.split(':', 1)
+    flag = f'--{self.name}={argument}'
+    if not os.path.isfile(path):
+      problem = 'not a file' if os.path.exists(path) else 'no such file'
+      raise ConfigFileError(f'{flag}: {problem}; pass a config file such as configs/default.py.')
+    module_name = f'{self.name}_config'
+    loader = importlib.machinery.SourceFileLoader(module_name, path)
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(module_name, loader))
+    sys.modules[module_name] = module
+    with _running_config_code(flag, path):
+      loader.exec_module(module)
+    get_config = getattr(module, 'get_config', None)
+    if not callable(get_config):
+      raise ConfigFileError(f'{flag}: the file defines no get_config() function.')
+    with _running_config_code(flag, path):
+      config = get_config(*config_argument)
+    if not isinstance(config, ml_collections.ConfigDict):
+      returned = 'None' if config is None else type(config).__name__
+      raise ConfigFileError(
+          f'{flag}: get_config() returned {returned}, not an ml_collections.ConfigDict; '
+          'make it return the config it builds.'
+      )
+    config.lock()
+    return config
 
 
 def define_config_flags() -> None:
@@ -35,6 +115,7 @@ def define_config_flags() -> None:
       'overridden as --config.model.projected_len=64.',
       lock_config=True,
   )
+  flags.FLAGS['config'].parser = ConfigFileParser('config')
   flags.DEFINE_string(
       'workdir', None, 'Directory of the run: checkpoints, metrics, TensorBoard events, results.'
   )
@@ -91,6 +172,8 @@ def int_list(flag: str, values: List[str]) -> List[int]:
 def _parse_flags(argv: List[str]) -> List[str]:
   try:
     return flags.FLAGS(argv)
+  except ConfigFileError as error:
+    fail(error)
   except (flags.Error, KeyError, TypeError, ValueError, AttributeError) as error:
     fail(f'{error} (see --helpfull)')
 
@@ -107,5 +190,14 @@ def run(main: Callable[[List[str]], None]) -> None:
       main(argv)
     except ConfigError as error:
       fail(error)
+    except OSError as error:
+      if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+        raise
+      where = error.filename or (flags.FLAGS['workdir'].value if 'workdir' in flags.FLAGS else '')
+      where = where or os.getcwd()
+      fail(
+          f'Cannot write {where}: the disk is full ({free_space_of(where)}). Free space or '
+          'move the workdir to a larger disk, then run the same command to resume.'
+      )
 
   app.run(guarded_main, flags_parser=_parse_flags)

@@ -14,35 +14,18 @@ import time
 import jax
 import numpy as np
 import pytest
+from run_helpers import final_params
+from run_helpers import latest_checkpoint
+from run_helpers import losses_by_step
+from run_helpers import tiny_config
+from run_helpers import tiny_flags
+from run_helpers import wait_for_step
 
-from configs import tiny
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import run_config
 from linformer_jax.training import trainer
 from linformer_jax.training.checkpoints import CheckpointStore
 from linformer_jax.training.metric_writers import read_metrics
-
-
-def tiny_config(**overrides):
-  config = tiny.get_config()
-  for key, value in overrides.items():
-    target = config
-    *parents, field = key.split('.')
-    for parent in parents:
-      target = target[parent]
-    target[field] = value
-  return config
-
-
-def final_params(workdir, config):
-  run = trainer.Run(config, workdir)
-  params = jax.tree_util.tree_map(np.asarray, run.state.params)
-  run.store.close()
-  return int(run.state.step), params
-
-
-def losses_by_step(workdir):
-  return {m['step']: m['train_loss'] for m in read_metrics(workdir) if 'train_loss' in m}
 
 
 @pytest.fixture(scope='module')
@@ -81,22 +64,6 @@ def test_resume_is_exact(tmp_path):
   step_b, params_b = final_params(resumed, config)
   assert step_a == step_b == 12
   jax.tree_util.tree_map(np.testing.assert_array_equal, params_a, params_b)
-
-
-def tiny_flags(workdir):
-  """The command-line flags of a run of configs/tiny.py in `workdir`."""
-  return ['--config', 'configs/tiny.py', '--workdir', str(workdir)]
-
-
-def wait_for_step(workdir, step, process, timeout=180):
-  deadline = time.time() + timeout
-  while time.time() < deadline:
-    assert process.poll() is None, process.stdout.read()
-    if os.path.exists(os.path.join(workdir, 'metrics.jsonl')):
-      if any(m['step'] >= step for m in read_metrics(workdir)):
-        return
-    time.sleep(0.2)
-  raise AssertionError(f'the run never reached step {step}')
 
 
 @pytest.mark.slow
@@ -144,14 +111,6 @@ def test_sigterm_saves_a_checkpoint_before_exiting(tmp_path, run_command):
   saved = CheckpointStore(trainer.checkpoint_directory(workdir)).latest_step()
   assert saved is not None and saved >= 3
   assert saved == max(m['step'] for m in read_metrics(workdir))
-
-
-def latest_checkpoint(workdir):
-  store = CheckpointStore(trainer.checkpoint_directory(workdir))
-  try:
-    return store.latest_step()
-  finally:
-    store.close()
 
 
 @pytest.mark.slow

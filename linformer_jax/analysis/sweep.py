@@ -109,10 +109,18 @@ def load_sweep(path: str) -> Sweep:
   module_name = '_sweep_file_' + re.sub(r'\W', '_', os.path.splitext(os.path.basename(path))[0])
   spec = importlib.util.spec_from_file_location(module_name, path)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  if not callable(getattr(module, 'get_sweep', None)):
+  try:
+    spec.loader.exec_module(module)
+    get_sweep = getattr(module, 'get_sweep', None)
+    candidate = get_sweep() if callable(get_sweep) else None
+  except ConfigError:
+    raise
+  except Exception as error:  # pylint: disable=broad-exception-caught
+    # The sweep file is user code: any exception means it cannot be loaded.
+    raise ConfigError(f'--sweep={path} cannot be loaded: {type(error).__name__}: {error}') from None
+  if not callable(get_sweep):
     raise ConfigError(f'{path} defines no get_sweep() function.')
-  return _checked_sweep(module.get_sweep(), path)
+  return _checked_sweep(candidate, path)
 
 
 def _field(
@@ -199,12 +207,18 @@ def parse_sets(base: ml_collections.ConfigDict, sets: Sequence[str]) -> Dict[str
     parent, name = _field(base, key, f'--set={item}')
     field_type = parent.get_type(name)
     try:
-      parsed[key] = _parse_value(text, field_type)
+      value = _parse_value(text, field_type)
     except (ValueError, SyntaxError, TypeError):
       raise ConfigError(
           f'--set={item}: {text!r} is not a valid {field_type.__name__} for '
           f'config.{key} (now {parent[name]!r}).'
       ) from None
+    if field_type is float and not math.isfinite(value):
+      raise ConfigError(
+          f'--set={item}: config.{key} needs a finite number, not {text!r} '
+          f'(now {parent[name]!r}).'
+      )
+    parsed[key] = value
   return parsed
 
 

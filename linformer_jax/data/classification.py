@@ -28,13 +28,13 @@ Every batch is a dict of numpy arrays:
   weights       float32 [batch], 1.0 for examples, 0.0 for filler rows
 """
 
+import contextlib
 import csv
 import hashlib
 import math
 import pathlib
-import shutil
 import sys
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import ContextManager, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import grain
 import numpy as np
@@ -69,9 +69,28 @@ def read_tsv(
   """Examples of a TSV file with a header row naming its columns.
 
   Fields are taken literally (no quoting: GLUE's files contain bare quotes).
-  A missing column or a label outside `labels` is an error naming the file
-  and, for a label, the line.
+  A missing column, a label outside `labels` or text that is not UTF-8 is an
+  error naming the file and, for a label or a byte, the line.
   """
+  try:
+    return _read_tsv(path, text_columns, label_column, labels)
+  except UnicodeDecodeError:
+    # The reader decodes blocks ahead of its rows: the line comes from the bytes.
+    data = pathlib.Path(path).read_bytes()
+    try:
+      data.decode('utf-8')
+    except UnicodeDecodeError as error:
+      line_number = data.count(b'\n', 0, error.start) + 1
+      raise ConfigError(
+          f'{path}:{line_number}: byte 0x{data[error.start]:02x} is not UTF-8 text '
+          f'({error.reason}); save the file as UTF-8.'
+      ) from None
+    raise
+
+
+def _read_tsv(
+    path: pathlib.Path, text_columns: Sequence[str], label_column: str, labels: Sequence[str]
+) -> Examples:
   label_of = _label_index(labels)
   texts, label_ids = [], []
   csv.field_size_limit(sys.maxsize)
@@ -325,6 +344,11 @@ class ClassificationDatasets(NamedTuple):
   eval_sequences: int
   train_label_counts: np.ndarray  # [num_classes] training examples per class
 
+  @property
+  def tokenizer_sha256(self) -> Optional[str]:
+    """sha256 of WORKDIR/tokenizer.model, None without one: checkpoints keep it."""
+    return self.tokenizer.sha256 if self.tokenizer else None
+
 
 def _listops_splits(config, seq_len: int) -> Dict[str, EncodedSplit]:
   settings = listops.ListOpsSettings(**dict(config.data.listops))
@@ -346,23 +370,26 @@ def _listops_splits(config, seq_len: int) -> Dict[str, EncodedSplit]:
   return splits
 
 
-def _tokenizer(config, workdir: str, train_examples: Examples) -> tokenizer_lib.Tokenizer:
-  """The pretrained run's SentencePiece model when fine-tuning, else the config's."""
+def _tokenizer(
+    config, workdir: str, train_examples: Examples
+) -> ContextManager[tokenizer_lib.Tokenizer]:
+  """The pretrained run's SentencePiece model when fine-tuning, else the
+  config's; a new one is kept in the workdir only if the `with` block succeeds."""
   data = config.data
+  pretrained = None
   if data.tokenizer == 'sentencepiece' and config.init_from:
-    source = pathlib.Path(config.init_from) / tokenizer_lib.MODEL_FILENAME
+    pretrained = pathlib.Path(config.init_from) / tokenizer_lib.MODEL_FILENAME
     target = pathlib.Path(workdir) / tokenizer_lib.MODEL_FILENAME
-    if not target.exists():
-      if not source.exists():
-        raise ConfigError(
-            f'config.init_from={config.init_from!r} has no '
-            f'{tokenizer_lib.MODEL_FILENAME}; point it at a pretraining '
-            'run, or set config.data.tokenizer=byte.'
-        )
-      target.parent.mkdir(parents=True, exist_ok=True)
-      shutil.copyfile(source, target)
-  return tokenizer_lib.build_tokenizer(
-      data, workdir, lambda: [' '.join(t) for t in train_examples.texts]
+    if not target.exists() and not pretrained.exists():
+      raise ConfigError(
+          f'config.init_from={config.init_from!r} has no {tokenizer_lib.MODEL_FILENAME}; point '
+          'it at a pretraining run, or set config.data.tokenizer=byte.'
+      )
+  return tokenizer_lib.workdir_tokenizer(
+      data,
+      workdir,
+      lambda: [' '.join(t) for t in train_examples.texts],
+      pretrained_model=str(pretrained) if pretrained else None,
   )
 
 
@@ -403,13 +430,15 @@ def build_datasets(
 ) -> ClassificationDatasets:
   """Tokenizer, training iterator and evaluation batches of a classification run.
 
-  Without `train` (evaluation only), `train_iterator` is None.
+  Both splits are read and checked before a tokenizer is trained, and a new
+  tokenizer is kept in `workdir` only once all of this succeeded. Without
+  `train` (evaluation only), `train_iterator` is None.
   """
   _check_fields(config)
   data = config.data
   seq_len = config.model.max_len
   batch_size, eval_batch_size = loaders.per_process_batch_sizes(config, process_count)
-  tokenizer = None
+  tokenizer_context = contextlib.nullcontext(None)
   if data.source == 'listops':
     splits = _listops_splits(config, seq_len)
     for split in (data.train_split, data.eval_split):
@@ -428,40 +457,43 @@ def build_datasets(
       train_examples = Examples(
           [train_examples.texts[i] for i in keep], train_examples.labels[keep]
       )
-    tokenizer = _tokenizer(config, workdir, train_examples)
-    vocab_size = tokenizer.vocab_size
-    train_split = encode_examples(train_examples, tokenizer, seq_len, data.truncation)
-    evaluation = encode_examples(
-        load_examples(data, data.eval_split), tokenizer, seq_len, data.truncation
-    )
+    eval_examples = load_examples(data, data.eval_split)
+    tokenizer_context = _tokenizer(config, workdir, train_examples)
+    vocab_size = tokenizer_lib.vocab_size_of(data)
   if config.model.vocab_size != vocab_size:
     raise ConfigError(
         f'config.model.vocab_size={config.model.vocab_size} does not match the '
         f'{vocab_size} tokens of the data; set config.data.vocab_size={vocab_size} '
         '(config.model.vocab_size follows it).'
     )
-  train_iterator = None
-  if train:
-    train_iterator = create_train_iterator(
-        train_split,
-        batch_size=batch_size,
-        seed=config.seed,
+  with tokenizer_context as tokenizer:
+    if tokenizer is not None:
+      train_split, evaluation = (
+          encode_examples(examples, tokenizer, seq_len, data.truncation)
+          for examples in (train_examples, eval_examples)
+      )
+    train_iterator = None
+    if train:
+      train_iterator = create_train_iterator(
+          train_split,
+          batch_size=batch_size,
+          seed=config.seed,
+          process_index=process_index,
+          process_count=process_count,
+          worker_count=data.worker_count,
+      )
+    eval_batches = create_eval_batches(
+        evaluation,
+        batch_size=eval_batch_size,
+        max_batches=data.max_eval_batches or None,
         process_index=process_index,
         process_count=process_count,
-        worker_count=data.worker_count,
     )
-  eval_batches = create_eval_batches(
-      evaluation,
-      batch_size=eval_batch_size,
-      max_batches=data.max_eval_batches or None,
-      process_index=process_index,
-      process_count=process_count,
-  )
-  return ClassificationDatasets(
-      tokenizer=tokenizer,
-      train_iterator=train_iterator,
-      eval_batches=eval_batches,
-      train_sequences=len(train_split.labels),
-      eval_sequences=len(evaluation.labels),
-      train_label_counts=np.bincount(train_split.labels, minlength=num_classes(config)),
-  )
+    return ClassificationDatasets(
+        tokenizer=tokenizer,
+        train_iterator=train_iterator,
+        eval_batches=eval_batches,
+        train_sequences=len(train_split.labels),
+        eval_sequences=len(evaluation.labels),
+        train_label_counts=np.bincount(train_split.labels, minlength=num_classes(config)),
+    )

@@ -19,10 +19,11 @@ Every batch is a dict of numpy arrays of shape [batch, seq_len]:
   padding_mask  bool, True for real tokens (bos and eos included)
 """
 
+import contextlib
 import hashlib
 import math
 import sys
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence
 
 import grain
 import numpy as np
@@ -144,12 +145,7 @@ class DynamicMasking(grain.transforms.RandomMap):
   """`mask_tokens` as a grain transform; holds only ids, so it pickles cheaply."""
 
   def __init__(self, tokenizer: tokenizer_lib.Tokenizer, mask_rate: float):
-    if not 0.0 < mask_rate < 1.0:
-      raise ConfigError(
-          f'config.data.mask_rate={mask_rate!r} is not allowed; use a '
-          'fraction in (0, 1), e.g. 0.15.'
-      )
-    self._mask_rate = float(mask_rate)
+    self._mask_rate = _check_mask_rate(mask_rate)
     self._mask_id = tokenizer.mask_id
     self._pad_id = tokenizer.pad_id
     # A lookup table, not np.isin: this runs for every sequence read.
@@ -167,6 +163,14 @@ class DynamicMasking(grain.transforms.RandomMap):
         is_special=self._is_special,
         replacement_ids=self._replacement_ids,
     )
+
+
+def _check_mask_rate(mask_rate: Any) -> float:
+  if not 0.0 < mask_rate < 1.0:
+    raise ConfigError(
+        f'config.data.mask_rate={mask_rate!r} is not allowed; use a fraction in (0, 1), e.g. 0.15.'
+    )
+  return float(mask_rate)
 
 
 def as_source(sequences) -> grain.sources.RandomAccessDataSource:
@@ -309,10 +313,17 @@ class Datasets(NamedTuple):
   eval_sequences: int
   train_token_counts: np.ndarray  # [vocab_size] occurrences of each id in the train split
 
+  @property
+  def tokenizer_sha256(self) -> Optional[str]:
+    """sha256 of WORKDIR/tokenizer.model, None for bytes: checkpoints keep it."""
+    return self.tokenizer.sha256
 
-def _checked_tokenizer(config, workdir: str) -> tokenizer_lib.Tokenizer:
-  """Checks the data fields and returns the run's tokenizer (trained on a
-  bounded sample of the training split the first time)."""
+
+@contextlib.contextmanager
+def _run_tokenizer(config, workdir: str) -> Iterator[tokenizer_lib.Tokenizer]:
+  """Checks the data fields and that the eval split exists, then yields the
+  run's tokenizer (trained on a bounded sample of the training split the first
+  time, and kept in the workdir only if the block succeeds)."""
   data = config.data
   for field in ('train_split', 'eval_split'):
     if not isinstance(data[field], str) or not data[field]:
@@ -329,17 +340,26 @@ def _checked_tokenizer(config, workdir: str) -> tokenizer_lib.Tokenizer:
       data.get('tokenizer_sample_chars', prepare.TOKENIZER_SAMPLE_CHARS),
       1,
   )
-  tokenizer = tokenizer_lib.build_tokenizer(
-      data, workdir, lambda: units.sample_documents(data, data.train_split, sample)
-  )
+  _check_mask_rate(data.mask_rate)
+  tokens = tokenizer_lib.vocab_size_of(data)  # known before a tokenizer is trained
   model_vocab = config.model.get('vocab_size')
-  if model_vocab is not None and model_vocab != tokenizer.vocab_size:
+  if model_vocab is not None and model_vocab != tokens:
     raise ConfigError(
         f"config.model.vocab_size={model_vocab} does not match the tokenizer's "
-        f'{tokenizer.vocab_size} tokens; set config.data.vocab_size='
-        f'{tokenizer.vocab_size} (config.model.vocab_size follows it).'
+        f'{tokens} tokens; set config.data.vocab_size={tokens} '
+        '(config.model.vocab_size follows it).'
     )
-  return tokenizer
+  # Fails on a missing eval split now, not after the tokenizer and the
+  # training split are done (the training split is read to train first).
+  if next(units.split_units(data, data.eval_split), None) is None:
+    raise ConfigError(
+        f'Split {data.eval_split!r} holds no documents; check config.data.eval_split '
+        'and config.data.source.'
+    )
+  with tokenizer_lib.workdir_tokenizer(
+      data, workdir, lambda: units.sample_documents(data, data.train_split, sample)
+  ) as tokenizer:
+    yield tokenizer
 
 
 def prepare_splits(
@@ -348,15 +368,25 @@ def prepare_splits(
   """Prepares part `part_index` of `part_count` of the train and eval splits.
 
   Returns a summary: per split its folder, this part's sequences, tokens and
-  shards, and whether every part is there yet.
+  shards, and whether every part is there yet. A tokenizer trained here is
+  kept in `workdir` once the splits are prepared (at once with
+  `tokenizer_only`).
   """
   part_count = _check_int('--part_count', part_count, 1)
   part_index = _check_int('--part_index', part_index, 0, part_count - 1)
   seq_len = _check_int('config.model.max_len', config.model.max_len, 3)
-  tokenizer = _checked_tokenizer(config, workdir)
-  summary: Dict[str, Any] = {'tokenizer': tokenizer.fingerprint}
-  if tokenizer_only:
+  with _run_tokenizer(config, workdir) as tokenizer:
+    summary: Dict[str, Any] = {'tokenizer': tokenizer.fingerprint}
+    if not tokenizer_only:
+      summary.update(_prepare_parts(config, tokenizer, seq_len, part_index, part_count))
     return summary
+
+
+def _prepare_parts(
+    config, tokenizer: tokenizer_lib.Tokenizer, seq_len: int, part_index: int, part_count: int
+) -> Dict[str, Any]:
+  """`prepare_splits`'s summary of each split."""
+  summary = {}
   for split in dict.fromkeys((config.data.train_split, config.data.eval_split)):
     signature = prepare.split_signature(config.data, split, tokenizer, seq_len)
     folder = prepare.split_folder(config.data, split, signature)
@@ -397,13 +427,27 @@ def build_datasets(
   `workdir`; the splits are prepared as ArrayRecord shards (`prepare`) under
   config.data.prepared_dir or the cache the first time, and read from them with
   random access. Without `train` (evaluation only), `train_iterator` is None.
+  A tokenizer trained here is kept in `workdir` only once all of this
+  succeeded, so a run refused for its data leaves none behind.
   """
-  data = config.data
   seq_len = _check_int('config.model.max_len', config.model.max_len, 3)
   _check_int('config.batch_size', config.batch_size, 1)
   _check_int('config.eval_batch_size', config.eval_batch_size, 1)
+  with _run_tokenizer(config, workdir) as tokenizer:
+    return _datasets(config, tokenizer, seq_len, process_index, process_count, train)
+
+
+def _datasets(
+    config,
+    tokenizer: tokenizer_lib.Tokenizer,
+    seq_len: int,
+    process_index: int,
+    process_count: int,
+    train: bool,
+) -> Datasets:
+  """`build_datasets` once the tokenizer is known."""
+  data = config.data
   batch_size, eval_batch_size = loaders.per_process_batch_sizes(config, process_count)
-  tokenizer = _checked_tokenizer(config, workdir)
   # Process 0 prepares what is missing (the others wait for it); everyone
   # then reads only the shards' footers and manifests, whatever their size.
   train_prepared, eval_prepared = (

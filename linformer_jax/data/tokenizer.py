@@ -8,10 +8,12 @@ replacements.
 """
 
 import abc
+import contextlib
 import hashlib
 import io
 import os
 import pathlib
+import shutil
 from typing import Any, Callable, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -38,6 +40,8 @@ class Tokenizer(abc.ABC):
   bos_id: int
   eos_id: int
   mask_id: int
+  # sha256 (hex) of the model file's bytes; None for a tokenizer without one.
+  sha256: Optional[str] = None
 
   @abc.abstractmethod
   def encode(self, text: str) -> List[int]:
@@ -89,7 +93,7 @@ class SentencePieceTokenizer(Tokenizer):
     self._threads = threads or os.cpu_count() or 1
     model_bytes = pathlib.Path(model_path).read_bytes()
     self._processor = spm.SentencePieceProcessor(model_proto=model_bytes)
-    self._digest = _short_digest(model_bytes)
+    self.sha256 = hashlib.sha256(model_bytes).hexdigest()
     self.vocab_size = self._processor.get_piece_size()
     self.pad_id = self._processor.pad_id()
     self.unk_id = self._processor.unk_id()
@@ -117,7 +121,7 @@ class SentencePieceTokenizer(Tokenizer):
     return self._processor.decode([int(i) for i in ids])
 
   def __repr__(self) -> str:
-    return f'SentencePieceTokenizer(vocab_size={self.vocab_size}, sha={self._digest})'
+    return f'SentencePieceTokenizer(vocab_size={self.vocab_size}, sha={self.sha256[:16]})'
 
   @classmethod
   def train(
@@ -172,27 +176,59 @@ def training_sentences(documents: Iterable[str]) -> Iterator[str]:
         yield line
 
 
-def _short_digest(data: bytes) -> str:
-  return hashlib.sha256(data).hexdigest()[:16]
+def vocab_size_of(data_config: Mapping[str, Any]) -> int:
+  """The vocabulary size of the tokenizer `workdir_tokenizer` gives, known
+  before it is trained: a SentencePiece model has exactly
+  config.data.vocab_size pieces (loading or training one checks it)."""
+  if data_config['tokenizer'] == 'byte':
+    return ByteTokenizer.vocab_size
+  return data_config['vocab_size']
 
 
-def build_tokenizer(
-    data_config: Mapping[str, Any], workdir: str, train_documents_fn: Callable[[], Iterable[str]]
-) -> Tokenizer:
-  """The tokenizer `config.data.tokenizer` names.
+def _load_checked(model_path: pathlib.Path, vocab_size: int, advice: str) -> SentencePieceTokenizer:
+  tokenizer = SentencePieceTokenizer(str(model_path))
+  if tokenizer.vocab_size != vocab_size:
+    raise ConfigError(
+        f'config.data.vocab_size={vocab_size} differs from the vocabulary of '
+        f'{model_path} ({tokenizer.vocab_size}); set config.data.vocab_size='
+        f'{tokenizer.vocab_size} or {advice}.'
+    )
+  return tokenizer
 
-  A SentencePiece model is trained on `train_documents_fn()` the first time and
-  saved as WORKDIR/tokenizer.model; later calls (a resumed run) load it, so
-  token ids never change within a run.
+
+@contextlib.contextmanager
+def workdir_tokenizer(
+    data_config: Mapping[str, Any],
+    workdir: str,
+    train_documents_fn: Callable[[], Iterable[str]],
+    *,
+    pretrained_model: Optional[str] = None,
+) -> Iterator[Tokenizer]:
+  """The tokenizer `config.data.tokenizer` names, for the body of a `with`.
+
+  WORKDIR/tokenizer.model is loaded when it exists, so token ids never change
+  within a run. Otherwise a new SentencePiece model (a copy of
+  `pretrained_model`, or one trained on `train_documents_fn()`) is staged under
+  a temporary name next to it and renamed to tokenizer.model only when the
+  block ends without an error: a run that fails on its data leaves no
+  tokenizer that a later run, maybe on other data, would reuse. (Training is
+  seeded, so a run killed before the rename trains the same model again.)
 
   Args:
     data_config: `config.data`; reads `tokenizer` and `vocab_size`.
-    workdir: the run's directory.
+    workdir: the run's directory; created for the staged model if missing, and
+      removed again (when empty) if the block fails.
     train_documents_fn: returns the training documents; only called to train.
+    pretrained_model: a tokenizer.model to copy instead of training one.
+
+  Yields:
+    The tokenizer; a staged model's `model_path` moves to WORKDIR/tokenizer.model
+    on success.
   """
   kind = data_config['tokenizer']
   if kind == 'byte':
-    return ByteTokenizer()
+    yield ByteTokenizer()
+    return
   if kind != 'sentencepiece':
     raise ConfigError(f'config.data.tokenizer={kind!r} is not allowed; use one of {TOKENIZERS}.')
   vocab_size = data_config['vocab_size']
@@ -202,14 +238,41 @@ def build_tokenizer(
     )
   model_path = pathlib.Path(workdir) / MODEL_FILENAME
   if model_path.exists():
-    tokenizer = SentencePieceTokenizer(str(model_path))
-    if tokenizer.vocab_size != vocab_size:
-      raise ConfigError(
-          f'config.data.vocab_size={vocab_size} differs from the vocabulary of '
-          f'{model_path} ({tokenizer.vocab_size}); set config.data.vocab_size='
-          f'{tokenizer.vocab_size} or use a new workdir.'
+    yield _load_checked(model_path, vocab_size, 'use a new workdir')
+    return
+  created = not model_path.parent.exists()
+  staged = model_path.with_name(f'{MODEL_FILENAME}.staged{os.getpid()}')
+  try:
+    if pretrained_model:
+      tokenizer = _load_checked(
+          pathlib.Path(pretrained_model), vocab_size, 'fine-tune from a run of that vocabulary'
       )
+      staged.parent.mkdir(parents=True, exist_ok=True)
+      shutil.copyfile(pretrained_model, staged)
+      tokenizer.model_path = str(staged)
+    else:
+      tokenizer = SentencePieceTokenizer.train(
+          training_sentences(train_documents_fn()), vocab_size, str(staged)
+      )
+    yield tokenizer
+  except BaseException:
+    staged.unlink(missing_ok=True)
+    if created and model_path.parent.is_dir() and not any(model_path.parent.iterdir()):
+      model_path.parent.rmdir()
+    raise
+  os.replace(staged, model_path)
+  tokenizer.model_path = str(model_path)
+
+
+def build_tokenizer(
+    data_config: Mapping[str, Any], workdir: str, train_documents_fn: Callable[[], Iterable[str]]
+) -> Tokenizer:
+  """`workdir_tokenizer` with nothing to check before a new model is kept.
+
+  Args:
+    data_config: `config.data`; reads `tokenizer` and `vocab_size`.
+    workdir: the run's directory.
+    train_documents_fn: returns the training documents; only called to train.
+  """
+  with workdir_tokenizer(data_config, workdir, train_documents_fn) as tokenizer:
     return tokenizer
-  return SentencePieceTokenizer.train(
-      training_sentences(train_documents_fn()), vocab_size, str(model_path)
-  )

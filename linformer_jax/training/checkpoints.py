@@ -10,18 +10,29 @@ holds three items:
 * `config`: the run's config, stored as JSON so that a workdir can be checked
   against the requested model before anything else is built.
 
+Every step folder is sealed with a manifest of its files' sizes and sha256
+(`checkpoint_files`), written just before orbax renames it into place, and
+checked before the step is read: a damaged step is never restored. The run that
+owns the folder moves damaged steps aside and continues from the newest intact
+one; readers skip them.
+
 Every method must be called on all processes: orbax coordinates the hosts and
 writes shared files once.
 """
 
 import json
 import os
+import shutil
 from typing import Any, Dict, List, Optional, Tuple, Union
 
+from absl import logging
 import jax
 import orbax.checkpoint as ocp
 
 from linformer_jax.errors import ConfigError
+from linformer_jax.errors import StorageError
+from linformer_jax.errors import is_disk_full
+from linformer_jax.training import checkpoint_files
 
 PyTree = Any
 DataState = Union[bytes, Dict[str, Any]]
@@ -33,6 +44,7 @@ _CONFIG = 'config'
 # the iterator gave bytes (grain's JSON-encoded state) or a dict.
 _UTF8_BYTES = 'utf8_bytes'
 _DICT = 'dict'
+_ITEMS = [_STATE, _DATA_STATE, _CONFIG]
 
 _OTHER_WORKDIR_ADVICE = (
     'the workdir holds a run with a different model config; use another --workdir'
@@ -152,21 +164,6 @@ def _check_matches(
     )
 
 
-def _step_to_read(manager: ocp.CheckpointManager, step: Optional[int]) -> int:
-  """`step`, or the newest step when None; ConfigError if it is not there."""
-  steps = manager.all_steps()
-  if step is None:
-    if not steps:
-      raise ConfigError(f'{manager.directory} holds no checkpoint.')
-    return max(steps)
-  if step not in steps:
-    raise ConfigError(
-        f'{manager.directory} holds no checkpoint of step {step}; '
-        f'it holds steps {sorted(steps)}.'
-    )
-  return step
-
-
 def _state_metadata(manager: ocp.CheckpointManager, step: int) -> PyTree:
   return manager.item_metadata(step)[_STATE].tree
 
@@ -178,7 +175,9 @@ class CheckpointStore:
   workdir (to look for a checkpoint) leaves it untouched.
   """
 
-  def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True):
+  def __init__(
+      self, directory: str, *, keep: int = 3, async_save: bool = True, owner: bool = False
+  ):
     """Opens (without creating) the checkpoint directory of a run.
 
     Args:
@@ -186,19 +185,48 @@ class CheckpointStore:
       keep: how many of the newest checkpoints to keep (at least 1).
       async_save: write checkpoints in a background thread; `save` returns
         once the arrays are copied to host memory.
+      owner: this store belongs to the run that holds the workdir's lock: it
+        removes orbax's temporary folders of interrupted saves and moves step
+        folders newer than the newest intact checkpoint to
+        WORKDIR/damaged_checkpoints (warning about each), so the run resumes
+        from the newest intact one.
+
+    Raises:
+      ConfigError: (owner) step folders were found but none is intact; they
+        were moved aside.
     """
     if keep < 1:
       raise ValueError(f'keep={keep}: a checkpoint store must keep at least 1 checkpoint.')
     # Orbax writes through TensorStore, which needs an absolute path.
     self.directory = os.path.abspath(os.fspath(directory))
+    self._async_save = async_save
+    self._saving: Optional[int] = None
+    self._failed = False
+    self._inspector = checkpoint_files.StepInspector(self.directory, _ITEMS)
+    checkpoint_files.quiet_disk_full_logs()
+    if owner:
+      checkpoint_files.set_aside_damaged_steps(self._inspector)
     options = ocp.CheckpointManagerOptions(
         create=False,
         preservation_policy=ocp.checkpoint_managers.LatestN(n=keep),
-        enable_async_checkpointing=async_save,
+        # Saves are always asynchronous in orbax, so that every step is sealed
+        # by the callback; `async_save=False` waits for each save instead.
+        enable_async_checkpointing=True,
+        async_options=ocp.AsyncOptions(post_finalization_callback=self._seal),
+        cleanup_tmp_directories=owner,
     )
     self._manager = ocp.CheckpointManager(
         self.directory, options=options, handler_registry=_handler_registry()
     )
+
+  def _seal(self) -> None:
+    """Orbax's post-finalization callback (primary process, every item
+    written, before the rename): writes the step's integrity manifest."""
+    step = self._saving
+    folder = checkpoint_files.temporary_folder(self.directory, step)
+    if not os.path.isdir(folder):  # Storage where orbax writes in place.
+      folder = os.path.join(self.directory, str(step))
+    checkpoint_files.write_manifest(folder)
 
   def __enter__(self) -> 'CheckpointStore':
     return self
@@ -206,13 +234,20 @@ class CheckpointStore:
   def __exit__(self, *exc_info) -> None:
     self.close()
 
+  def _readable(self, step: int) -> bool:
+    return self._inspector.inspection(step).problem is None
+
   def latest_step(self) -> Optional[int]:
-    """The newest step saved (possibly still being written), or None."""
-    return self._manager.latest_step()
+    """The newest intact step (possibly still being written), or None."""
+    for step in sorted(self._manager.all_steps(), reverse=True):
+      if self._readable(step):
+        return step
+    return None
 
   def all_steps(self) -> List[int]:
-    """The kept steps in increasing order, including one still being written."""
-    return sorted(self._manager.all_steps())
+    """The kept intact steps in increasing order, including one still being
+    written."""
+    return sorted(step for step in self._manager.all_steps() if self._readable(step))
 
   def save(
       self,
@@ -243,6 +278,12 @@ class CheckpointStore:
     # second save of a step (e.g. the final one after a periodic one) is a no-op.
     if step in self._manager.all_steps():
       return False
+    # Orbax waits for the previous save to finish before starting this one,
+    # so at most one step is being sealed at a time.
+    self.wait()
+    self._check_space(step, state)
+    self._saving = step
+    self._inspector.trusted.add(step)
     items = ocp.args.Composite(
         **{
             _STATE: ocp.args.StandardSave(state),
@@ -250,7 +291,10 @@ class CheckpointStore:
             _CONFIG: ocp.args.JsonSave(_json_copy(config, 'config')),
         }
     )
-    return self._manager.save(step, args=items, force=force)
+    saved = self._surfacing_full_disk(lambda: self._manager.save(step, args=items, force=force))
+    if not self._async_save:
+      self.wait()
+    return saved
 
   def restore(
       self, step: Optional[int] = None, *, abstract_state: PyTree
@@ -272,7 +316,7 @@ class CheckpointStore:
         differs, both shapes and what to change).
     """
     self.wait()
-    step = _step_to_read(self._manager, step)
+    step = self._inspector.step_to_read(self._manager.all_steps(), step)
     _check_matches(
         _state_metadata(self._manager, step),
         abstract_state,
@@ -296,7 +340,7 @@ class CheckpointStore:
   def restore_config(self, step: Optional[int] = None) -> Dict[str, Any]:
     """The config saved with a checkpoint (the newest when step is None)."""
     self.wait()
-    step = _step_to_read(self._manager, step)
+    step = self._inspector.step_to_read(self._manager.all_steps(), step)
     restored = self._manager.restore(
         step, args=ocp.args.Composite(**{_CONFIG: ocp.args.JsonRestore()})
     )
@@ -363,11 +407,15 @@ class CheckpointStore:
       )
     manager = ocp.CheckpointManager(
         directory,
-        options=ocp.CheckpointManagerOptions(read_only=True),
+        # Never saves, so it changes nothing; orbax's read_only mode would
+        # print three warnings before any error message.
+        options=ocp.CheckpointManagerOptions(create=False),
         handler_registry=_handler_registry(),
     )
     try:
-      step = _step_to_read(manager, step)
+      step = checkpoint_files.StepInspector(directory, _ITEMS).step_to_read(
+          manager.all_steps(), step
+      )
       metadata = _state_metadata(manager, step)
       target: Dict[str, Any] = {}
       for path, abstract in subtrees.items():
@@ -400,10 +448,57 @@ class CheckpointStore:
       out[path] = node
     return out
 
+  def _check_space(self, step: int, state: PyTree) -> None:
+    """StorageError, before anything is written, if the next checkpoint will
+    not fit on the disk."""
+    needed = checkpoint_files.room_shortfall(self.directory, self._manager.all_steps(), state)
+    if needed is not None:
+      raise StorageError(
+          checkpoint_files.full_disk_message(
+              self.directory, step, self.all_steps(), f'it needs about {needed / 1e6:.1f} MB'
+          )
+      )
+
+  def _surfacing_full_disk(self, call):
+    """Runs an orbax call; a full disk becomes a StorageError, once, after
+    removing the failed step's temporary folder."""
+    if self._failed:
+      return None
+    try:
+      return call()
+    except Exception as error:  # pylint: disable=broad-except
+      if not is_disk_full(error):
+        raise
+      self._failed = True
+      if jax.process_index() == 0 and self._saving is not None:
+        shutil.rmtree(
+            checkpoint_files.temporary_folder(self.directory, self._saving), ignore_errors=True
+        )
+      self._inspector.forget(self._saving)
+      raise StorageError(
+          checkpoint_files.full_disk_message(self.directory, self._saving, self.all_steps())
+      ) from None
+
+  def check_for_errors(self) -> None:
+    """Raises StorageError at once if a background save failed on a full
+    disk (any other failure is re-raised); cheap enough for every step."""
+    # Orbax's own finalize thread takes the background error first, and gives
+    # it back only from wait_until_finished, which returns at once when no
+    # save is in flight.
+    if not self._manager.is_saving_in_progress():
+      self.wait()
+
   def wait(self) -> None:
     """Blocks until pending asynchronous saves are on disk."""
-    self._manager.wait_until_finished()
+    self._surfacing_full_disk(self._manager.wait_until_finished)
 
   def close(self) -> None:
     """Waits for pending saves and releases orbax's resources."""
+    if self._failed:
+      try:
+        self._manager.close()
+      except Exception:  # pylint: disable=broad-except
+        logging.exception('Closing the checkpoints after a failed save.')
+      return
+    self.wait()
     self._manager.close()

@@ -9,15 +9,25 @@ back, for tests, notebooks and plotting tools that should not need TensorBoard.
 Only the primary process (process 0) writes files; the others only log.
 """
 
+import contextlib
+import errno
+import glob
 import json
 import os
 import time
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 from absl import logging
 import numpy as np
 
+from linformer_jax.errors import is_disk_full
+
 METRICS_FILE = 'metrics.jsonl'
+
+
+def _events_files(workdir: str) -> List[str]:
+  """The TensorBoard events files in `workdir`."""
+  return glob.glob(os.path.join(glob.escape(workdir), 'events.out.tfevents.*'))
 
 
 def _metrics_path(workdir: str) -> str:
@@ -72,9 +82,21 @@ class MetricLogger:
     self.is_primary = is_primary
     if is_primary:
       os.makedirs(workdir, exist_ok=True)
+    self._events_before = set(_events_files(workdir)) if is_primary else set()
     self._writer = metric_writers.create_default_writer(workdir, just_logging=not is_primary)
     self._last_step = 0
     self._last_time = time.monotonic()
+
+  @contextlib.contextmanager
+  def _disk_full_as_os_error(self) -> Iterator[None]:
+    """TensorFlow reports a full disk as its own (or clu's asynchronous)
+    error; it becomes an OSError naming the workdir, as for any file."""
+    try:
+      yield
+    except Exception as error:  # pylint: disable=broad-except
+      if not is_disk_full(error):
+        raise
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.workdir) from None
 
   def discard_after(self, step: int) -> None:
     """Starts (or resumes) the run at `step`: drops records of later steps.
@@ -101,7 +123,8 @@ class MetricLogger:
       raise ValueError("'step' is reserved for the step number; rename the metric.")
     values = {name: float(np.asarray(value)) for name, value in scalars.items()}
     step = int(step)
-    self._writer.write_scalars(step, values)
+    with self._disk_full_as_os_error():
+      self._writer.write_scalars(step, values)
     if self.is_primary:
       # One write of a whole line per record: a concurrent reader sees either
       # no record or a complete one (see _complete_lines).
@@ -145,5 +168,13 @@ class MetricLogger:
     return {'steps_per_sec': steps_per_sec, 'tokens_per_sec': tokens_per_sec}
 
   def close(self) -> None:
-    """Flushes and closes the writers."""
-    self._writer.close()
+    """Flushes and closes the writers; removes an events file this logger
+    created that stayed empty (its header could not be written: a full disk)."""
+    try:
+      with self._disk_full_as_os_error():
+        self._writer.close()
+    finally:
+      if self.is_primary:
+        for path in set(_events_files(self.workdir)) - self._events_before:
+          if os.path.getsize(path) == 0:
+            os.remove(path)

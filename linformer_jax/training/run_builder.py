@@ -10,6 +10,7 @@ optimizer, no training iterator.
 """
 
 import dataclasses
+import os
 from typing import Any, Dict, Mapping, Tuple
 
 import flax.linen as nn
@@ -20,6 +21,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
 from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.training import run_config
@@ -153,6 +155,38 @@ class RunParts:
     data = build() if jax.process_index() == 0 else None
     multihost_utils.sync_global_devices('linformer_jax: tokenizer and data cache ready')
     return data if data is not None else build()
+
+
+def check_same_tokenizer(data_state: Mapping[str, Any], data: Any, workdir: str) -> None:
+  """Refuses to resume a checkpoint onto another tokenizer than its own.
+
+  Args:
+    data_state: a checkpoint's data state; its 'tokenizer_sha256' (absent in
+      older checkpoints, which pass) is the sha256 of the tokenizer.model it
+      was trained with, None for one without (bytes, ListOps).
+    data: the run's data, whose `tokenizer_sha256` is the current one's.
+    workdir: the run's directory, for the message.
+
+  Raises:
+    ConfigError: the fingerprints differ.
+  """
+  if 'tokenizer_sha256' not in data_state:
+    return
+  saved, current = data_state['tokenizer_sha256'], data.tokenizer_sha256
+  if saved == current:
+    return
+  path = os.path.join(workdir, tokenizer_lib.MODEL_FILENAME)
+  if saved is None or current is None:
+    used, uses = ('without', 'with') if saved is None else ('with', 'without')
+    raise ConfigError(
+        f'The checkpoint in {workdir} was trained {used} {path}, this run is {uses} it; set '
+        'config.data.tokenizer as the checkpoint was trained, or use another --workdir.'
+    )
+  raise ConfigError(
+      f'{path} is not the tokenizer the checkpoint in {workdir} was trained with (its sha256 '
+      f'starts {current[:16]}, not {saved[:16]}); put the original file back, or use another '
+      '--workdir to start a new run.'
+  )
 
 
 def build_parts(config: ml_collections.ConfigDict) -> RunParts:

@@ -69,7 +69,8 @@ class Task(abc.ABC):
       process_count: int,
       train: bool,
   ) -> Any:
-    """This process's data: a tokenizer, `train_iterator` (None unless
+    """This process's data: a tokenizer, `tokenizer_sha256` (of its model
+    file, None without one; checkpoints keep it), `train_iterator` (None unless
     `train`), `eval_batches`, and the counts `reference_results` needs."""
 
   @abc.abstractmethod

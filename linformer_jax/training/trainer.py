@@ -4,9 +4,12 @@
 from the newest checkpoint in `workdir/checkpoints`; what differs between
 tasks (data, model head, loss, metrics) comes from the task object of
 `config.task` (`tasks`), and the run's parts from `run_builder`. Checkpoints
-hold the parameters, the optimizer state, the data iterator's position and
-the config, and the dropout keys derive from the seed and the step, so a
-resumed run takes exactly the steps an uninterrupted one would have.
+hold the parameters, the optimizer state, the data iterator's position, the
+tokenizer's fingerprint and the config, and the dropout keys derive from the
+seed and the step, so a resumed run takes exactly the steps an uninterrupted
+one would have. The run holds the workdir's lock, resumes from the newest
+intact checkpoint (damaged ones are moved aside), and stops with one line
+when a save fails on a full disk (`checkpoints`).
 
 The loop never waits on the device between steps: each step reports on the
 device whether its loss and new parameters are finite, and those flags are
@@ -21,6 +24,7 @@ import fcntl
 import json
 import os
 import signal
+import tempfile
 import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -103,7 +107,9 @@ class Run:
     self.workdir = workdir
     self.parts = run_builder.build_parts(config)
     self.task = self.parts.task
-    self.store = CheckpointStore(checkpoint_directory(workdir), keep=config.keep_checkpoints)
+    self.store = CheckpointStore(
+        checkpoint_directory(workdir), keep=config.keep_checkpoints, owner=True
+    )
     resuming = self.store.latest_step() is not None
     if resuming:
       run_config.check_same_model(self.store.restore_config(), config, workdir)
@@ -121,6 +127,7 @@ class Run:
     latest = self.store.latest_step()
     if latest is not None:
       step, state, data_state, _ = self.store.restore(latest, abstract_state=self.abstract_state)
+      run_builder.check_same_tokenizer(data_state, self.data, self.workdir)
       self.data.train_iterator.set_state(_this_process_state(data_state))
       report(f'Resumed from the checkpoint of step {step} in {self.workdir}.')
       return state
@@ -146,9 +153,13 @@ class Run:
 
   def save(self, force: bool = False) -> None:
     # Every process reads its own shard, so the checkpoint keeps every
-    # process's iterator position (orbax writes JSON from process 0 only).
+    # process's iterator position (orbax writes JSON from process 0 only), and
+    # the tokenizer's fingerprint, so that no other tokenizer resumes it.
     states = _gather_bytes(self.data.train_iterator.get_state())
-    data_state = {'process_states': [state.decode('latin-1') for state in states]}
+    data_state = {
+        'process_states': [state.decode('latin-1') for state in states],
+        'tokenizer_sha256': self.data.tokenizer_sha256,
+    }
     self.store.save(
         int(self.state.step),
         state=self.state,
@@ -164,9 +175,19 @@ class Run:
 
 
 def _write_json(path: str, payload: Dict[str, Any]) -> None:
-  if jax.process_index() == 0:
-    with open(path, 'w') as f:
+  """Writes `payload` to `path` (process 0) whole or not at all: a failed
+  write (a full disk) leaves any previous file as it was."""
+  if jax.process_index() != 0:
+    return
+  partial = path + '.partial'
+  try:
+    with open(partial, 'w') as f:
       json.dump(payload, f, indent=2, sort_keys=True)
+    os.replace(partial, path)
+  except OSError as error:
+    with contextlib.suppress(OSError):
+      os.remove(partial)
+    raise OSError(error.errno, error.strerror, path) from None
 
 
 def is_due(step: int, every: int, last_step: int) -> bool:
@@ -224,6 +245,20 @@ class FiniteGuard:
     self._pending.clear()
 
 
+def _check_writable(workdir: str) -> None:
+  """ConfigError unless a file can be created in `workdir`: creating one is
+  the only test that sees read-only mounts, permissions and ACLs alike."""
+  try:
+    handle, probe = tempfile.mkstemp(prefix='.write-test-', dir=workdir)
+  except OSError as error:
+    raise ConfigError(
+        f'--workdir={workdir!r} is not writable ({error.strerror}); give the path of a folder '
+        'you can write to.'
+    ) from None
+  os.close(handle)
+  os.remove(probe)
+
+
 @contextlib.contextmanager
 def exclusive_workdir(workdir: str) -> Iterator[None]:
   """Holds an exclusive lock on `workdir` (on process 0) while a run uses it.
@@ -254,6 +289,7 @@ def exclusive_workdir(workdir: str) -> Iterator[None]:
       raise ConfigError(
           f'{workdir} is in use by another run; wait for it to finish or use another --workdir.'
       ) from None
+    _check_writable(workdir)
     yield
   except ConfigError:
     if created and not os.listdir(workdir):
@@ -321,6 +357,7 @@ def _train_and_evaluate(
       batch = run.device_batch(next(run.data.train_iterator))
       run.state, metrics = run.train_step(run.state, batch, dropout_key)
       guard.add(step, metrics)
+      run.store.check_for_errors()  # A background save that failed stops the run now.
       log, evaluate, save = (
           is_due(step, every, last)
           for every in (config.log_every, config.eval_every, config.checkpoint_every)
@@ -351,8 +388,10 @@ def _train_and_evaluate(
         raise SystemExit(128 + signal.SIGTERM)
   finally:
     termination.restore()
-    run.store.wait()
-    logger.close()
+    try:
+      run.store.wait()
+    finally:
+      logger.close()
   if eval_metrics is None:
     eval_metrics = run.evaluate()
   results = {

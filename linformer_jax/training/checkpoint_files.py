@@ -1,0 +1,354 @@
+"""The files of saved checkpoints: integrity manifests, damaged steps, full disks.
+
+Orbax writes a step into `STEP.orbax-checkpoint-tmp` and renames it to `STEP`
+once every item is written. Just before that rename (on the primary process,
+after all processes finished writing), `write_manifest` records the size and
+sha256 of every file under the step's item folders in `STEP/integrity.json`.
+A step folder is therefore either absent, or complete with its manifest.
+
+`inspect` reads a step folder back against its manifest. Any difference (a
+missing, truncated, zeroed or bit-flipped file) makes the step damaged, and so
+does a folder that is not a finished orbax step (e.g. an empty `checkpoints/9`
+left by a tool or a person). Steps written before manifests existed are
+accepted as unverified when their orbax structure is complete.
+
+The step-level files orbax rewrites after the rename (`_CHECKPOINT_METADATA`,
+its commit timestamp, and `commit_success.txt`) are outside the manifest; the
+arrays, the data-iterator state and the config are all inside it.
+"""
+
+import dataclasses
+import hashlib
+import json
+import logging as python_logging
+import os
+import shutil
+from typing import Any, Dict, List, Optional
+
+from absl import logging
+import jax
+from jax.experimental import multihost_utils
+
+from linformer_jax.errors import ConfigError
+from linformer_jax.errors import free_space_of
+from linformer_jax.errors import is_disk_full
+
+MANIFEST_FILE = 'integrity.json'
+# Where a run's damaged step folders are moved, beside its checkpoints folder.
+DAMAGED_FOLDER = 'damaged_checkpoints'
+TMP_SUFFIX = '.orbax-checkpoint-tmp'
+_FORMAT = 1
+_STEP_METADATA = '_CHECKPOINT_METADATA'
+_CHUNK_BYTES = 8 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Inspection:
+  """What `inspect` found in one step folder.
+
+  Attributes:
+    step: the step its name gives.
+    path: the step folder.
+    problem: None when the step can be restored; otherwise what is wrong,
+      naming the first file that differs.
+    verified: whether a manifest confirmed every file (False for a step
+      written before manifests existed).
+  """
+
+  step: int
+  path: str
+  problem: Optional[str]
+  verified: bool
+
+
+def _sha256(path: str) -> str:
+  digest = hashlib.sha256()
+  with open(path, 'rb') as f:
+    while chunk := f.read(_CHUNK_BYTES):
+      digest.update(chunk)
+  return digest.hexdigest()
+
+
+def _item_files(step_folder: str) -> List[str]:
+  """Every file under the step's item folders, relative to the step folder."""
+  found = []
+  for entry in sorted(os.listdir(step_folder)):
+    item = os.path.join(step_folder, entry)
+    if not os.path.isdir(item):
+      continue
+    for root, folders, files in os.walk(item):
+      folders.sort()
+      for name in sorted(files):
+        found.append(os.path.relpath(os.path.join(root, name), step_folder))
+  return found
+
+
+def write_manifest(step_folder: str) -> None:
+  """Records the size and sha256 of every item file in STEP/integrity.json.
+
+  Written to a temporary name, flushed and renamed, so the manifest itself is
+  never half-written.
+  """
+  files = {}
+  for relative in _item_files(step_folder):
+    path = os.path.join(step_folder, relative)
+    files[relative] = {'bytes': os.path.getsize(path), 'sha256': _sha256(path)}
+  manifest = os.path.join(step_folder, MANIFEST_FILE)
+  partial = manifest + '.partial'
+  with open(partial, 'w') as f:
+    json.dump({'format': _FORMAT, 'files': files}, f, indent=1, sort_keys=True)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(partial, manifest)
+
+
+def recorded_bytes(step_folder: str) -> Optional[int]:
+  """The total size of a sealed step's files, from its manifest (None if it
+  has no readable manifest)."""
+  try:
+    with open(os.path.join(step_folder, MANIFEST_FILE)) as f:
+      return sum(int(entry['bytes']) for entry in json.load(f)['files'].values())
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+
+
+def _problem_against_manifest(step_folder: str) -> Optional[str]:
+  try:
+    with open(os.path.join(step_folder, MANIFEST_FILE)) as f:
+      files = json.load(f)['files']
+    expected = {name: (int(entry['bytes']), str(entry['sha256'])) for name, entry in files.items()}
+  except (OSError, ValueError, KeyError, TypeError) as error:
+    return f'its {MANIFEST_FILE} is unreadable ({error})'
+  for relative, (size, sha256) in sorted(expected.items()):
+    path = os.path.join(step_folder, relative)
+    try:
+      found_size = os.path.getsize(path)
+      if found_size != size:
+        return f'{relative} holds {found_size} bytes, {size} were written'
+      if _sha256(path) != sha256:
+        return f'{relative} differs from what was written (sha256 mismatch)'
+    except OSError as error:
+      return f'{relative} cannot be read ({error.strerror})'
+  return None
+
+
+def _problem_of_unsealed(step_folder: str, items: List[str]) -> Optional[str]:
+  """What makes a step folder without a manifest unusable, if anything."""
+  if not os.path.isfile(os.path.join(step_folder, _STEP_METADATA)):
+    return 'it is not a finished checkpoint (no _CHECKPOINT_METADATA)'
+  missing = [item for item in items if not os.path.isdir(os.path.join(step_folder, item))]
+  if missing:
+    return f'it has no {missing[0]}/ item'
+  return None
+
+
+def inspect(step_folder: str, step: int, items: List[str]) -> Inspection:
+  """Checks one step folder; `items` are the item folders a checkpoint has."""
+  if not os.path.isdir(step_folder):
+    return Inspection(step, step_folder, 'it is not a folder', verified=False)
+  if os.path.exists(os.path.join(step_folder, MANIFEST_FILE)):
+    return Inspection(step, step_folder, _problem_against_manifest(step_folder), verified=True)
+  return Inspection(step, step_folder, _problem_of_unsealed(step_folder, items), verified=False)
+
+
+def step_entries(directory: str) -> Dict[int, str]:
+  """The entries of a checkpoint directory named as steps: step -> path."""
+  if not os.path.isdir(directory):
+    return {}
+  steps = {}
+  for name in os.listdir(directory):
+    if name.isdigit():
+      steps[int(name)] = os.path.join(directory, name)
+  return steps
+
+
+def unknown_entries(directory: str) -> List[str]:
+  """Entries of a checkpoint directory that are neither steps nor orbax's
+  temporary folders."""
+  if not os.path.isdir(directory):
+    return []
+  return sorted(
+      name
+      for name in os.listdir(directory)
+      if not name.isdigit() and not (name.split('.')[0].isdigit() and TMP_SUFFIX in name)
+  )
+
+
+def temporary_folder(directory: str, step: int) -> str:
+  """Where orbax writes `step` before renaming it into place."""
+  return os.path.join(directory, f'{step}{TMP_SUFFIX}')
+
+
+def move_aside(step_folder: str) -> str:
+  """Moves a damaged step folder to ../damaged_checkpoints/STEP[.N]; returns
+  where it went. Nothing is deleted."""
+  checkpoints = os.path.dirname(os.path.abspath(step_folder))
+  destination_folder = os.path.join(os.path.dirname(checkpoints), DAMAGED_FOLDER)
+  os.makedirs(destination_folder, exist_ok=True)
+  name = os.path.basename(step_folder)
+  destination = os.path.join(destination_folder, name)
+  copy = 1
+  while os.path.lexists(destination):
+    destination = os.path.join(destination_folder, f'{name}.{copy}')
+    copy += 1
+  shutil.move(step_folder, destination)
+  return destination
+
+
+class _DiskFullRecords(python_logging.Filter):
+  """Drops log records about a full disk (orbax logs one per failed write,
+  with its traceback, from its background threads); the run reports the
+  failure itself, in one line."""
+
+  def filter(self, record: python_logging.LogRecord) -> bool:
+    error = record.exc_info[1] if record.exc_info else None
+    if error is not None and is_disk_full(error):
+      return False
+    return not is_disk_full(str(record.msg))
+
+
+def quiet_disk_full_logs() -> None:
+  """Installs `_DiskFullRecords` on the loggers orbax and asyncio write to."""
+  for name in ('absl', 'asyncio'):
+    logger = python_logging.getLogger(name)
+    if not any(isinstance(existing, _DiskFullRecords) for existing in logger.filters):
+      logger.addFilter(_DiskFullRecords())
+
+
+def capitalized(text: str) -> str:
+  """`text` with its first letter in upper case."""
+  return text[:1].upper() + text[1:]
+
+
+class StepInspector:
+  """Which steps of a checkpoint directory can be read, each inspected once.
+
+  A step saved by this process's store is trusted as soon as orbax accepted
+  it; every other step is checked against its manifest before first use.
+  """
+
+  def __init__(self, directory: str, items: List[str]):
+    """Inspects nothing yet.
+
+    Args:
+      directory: a checkpoint directory.
+      items: the item folders every step of it has.
+    """
+    self.directory = directory
+    self._items = items
+    self.trusted: set = set()
+    self._inspections: Dict[int, Inspection] = {}
+
+  def inspection(self, step: int) -> Inspection:
+    """The step's inspection, made on first use (warns if unverified)."""
+    if step in self.trusted:
+      return Inspection(step, '', None, verified=True)
+    if step not in self._inspections:
+      found = inspect(os.path.join(self.directory, str(step)), step, self._items)
+      if found.problem is None and not found.verified:
+        logging.warning(
+            'The checkpoint of step %d in %s has no %s (it was written before checkpoints '
+            'were sealed); it is read unverified.',
+            step,
+            self.directory,
+            MANIFEST_FILE,
+        )
+      self._inspections[step] = found
+    return self._inspections[step]
+
+  def forget(self, step: int) -> None:
+    self._inspections.pop(step, None)
+    self.trusted.discard(step)
+
+  def damage(self, step: int) -> str:
+    """'the checkpoint of step S in DIR is damaged (what is wrong)'."""
+    return (
+        f'the checkpoint of step {step} in {self.directory} is damaged '
+        f'({self.inspection(step).problem})'
+    )
+
+  def step_to_read(self, steps: List[int], step: Optional[int]) -> int:
+    """`step`, or the newest intact one when None; ConfigError if there is none."""
+    if step is not None:
+      if step not in steps:
+        raise ConfigError(
+            f'{self.directory} holds no checkpoint of step {step}; '
+            f'it holds steps {sorted(steps)}.'
+        )
+      if self.inspection(step).problem is not None:
+        raise ConfigError(f'{capitalized(self.damage(step))}; choose another step.')
+      return step
+    for candidate in sorted(steps, reverse=True):
+      if self.inspection(candidate).problem is None:
+        return candidate
+      logging.warning('%s; skipping it.', capitalized(self.damage(candidate)))
+    if steps:
+      raise ConfigError(f'Every checkpoint in {self.directory} is damaged; see the warnings above.')
+    raise ConfigError(f'{self.directory} holds no checkpoint.')
+
+
+def set_aside_damaged_steps(inspector: StepInspector) -> None:
+  """Moves the step folders newer than the newest intact step of a run to
+  its damaged_checkpoints folder, warning about each (and about entries that
+  are not steps, which stay). Called by the run holding the workdir's lock.
+
+  Raises:
+    ConfigError: step folders were found, but none is intact.
+  """
+  directory = inspector.directory
+  for name in unknown_entries(directory):
+    logging.warning('Ignoring %s in %s: it is not a checkpoint step.', name, directory)
+  moved = []
+  for step, path in sorted(step_entries(directory).items(), reverse=True):
+    if inspector.inspection(step).problem is None:
+      break
+    damage = inspector.damage(step)
+    if jax.process_index() == 0:
+      destination = move_aside(path)
+      logging.warning('%s; moved it to %s.', capitalized(damage), destination)
+    moved.append(step)
+    inspector.forget(step)
+  if not moved:
+    return
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices('linformer_jax: damaged checkpoints moved aside')
+  if not step_entries(directory):
+    raise ConfigError(
+        f'No intact checkpoint is left in {directory}: steps {sorted(moved)} were damaged and '
+        f'moved to {DAMAGED_FOLDER}/ beside it. Run the same command again to start the run '
+        'from step 0, or use another --workdir.'
+    )
+
+
+def room_shortfall(directory: str, steps: List[int], state: Any) -> Optional[int]:
+  """The bytes a new checkpoint needs if the disk lacks room for it, else None.
+
+  A checkpoint takes about what the newest sealed one of `steps` took, or,
+  before there is one, the arrays of `state`; 10% and 1 MiB are kept spare.
+  """
+  needed = None
+  for step in sorted(steps, reverse=True):
+    needed = recorded_bytes(os.path.join(directory, str(step)))
+    if needed:
+      break
+  if not needed:
+    needed = sum(getattr(leaf, 'nbytes', 0) for leaf in jax.tree_util.tree_leaves(state))
+  folder = directory if os.path.isdir(directory) else os.path.dirname(directory)
+  try:
+    free = shutil.disk_usage(folder).free
+  except OSError:
+    return None
+  return needed if free < needed * 1.1 + (1 << 20) else None
+
+
+def full_disk_message(directory: str, step: int, kept: List[int], need: str = '') -> str:
+  """The one line saying that saving `step` failed on a full disk, and where
+  the run resumes once there is room."""
+  kept = [other for other in kept if other != step]
+  resume = f' from step {kept[-1]}' if kept else ''
+  need = f'; {need}' if need else ''
+  return (
+      f'Cannot save the checkpoint of step {step} in {directory}: the disk is full '
+      f'({free_space_of(directory)}{need}). Free space or move the workdir to a larger disk, '
+      f'then run the same command to resume{resume}.'
+  )

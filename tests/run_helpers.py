@@ -1,0 +1,58 @@
+"""Helpers for tests that run the training loop on configs/tiny.py."""
+
+import os
+import time
+
+import jax
+import numpy as np
+
+from configs import tiny
+from linformer_jax.training import trainer
+from linformer_jax.training.checkpoints import CheckpointStore
+from linformer_jax.training.metric_writers import read_metrics
+
+
+def tiny_config(**overrides):
+  config = tiny.get_config()
+  for key, value in overrides.items():
+    target = config
+    *parents, field = key.split('.')
+    for parent in parents:
+      target = target[parent]
+    target[field] = value
+  return config
+
+
+def final_params(workdir, config):
+  run = trainer.Run(config, workdir)
+  params = jax.tree_util.tree_map(np.asarray, run.state.params)
+  run.store.close()
+  return int(run.state.step), params
+
+
+def losses_by_step(workdir):
+  return {m['step']: m['train_loss'] for m in read_metrics(workdir) if 'train_loss' in m}
+
+
+def tiny_flags(workdir):
+  """The command-line flags of a run of configs/tiny.py in `workdir`."""
+  return ['--config', 'configs/tiny.py', '--workdir', str(workdir)]
+
+
+def wait_for_step(workdir, step, process, timeout=180):
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    assert process.poll() is None, process.stdout.read()
+    if os.path.exists(os.path.join(workdir, 'metrics.jsonl')):
+      if any(m['step'] >= step for m in read_metrics(workdir)):
+        return
+    time.sleep(0.2)
+  raise AssertionError(f'the run never reached step {step}')
+
+
+def latest_checkpoint(workdir):
+  store = CheckpointStore(trainer.checkpoint_directory(workdir))
+  try:
+    return store.latest_step()
+  finally:
+    store.close()

@@ -251,15 +251,24 @@ def _in_private_mounts(script, repo_root, timeout=300):
       'TRAIN': f'{sys.executable} -m linformer_jax.train --config configs/tiny.py',
       'PYTHON': sys.executable,
   }
-  return subprocess.run(
-      ['unshare', '--user', '--map-root-user', '--mount', 'bash', '-c', textwrap.dedent(script)],
+  command = ['unshare', '--user', '--map-root-user', '--mount', 'bash', '-c']
+  # A session of its own, so that a timeout stops every process it started.
+  process = subprocess.Popen(
+      [*command, textwrap.dedent(script)],
       cwd=repo_root,
       env=env,
-      capture_output=True,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
       text=True,
-      timeout=timeout,
-      check=False,
+      start_new_session=True,
   )
+  try:
+    stdout, stderr = process.communicate(timeout=timeout)
+  except subprocess.TimeoutExpired:
+    os.killpg(process.pid, signal.SIGKILL)
+    process.communicate()
+    raise
+  return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
 def _one_error_line(output):

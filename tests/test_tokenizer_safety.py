@@ -215,6 +215,13 @@ def test_a_checkpoint_refuses_another_tokenizer_until_its_own_is_back(stopped_ru
   assert int(run.state.step) == 2
 
 
+def test_evaluation_refuses_another_tokenizer(stopped_run, tmp_path):
+  corpus = stopped_run[0]
+  workdir = with_other_tokenizer(stopped_run, tmp_path)
+  with pytest.raises(ConfigError, match=f'{workdir}/tokenizer.model is not the tokenizer'):
+    run_builder.load_for_evaluation(masked_lm_config(corpus), str(workdir))
+
+
 @pytest.mark.slow
 def test_the_command_refuses_another_tokenizer_in_one_line(stopped_run, tmp_path, run_command):
   corpus = stopped_run[0]

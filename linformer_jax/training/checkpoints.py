@@ -339,12 +339,19 @@ class CheckpointStore:
 
   def restore_config(self, step: Optional[int] = None) -> Dict[str, Any]:
     """The config saved with a checkpoint (the newest when step is None)."""
+    return self._restore_json(_CONFIG, step)
+
+  def restore_data_state(self, step: Optional[int] = None) -> DataState:
+    """The data state saved with a checkpoint (the newest when step is None)."""
+    return _decode_data_state(self._restore_json(_DATA_STATE, step))
+
+  def _restore_json(self, item: str, step: Optional[int]) -> Any:
     self.wait()
     step = self._inspector.step_to_read(self._manager.all_steps(), step)
     restored = self._manager.restore(
-        step, args=ocp.args.Composite(**{_CONFIG: ocp.args.JsonRestore()})
+        step, args=ocp.args.Composite(**{item: ocp.args.JsonRestore()})
     )
-    return restored[_CONFIG]
+    return restored[item]
 
   @staticmethod
   def restore_params(

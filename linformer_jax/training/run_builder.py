@@ -261,7 +261,10 @@ def load_for_evaluation(config: ml_collections.ConfigDict, workdir: str) -> Eval
     if step is None:
       raise ConfigError(f'{workdir} holds no checkpoint; train first or fix --workdir.')
     run_config.check_same_model(store.restore_config(step), config, workdir)
+    data_state = store.restore_data_state(step)
   data = parts.build_data(workdir, train=False)
+  if isinstance(data_state, dict):
+    check_same_tokenizer(data_state, data, workdir)
   abstract = parts.abstract_variables()
   subtrees = {('params',): abstract['params']}
   for collection, variables in abstract.items():

@@ -78,5 +78,5 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.pre_layer_norm = False  # pre-LN instead of RoBERTa's post-LN
   config.model.dtype = 'float32'  # compute dtype: 'float32' or 'bfloat16'
   config.model.num_segments = 0  # segment embeddings (0: none, as RoBERTa; 2 for sentence pairs)
-  config.model.pooling = 'first'  # classifier input: 'first' token or 'mean' of real tokens
+  config.model.pooling = 'first'  # classifier input: 'first' token, 'mean' or learned 'attention'
   return config

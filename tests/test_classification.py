@@ -18,6 +18,7 @@ from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.training import run_builder
 from linformer_jax.training import trainer
 
 BYTES = tokenizer_lib.ByteTokenizer()
@@ -184,6 +185,26 @@ def test_fine_tuning_loads_the_pretrained_encoder_and_trains(pretrained, tmp_pat
       majority_class_accuracy(tmp_path / 'data'), abs=1e-9
   )
   assert os.path.exists(tmp_path / 'finetuned' / tokenizer_lib.MODEL_FILENAME) is False
+
+
+def test_attention_pooling_starts_fresh_on_a_pretrained_encoder_and_is_saved(pretrained, tmp_path):
+  """init_from loads the encoder and creates the query at zero; training moves
+  it, and evaluation loads the trained query back."""
+  write_sentiment_tsv(tmp_path / 'data')
+  config = tiny_classifier_config(
+      tmp_path / 'data', init_from=pretrained, **{'model.pooling': 'attention', 'total_steps': 10}
+  )
+  run = trainer.Run(config, str(tmp_path / 'start'))
+  assert not np.any(jax.device_get(run.state.params['pool_query']))
+  run.store.close()
+  workdir = str(tmp_path / 'finetuned')
+  trainer.train_and_evaluate(config, workdir)
+  trained = trainer.Run(config, workdir)
+  query = jax.device_get(trained.state.params['pool_query'])
+  trained.store.close()
+  assert np.any(query)
+  loaded = run_builder.load_for_evaluation(config, workdir)
+  np.testing.assert_array_equal(jax.device_get(loaded.variables['params']['pool_query']), query)
 
 
 def test_a_short_run_learns_the_toy_task(tmp_path):

@@ -22,7 +22,7 @@ WINDOWED_PROJECTIONS = ('mean', 'max', 'conv')
 MATRIX_PROJECTIONS = ('linear', 'random')
 # How a classifier summarises the sequence: the first token's vector, or the
 # mean over the real (non-padding) tokens.
-POOLING_TYPES = ('first', 'mean')
+POOLING_TYPES = ('first', 'mean', 'attention')
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
 

@@ -348,11 +348,41 @@ class MaskedLanguageModel(nn.Module):
     return logits.astype(jnp.float32) + bias
 
 
+def mean_pool(hidden: jax.Array, padding_mask: Optional[jax.Array]) -> jax.Array:
+  """The mean of the real tokens' vectors: [batch, len, d] -> float32 [batch, d]."""
+  weights = (
+      jnp.ones(hidden.shape[:2], jnp.float32)
+      if padding_mask is None
+      else padding_mask.astype(jnp.float32)
+  )
+  return jnp.einsum('bl,bld->bd', weights, hidden.astype(jnp.float32)) / jnp.maximum(
+      weights.sum(axis=1, keepdims=True), 1.0
+  )
+
+
+def attention_pool(
+    hidden: jax.Array, padding_mask: Optional[jax.Array], query: jax.Array
+) -> jax.Array:
+  """One learned query attending over the real tokens: [batch, len, d] -> [batch, d].
+
+  The weights are softmax(hidden . query / sqrt(d)) over the real tokens
+  (padding gets none), in float32; a zero query weighs the tokens equally,
+  which is mean pooling.
+  """
+  h = hidden.astype(jnp.float32)
+  scores = jnp.einsum('bld,d->bl', h, query.astype(jnp.float32)) / math.sqrt(h.shape[-1])
+  if padding_mask is not None:
+    scores = jnp.where(padding_mask, scores, attention.MASKED_LOGIT)
+  return jnp.einsum('bl,bld->bd', jax.nn.softmax(scores, axis=-1), h)
+
+
 class SequenceClassifier(nn.Module):
-  """The encoder with a classification head on the first token or the mean.
+  """The encoder with a classification head on a pooled vector.
 
   config.pooling='first' reads the first token (bos, as RoBERTa's <s>);
-  'mean' averages the real tokens (the Long Range Arena's classifiers).
+  'mean' averages the real tokens (the Long Range Arena's classifiers);
+  'attention' weighs the real tokens by a learned query (`pool_query`,
+  starting at zero: mean pooling).
   """
 
   config: ModelConfig
@@ -367,15 +397,15 @@ class SequenceClassifier(nn.Module):
         tokens, padding_mask, segments=segments, deterministic=deterministic
     )
     if cfg.pooling == 'mean':
-      weights = (
-          jnp.ones(tokens.shape, jnp.float32)
-          if padding_mask is None
-          else padding_mask.astype(jnp.float32)
+      h = mean_pool(h, padding_mask).astype(h.dtype)
+    elif cfg.pooling == 'attention':
+      query = self.param(
+          'pool_query',
+          _partitioned(nn.initializers.zeros, (axes.EMBED,)),
+          (cfg.hidden_dim,),
+          jnp.float32,
       )
-      h = (
-          jnp.einsum('bl,bld->bd', weights, h.astype(jnp.float32))
-          / jnp.maximum(weights.sum(axis=1, keepdims=True), 1.0)
-      ).astype(h.dtype)
+      h = attention_pool(h, padding_mask, query).astype(h.dtype)
     else:
       h = h[:, 0]
     h = _dense(

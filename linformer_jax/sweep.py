@@ -15,10 +15,10 @@ import os
 from absl import flags
 
 from linformer_jax import cli
-from linformer_jax.analysis.sweep import FIGURE_FILE
 from linformer_jax.analysis.sweep import REPORT_FILE
 from linformer_jax.analysis.sweep import Sweep  # re-exported for sweep files
 from linformer_jax.analysis.sweep import Variant  # re-exported for sweep files
+from linformer_jax.analysis.sweep import figure_file
 from linformer_jax.analysis.sweep import load_sweep
 from linformer_jax.analysis.sweep import report_table
 from linformer_jax.analysis.sweep import run_sweep
@@ -45,7 +45,7 @@ def main(argv):
   print(report_table(sweep, settings.workdir), flush=True)
   print(
       f'Report in {os.path.join(settings.workdir, REPORT_FILE)}, figure in '
-      f'{os.path.join(settings.workdir, FIGURE_FILE)}.',
+      f'{os.path.join(settings.workdir, figure_file(sweep))}.',
       flush=True,
   )
 

@@ -23,6 +23,7 @@ COMMANDS = (
     'sweep',
     'mesh_memory',
     'attention_benchmark',
+    'pooling_probe',
 )
 
 

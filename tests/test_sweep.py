@@ -245,3 +245,40 @@ def test_cli_bad_key_is_a_one_line_error(tmp_path, run_command):
   assert len(lines) == 1 and lines[0].startswith('error: ')
   assert 'model.projected_lenn' in lines[0]
   assert not workdir.exists()
+
+
+def test_a_classification_sweep_reports_accuracy_and_the_spread_over_seeds(tmp_path):
+  """Written from finished runs' files alone: the table, the seed groups
+  (mean and sample standard deviation) and accuracy.png."""
+  base = sweep_lib.load_sweep(write_sweep_file(tmp_path)).base
+  base.task = 'classification'
+  accuracies = {'mean-s0': 0.70, 'mean-s1': 0.74, 'first-s0': 0.55, 'first-s1': 0.61}
+  variants = [
+      sweep_lib.Variant(name, {'model.pooling': name.split('-')[0], 'seed': int(name[-1])})
+      for name in accuracies
+  ]
+  sweep = sweep_lib.Sweep(base=base, variants=variants, title='pooling')
+  for name, accuracy in accuracies.items():
+    folder = tmp_path / name
+    folder.mkdir()
+    results = {
+        'step': 10,
+        'eval_split': 'validation',
+        'eval_accuracy': accuracy,
+        'eval_loss': 0.6,
+        'majority_class_accuracy': 0.5,
+        'parameters': 1000,
+        'wall_time_s': 5.0,
+    }
+    (folder / trainer.RESULTS_FILE).write_text(json.dumps(results))
+    lines = [{'step': step, 'eval_accuracy': accuracy * step / 10} for step in (5, 10)]
+    (folder / 'metrics.jsonl').write_text(''.join(json.dumps(line) + '\n' for line in lines))
+  sweep_lib.write_report(sweep, str(tmp_path))
+  rows = table_rows(str(tmp_path))
+  assert rows['mean-s1']['validation accuracy'] == '0.7400'
+  assert rows['first-s0']['majority-class accuracy'] == '0.5000'
+  text = (tmp_path / sweep_lib.REPORT_FILE).read_text()
+  assert "| model.pooling='mean' | 2 of 2 | 0.7200 ± 0.0283 | 0.7000 | 0.7400 |" in text
+  assert "| model.pooling='first' | 2 of 2 | 0.5800 ± 0.0424 | 0.5500 | 0.6100 |" in text
+  with open(tmp_path / sweep_lib.ACCURACY_FIGURE_FILE, 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n'

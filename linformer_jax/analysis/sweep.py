@@ -11,8 +11,10 @@ every variant (after the sweep's own), with each value parsed as the type of the
 base config's field.
 
 At the end (also when stopped by an error) it writes WORKDIR/results.md, a
-table with one row per variant, and WORKDIR/perplexity.png, evaluation
-perplexity against steps for all variants (log scale; the paper's Figure 3).
+table with one row per variant (and mean ± std over seeds for variants that
+differ only in `seed`), and a figure of the evaluation metric against steps
+for all variants (`sweep_report`): perplexity.png for pretraining (log scale;
+the paper's Figure 3), accuracy.png for classification.
 Bad input (an unknown key, a bad value, an unknown variant) ends with a
 one-line error and exit code 2 before anything is trained.
 """
@@ -30,13 +32,18 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import ml_collections
 
+from linformer_jax.analysis.sweep_report import ACCURACY_FIGURE_FILE  # noqa: F401
+from linformer_jax.analysis.sweep_report import FIGURE_FILE  # noqa: F401
+from linformer_jax.analysis.sweep_report import REPORT_FILE  # noqa: F401
+from linformer_jax.analysis.sweep_report import describe
+from linformer_jax.analysis.sweep_report import figure_file  # noqa: F401
+from linformer_jax.analysis.sweep_report import report_table  # noqa: F401
+from linformer_jax.analysis.sweep_report import results_of
+from linformer_jax.analysis.sweep_report import write_report
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import run_config
 from linformer_jax.training import trainer
-from linformer_jax.training.metric_writers import read_metrics
 
-REPORT_FILE = 'results.md'
-FIGURE_FILE = 'perplexity.png'
 _VARIANT_NAME = re.compile(r'^[A-Za-z0-9][A-Za-z0-9_.+-]*$')
 
 
@@ -245,14 +252,6 @@ def variant_configs(sweep: Sweep, sets: Sequence[str] = ()) -> Dict[str, ml_coll
   return configs
 
 
-def _results(variant_dir: str) -> Optional[Dict[str, Any]]:
-  path = os.path.join(variant_dir, trainer.RESULTS_FILE)
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
-
-
 def _check_existing_run(variant_dir: str, config: ml_collections.ConfigDict) -> None:
   """Refuses a variant directory that holds a run of another model."""
   path = os.path.join(variant_dir, 'config.json')
@@ -301,7 +300,7 @@ def run_sweep(
     for number, variant in enumerate(selected, 1):
       variant_dir = os.path.join(workdir, variant.name)
       config = configs[variant.name]
-      results = _results(variant_dir)
+      results = results_of(variant_dir)
       if results is not None and results.get('step') == config.total_steps:
         trainer.report(
             f'Variant {variant.name} ({number}/{len(selected)}) finished '
@@ -309,107 +308,10 @@ def run_sweep(
         )
       else:
         trainer.report(
-            f'Variant {variant.name} ({number}/{len(selected)}): {_describe(variant.overrides)}'
+            f'Variant {variant.name} ({number}/{len(selected)}): {describe(variant.overrides)}'
         )
         results = trainer.train_and_evaluate(config, variant_dir)
       finished[variant.name] = results
   finally:
     write_report(sweep, workdir)
   return finished
-
-
-def _describe(overrides: Mapping[str, Any]) -> str:
-  if not overrides:
-    return 'the base config'
-  return ', '.join(f'{key}={value!r}' for key, value in overrides.items())
-
-
-def _number(value: Optional[float], digits: int) -> str:
-  if value is None:
-    return '–'
-  if not math.isfinite(value):
-    return str(value)
-  return f'{value:,.{digits}f}'
-
-
-def _eval_split(sweep: Sweep, workdir: str) -> str:
-  """The split the variants were evaluated on (a --set may have changed it)."""
-  for variant in sweep.variants:
-    results = _results(os.path.join(workdir, variant.name))
-    if results is not None:
-      return results.get('eval_split', sweep.base.data.eval_split)
-  return sweep.base.data.eval_split
-
-
-def report_table(sweep: Sweep, workdir: str) -> str:
-  """The markdown table of results.md: one row per variant of the sweep."""
-  rows = []
-  split = _eval_split(sweep, workdir)
-  for variant in sweep.variants:
-    results = _results(os.path.join(workdir, variant.name))
-    overrides = _describe(variant.overrides).replace('|', '\\|')
-    if results is None:
-      rows.append(f'| {variant.name} | {overrides} | not finished | – | – | – | – | – |')
-      continue
-    rows.append(
-        f'| {variant.name} | {overrides} | {results["step"]} '
-        f'| {_number(results["eval_perplexity"], 2)} '
-        f'| {_number(results["eval_accuracy"], 4)} '
-        f'| {_number(results["unigram_perplexity"], 2)} '
-        f'| {results["parameters"]:,} | {_number(results["wall_time_s"], 0)} |'
-    )
-  header = (
-      f'| variant | overrides | steps | {split} perplexity | {split} accuracy '
-      '| unigram perplexity | parameters | wall time (s) |\n'
-      '|---|---|---:|---:|---:|---:|---:|---:|'
-  )
-  return '\n'.join([header] + rows)
-
-
-def plot_perplexity(sweep: Sweep, workdir: str, path: str) -> None:
-  """Saves evaluation perplexity against steps of every variant (log y axis)."""
-  # The figure is drawn on its own Agg canvas, leaving pyplot's backend alone.
-  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
-  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
-  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
-
-  figure = Figure(figsize=(6.4, 4.4))
-  FigureCanvasAgg(figure)
-  axes = figure.add_subplot()
-  for variant in sweep.variants:
-    points = [
-        (m['step'], m['eval_perplexity'])
-        for m in read_metrics(os.path.join(workdir, variant.name))
-        if math.isfinite(m.get('eval_perplexity', math.nan))
-    ]
-    if points:
-      steps, perplexities = zip(*points)
-      axes.plot(steps, perplexities, marker='o', markersize=3, label=variant.name)
-  axes.set_yscale('log')
-  # Plain numbers (250, not 2.5 x 10^2): curves often span less than a decade.
-  axes.yaxis.set_major_formatter(ticker.LogFormatter(labelOnlyBase=False))
-  axes.yaxis.set_minor_formatter(ticker.LogFormatter(labelOnlyBase=False))
-  axes.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
-  axes.set_xlabel('training step')
-  axes.set_ylabel(f'{_eval_split(sweep, workdir)} perplexity')
-  axes.set_title(sweep.title)
-  axes.grid(True, which='both', alpha=0.3)
-  if axes.get_lines():
-    axes.legend()
-  figure.tight_layout()
-  figure.savefig(path, dpi=120)
-
-
-def write_report(sweep: Sweep, workdir: str) -> str:
-  """Writes workdir/results.md and workdir/perplexity.png; returns the table."""
-  table = report_table(sweep, workdir)
-  text = (
-      f'# {sweep.title}\n\n{table}\n\nPerplexities and accuracy are on the '
-      'evaluation split at the last step; wall time is that of the session '
-      'that finished the run. Evaluation perplexity against steps: '
-      f'{FIGURE_FILE}.\n'
-  )
-  with open(os.path.join(workdir, REPORT_FILE), 'w') as f:
-    f.write(text)
-  plot_perplexity(sweep, workdir, os.path.join(workdir, FIGURE_FILE))
-  return table

@@ -1,0 +1,220 @@
+"""The report of a sweep: results.md and a figure of the evaluation metric.
+
+A pretraining sweep (`task='masked_lm'`) is judged by validation perplexity,
+plotted against steps on a log scale (perplexity.png); a classification sweep
+by accuracy, on a linear scale (accuracy.png). Variants that differ only in
+`seed` are also summarised together: the mean and sample standard deviation
+of the metric over their seeds, one row per group.
+"""
+
+import dataclasses
+import json
+import math
+import os
+import statistics
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from linformer_jax.training import trainer
+from linformer_jax.training.metric_writers import read_metrics
+
+REPORT_FILE = 'results.md'
+FIGURE_FILE = 'perplexity.png'  # masked-LM sweeps
+ACCURACY_FIGURE_FILE = 'accuracy.png'  # classification sweeps
+
+
+@dataclasses.dataclass(frozen=True)
+class _Judged:
+  """What a task's sweep reports: the metric, its columns and its figure."""
+
+  metric: str  # the key in eval_results.json and metrics.jsonl
+  label: str  # its name in the table and on the figure
+  digits: int
+  log_scale: bool
+  figure: str
+  columns: Tuple[Tuple[str, str, int], ...]  # (results key, column name, digits)
+
+
+_MASKED_LM = _Judged(
+    metric='eval_perplexity',
+    label='perplexity',
+    digits=2,
+    log_scale=True,
+    figure=FIGURE_FILE,
+    columns=(
+        ('eval_perplexity', '{split} perplexity', 2),
+        ('eval_accuracy', '{split} accuracy', 4),
+        ('unigram_perplexity', 'unigram perplexity', 2),
+    ),
+)
+_CLASSIFICATION = _Judged(
+    metric='eval_accuracy',
+    label='accuracy',
+    digits=4,
+    log_scale=False,
+    figure=ACCURACY_FIGURE_FILE,
+    columns=(
+        ('eval_accuracy', '{split} accuracy', 4),
+        ('eval_loss', '{split} loss', 4),
+        ('majority_class_accuracy', 'majority-class accuracy', 4),
+    ),
+)
+
+
+def _judged(sweep: Any) -> _Judged:
+  return _CLASSIFICATION if sweep.base.get('task') == 'classification' else _MASKED_LM
+
+
+def figure_file(sweep: Any) -> str:
+  """The name of the sweep's figure in its workdir."""
+  return _judged(sweep).figure
+
+
+def results_of(variant_dir: str) -> Optional[Dict[str, Any]]:
+  """A variant's eval_results.json, or None before it finished."""
+  path = os.path.join(variant_dir, trainer.RESULTS_FILE)
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def describe(overrides: Mapping[str, Any]) -> str:
+  """'key=value, ...' of a variant's overrides."""
+  if not overrides:
+    return 'the base config'
+  return ', '.join(f'{key}={value!r}' for key, value in overrides.items())
+
+
+def _number(value: Optional[float], digits: int) -> str:
+  if value is None:
+    return '–'
+  if not math.isfinite(value):
+    return str(value)
+  return f'{value:,.{digits}f}'
+
+
+def _eval_split(sweep: Any, workdir: str) -> str:
+  """The split the variants were evaluated on (a --set may have changed it)."""
+  for variant in sweep.variants:
+    results = results_of(os.path.join(workdir, variant.name))
+    if results is not None:
+      return results.get('eval_split', sweep.base.data.eval_split)
+  return sweep.base.data.eval_split
+
+
+def report_table(sweep: Any, workdir: str) -> str:
+  """The markdown table of results.md: one row per variant of the sweep."""
+  judged = _judged(sweep)
+  split = _eval_split(sweep, workdir)
+  names = [name.format(split=split) for _, name, _ in judged.columns]
+  header = (
+      f'| variant | overrides | steps | {" | ".join(names)} | parameters | wall time (s) |\n'
+      f'|---|---|---:|{"---:|" * len(names)}---:|---:|'
+  )
+  rows = []
+  for variant in sweep.variants:
+    results = results_of(os.path.join(workdir, variant.name))
+    overrides = describe(variant.overrides).replace('|', '\\|')
+    if results is None:
+      rows.append(f'| {variant.name} | {overrides} | not finished |{" – |" * (len(names) + 2)}')
+      continue
+    cells = [_number(results.get(key), digits) for key, _, digits in judged.columns]
+    rows.append(
+        f'| {variant.name} | {overrides} | {results["step"]} | {" | ".join(cells)} '
+        f'| {results["parameters"]:,} | {_number(results["wall_time_s"], 0)} |'
+    )
+  return '\n'.join([header] + rows)
+
+
+def seed_groups(sweep: Any) -> List[Tuple[str, List[Any]]]:
+  """Variants that differ only in `seed`, grouped: (description, variants),
+  in sweep order; only groups of two or more."""
+  groups: Dict[str, List[Any]] = {}
+  for variant in sweep.variants:
+    rest = {key: value for key, value in variant.overrides.items() if key != 'seed'}
+    groups.setdefault(describe(rest), []).append(variant)
+  return [(name, members) for name, members in groups.items() if len(members) > 1]
+
+
+def seed_table(sweep: Any, workdir: str) -> Optional[str]:
+  """Mean ± sample standard deviation of the metric over each seed group's
+  finished variants (None when the sweep has no seed groups)."""
+  groups = seed_groups(sweep)
+  if not groups:
+    return None
+  judged = _judged(sweep)
+  split = _eval_split(sweep, workdir)
+  rows = [
+      f'| overrides | seeds finished | {split} {judged.label}: mean ± std | min | max |',
+      '|---|---:|---:|---:|---:|',
+  ]
+  for name, members in groups:
+    values = []
+    for variant in members:
+      results = results_of(os.path.join(workdir, variant.name))
+      if results is not None and results.get(judged.metric) is not None:
+        values.append(float(results[judged.metric]))
+    if not values:
+      rows.append(f'| {name} | 0 of {len(members)} | – | – | – |')
+      continue
+    spread = statistics.stdev(values) if len(values) > 1 else 0.0
+    rows.append(
+        f'| {name} | {len(values)} of {len(members)} '
+        f'| {_number(statistics.mean(values), judged.digits)} ± {_number(spread, judged.digits)} '
+        f'| {_number(min(values), judged.digits)} | {_number(max(values), judged.digits)} |'
+    )
+  return '\n'.join(rows)
+
+
+def plot_metric(sweep: Any, workdir: str, path: str) -> None:
+  """Saves the evaluation metric against steps of every variant."""
+  # The figure is drawn on its own Agg canvas, leaving pyplot's backend alone.
+  from matplotlib import ticker  # pylint: disable=g-import-not-at-top
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+
+  judged = _judged(sweep)
+  figure = Figure(figsize=(6.4, 4.4))
+  FigureCanvasAgg(figure)
+  axes = figure.add_subplot()
+  for variant in sweep.variants:
+    points = [
+        (m['step'], m[judged.metric])
+        for m in read_metrics(os.path.join(workdir, variant.name))
+        if math.isfinite(m.get(judged.metric, math.nan))
+    ]
+    if points:
+      steps, values = zip(*points)
+      axes.plot(steps, values, marker='o', markersize=3, label=variant.name)
+  if judged.log_scale:
+    axes.set_yscale('log')
+    # Plain numbers (250, not 2.5 x 10^2): curves often span less than a decade.
+    axes.yaxis.set_major_formatter(ticker.LogFormatter(labelOnlyBase=False))
+    axes.yaxis.set_minor_formatter(ticker.LogFormatter(labelOnlyBase=False))
+  axes.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+  axes.set_xlabel('training step')
+  axes.set_ylabel(f'{_eval_split(sweep, workdir)} {judged.label}')
+  axes.set_title(sweep.title)
+  axes.grid(True, which='both', alpha=0.3)
+  if axes.get_lines():
+    axes.legend(fontsize='small')
+  figure.tight_layout()
+  figure.savefig(path, dpi=120)
+
+
+def write_report(sweep: Any, workdir: str) -> str:
+  """Writes workdir/results.md and the figure; returns the table."""
+  judged = _judged(sweep)
+  table = report_table(sweep, workdir)
+  seeds = seed_table(sweep, workdir)
+  text = (
+      f'# {sweep.title}\n\n{table}\n\nMetrics are on the evaluation split at the last step; '
+      'wall time is that of the session that finished the run. Evaluation '
+      f'{judged.label} against steps: {judged.figure}.\n'
+  )
+  if seeds:
+    text += f'\n## Over seeds\n\n{seeds}\n'
+  with open(os.path.join(workdir, REPORT_FILE), 'w') as f:
+    f.write(text)
+  plot_metric(sweep, workdir, os.path.join(workdir, judged.figure))
+  return table

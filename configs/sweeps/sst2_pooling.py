@@ -31,12 +31,8 @@ POOLINGS = ('first', 'mean', 'attention')
 SEEDS = (0, 1, 2)
 
 
-def get_sweep() -> Sweep:
-  base = finetune_sst2.get_config()
-  base.total_steps = 2000  # optimizer steps (0.95 of an epoch of 67,349 sentences)
-  base.warmup_steps = 120  # 6% of the steps
-  base.eval_every = 250  # dev accuracy every 250 steps: the curves
-  base.checkpoint_every = 250  # an interrupted variant resumes from here
+def pooling_variants() -> list:
+  """Every seed x model x pooling, seed by seed, named MODEL-POOLING-sSEED."""
   variants = []
   for seed in SEEDS:
     for model, init_from in PRETRAINED.items():
@@ -48,6 +44,17 @@ def get_sweep() -> Sweep:
             'seed': seed,
         }
         variants.append(Variant(f'{model}-{pooling}-s{seed}', overrides))
+  return variants
+
+
+def get_sweep() -> Sweep:
+  base = finetune_sst2.get_config()
+  base.total_steps = 2000  # optimizer steps (0.95 of an epoch of 67,349 sentences)
+  base.warmup_steps = 120  # 6% of the steps
+  base.eval_every = 250  # dev accuracy every 250 steps: the curves
+  base.checkpoint_every = 250  # an interrupted variant resumes from here
   return Sweep(
-      title='SST-2 dev accuracy by pooling (Gutenberg pretraining)', base=base, variants=variants
+      title='SST-2 dev accuracy by pooling (Gutenberg pretraining)',
+      base=base,
+      variants=pooling_variants(),
   )

@@ -1,0 +1,32 @@
+"""Downstream parity on IMDB: Linformer against the Transformer, by pooling.
+
+The encoders and variants of configs/sweeps/sst2_pooling.py (pretrain them
+first, with the commands there), fine-tuned on IMDB reviews (cut to their first
+and last 127 tokens) and selected on val.tsv; then each variant's test accuracy:
+
+  python -m linformer_jax.sweep --sweep configs/sweeps/imdb_pooling.py \
+      --workdir runs/parity/imdb
+  python -m linformer_jax.evaluate --config configs/finetune_imdb.py \
+      --workdir runs/parity/imdb/linformer-mean-s0 --split test --config.model.pooling=mean
+
+(a Transformer variant adds --config.model.attention=full; `evaluate` writes
+eval_test.json in the variant's folder). Each run is 2,000 steps of batch 32,
+3.2 epochs of train.tsv's 20,000 reviews.
+"""
+
+from configs import finetune_imdb
+from configs.sweeps.sst2_pooling import pooling_variants
+from linformer_jax.sweep import Sweep
+
+
+def get_sweep() -> Sweep:
+  base = finetune_imdb.get_config()
+  base.total_steps = 2000  # optimizer steps
+  base.warmup_steps = 120  # 6% of the steps
+  base.eval_every = 250  # val.tsv accuracy every 250 steps: the curves
+  base.checkpoint_every = 250  # an interrupted variant resumes from here
+  return Sweep(
+      title='IMDB validation accuracy by pooling (Gutenberg pretraining)',
+      base=base,
+      variants=pooling_variants(),
+  )

@@ -12,7 +12,8 @@ reporting dev accuracy every 250 steps:
   python -m linformer_jax.sweep --sweep configs/sweeps/sst2_pooling.py \
       --workdir runs/parity/sst2
 
-The variants run seed by seed, so the first six give a one-seed comparison.
+The variants run seed by seed and the two models side by side, so each pair
+of runs compares one pooling and the first six give a one-seed comparison.
 results.md holds every run and the mean ± std over seeds; accuracy.png the dev
 accuracy against steps. Each run is 2,000 steps of batch 32 (0.95 of an
 epoch): about 27 minutes for the Linformer and 37 for the Transformer on a
@@ -32,11 +33,12 @@ SEEDS = (0, 1, 2)
 
 
 def pooling_variants() -> list:
-  """Every seed x model x pooling, seed by seed, named MODEL-POOLING-sSEED."""
+  """Every seed x pooling x model, seed by seed and the two models side by
+  side, named MODEL-POOLING-sSEED."""
   variants = []
   for seed in SEEDS:
-    for model, init_from in PRETRAINED.items():
-      for pooling in POOLINGS:
+    for pooling in POOLINGS:
+      for model, init_from in PRETRAINED.items():
         overrides = {
             'init_from': init_from,
             'model.attention': 'linformer' if model == 'linformer' else 'full',

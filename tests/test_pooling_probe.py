@@ -78,6 +78,11 @@ def test_the_report_has_probes_and_attention_per_layer(pretrained, tmp_path, att
     assert 0.0 <= row['s_entropy_nats'] <= math.log(keys) + 1e-9
     assert 1.0 <= row['s_effective_keys'] <= keys + 1e-6
     assert 0.0 < row['s_largest_weight'] <= 1.0
+    if attention == 'full':
+      assert row['s_token_weight_sum'] == pytest.approx(1.0)
+      assert row['s_negative_token_weight_share'] == 0.0
+    else:
+      assert math.isfinite(row['s_token_weight_sum'])
   # One word decides the label: the mean of the tokens reads it.
   assert max(row['probe_mean'] for row in report['layers']) >= 0.9
 
@@ -92,3 +97,20 @@ def test_a_config_without_init_from_is_refused(tmp_path):
   config = probe_config(tmp_path, '')
   with pytest.raises(ConfigError, match='config.init_from'):
     pooling_probe.probe(config, str(tmp_path / 'probe'))
+
+
+def test_token_weights_are_p_for_full_attention_and_p_f_for_linformer():
+  rng = np.random.default_rng(1)
+  p = rng.dirichlet(np.ones(4), size=(2, 3))  # [batch, heads, k]
+  mask = np.array([[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1]], bool)
+  f = rng.normal(size=(6, 4))
+  w = pooling_probe.token_weights(p, f, mask)
+  expected = np.einsum('bhk,nk->bhn', p, f) * mask[:, None]
+  np.testing.assert_allclose(w, expected)
+  assert not np.any(w[0, :, 3:])
+  per_head = rng.normal(size=(3, 6, 4))
+  np.testing.assert_allclose(
+      pooling_probe.token_weights(p, per_head, mask)[1, 2], p[1, 2] @ per_head[2].T
+  )
+  full = rng.dirichlet(np.ones(6), size=(2, 3))
+  np.testing.assert_allclose(pooling_probe.token_weights(full, None, mask), full * mask[:, None])

@@ -11,7 +11,11 @@ layer:
 * **the `<s>` query's attention**: its entropy H over what it attends to (the
   real tokens for full attention; the k compressed slots for Linformer), as
   exp(H), the effective number of keys, and the share of the largest weight,
-  averaged over heads and examples.
+  averaged over heads and examples;
+* **the `<s>` output's token weights**: how much of each real token's value
+  vector the `<s>` output holds (P itself for full attention; P F for a
+  Linformer's matrix projection F), as their sum and the share of their mass
+  that is negative. A mean has weights 1/length: sum 1, none negative.
 
 If `first` probes fall behind `mean` probes for Linformer but not for the
 Transformer, and the Linformer `<s>` spreads its attention over its slots,
@@ -20,7 +24,7 @@ first-token pooling loses what mean pooling keeps.
 
 import dataclasses
 import os
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import jax
 import jax.numpy as jnp
@@ -37,19 +41,58 @@ from linformer_jax.training.checkpoints import CheckpointStore
 
 @dataclasses.dataclass
 class Features:
-  """Per layer, the pooled vectors of a set of examples and their labels."""
+  """Per layer, the pooled vectors of a set of examples and what `<s>` reads."""
 
   first: List[np.ndarray]  # per layer [examples, d]
   mean: List[np.ndarray]
   labels: np.ndarray
   entropy: List[np.ndarray]  # per layer [examples]: mean over heads, nats
   largest: List[np.ndarray]  # per layer [examples]: largest <s> weight, mean over heads
+  weight_sum: List[np.ndarray]  # per layer [examples]: sum of <s>'s token weights
+  negative_share: List[np.ndarray]  # per layer [examples]: their negative share
 
 
 def _capture(module: Any, method_name: str) -> bool:
   return spectrum.capture_intermediates(module, method_name) or (
       method_name == '__call__' and isinstance(module, models.EncoderLayer)
   )
+
+
+def _value_matrices(encoder: Any, config) -> List[Any]:
+  """Per layer the value projection F ([n, k] or [heads, n, k]) of a Linformer
+  with a matrix projection; None for full attention and other projections."""
+  if config.attention == 'full' or config.projection not in ('linear', 'random'):
+    return [None] * config.num_layers
+  matrices = []
+  for layer in range(config.num_layers):
+    path = (f'layers_{layer}', 'attention')
+    node = encoder
+    for name in ('shared_projection',) if config.sharing == 'layerwise' else path + ('projection',):
+      node = node[name]
+    matrices.append(node['__call__'][0][1])
+  return matrices
+
+
+def token_weights(p_first: np.ndarray, value_matrix: Optional[Any], mask: np.ndarray) -> np.ndarray:
+  """The weight of each real token in the `<s>` output, [batch, heads, length]
+  (NaN for Linformer projections that are not a matrix).
+
+  With full attention it is the `<s>` row of P. A Linformer's output is
+  P (F^T V), so token j gets sum_i P[i] F[j, i]: weights that need not be
+  positive nor sum to one.
+  """
+  mask = np.asarray(mask, np.float64)
+  if value_matrix is None:
+    if p_first.shape[-1] != mask.shape[1]:  # Pooling or convolution: not a matrix.
+      return np.full(p_first.shape[:2] + mask.shape[1:], np.nan)
+    return p_first * mask[:, None, :]
+  f = np.asarray(value_matrix, np.float64)
+  length = mask.shape[1]
+  if f.ndim == 2:
+    w = np.einsum('bhk,nk->bhn', p_first, f[:length])
+  else:
+    w = np.einsum('bhk,hnk->bhn', p_first, f[:, :length])
+  return w * mask[:, None, :]
 
 
 def _encoder_step(config):
@@ -67,36 +110,48 @@ def _encoder_step(config):
     )
     captured = {'encoder': state['intermediates']}
     hidden = [captured['encoder'][f'layers_{i}']['__call__'][0] for i in range(config.num_layers)]
-    return hidden, spectrum.context_queries_and_keys(captured, config, padding_mask)
+    return (
+        hidden,
+        spectrum.context_queries_and_keys(captured, config, padding_mask),
+        _value_matrices(captured['encoder'], config),
+    )
 
   return jax.jit(step)
 
 
+_PER_LAYER = ('first', 'mean', 'entropy', 'largest', 'weight_sum', 'negative_share')
+
+
 def _pooled_features(step, variables, batches, config) -> Features:
-  layers = range(config.num_layers)
-  out = Features(
-      [[] for _ in layers], [[] for _ in layers], [], [[] for _ in layers], [[] for _ in layers]
-  )
+  parts = {name: [[] for _ in range(config.num_layers)] for name in _PER_LAYER}
   labels = []
   for batch in batches:
     real = np.asarray(batch.get('weights', np.ones(len(batch['labels'])))) > 0
     mask = jnp.asarray(batch['padding_mask'])
     segments = batch.get('segments') if config.num_segments else None
-    hidden, queries_and_keys = step(variables, jnp.asarray(batch['inputs']), mask, segments)
-    for layer in layers:
+    hidden, queries_and_keys, values = step(variables, jnp.asarray(batch['inputs']), mask, segments)
+    for layer in range(config.num_layers):
       h = hidden[layer]
-      out.first[layer].append(np.asarray(h[:, 0], np.float64)[real])
-      out.mean[layer].append(np.asarray(models.mean_pool(h, mask), np.float64)[real])
       q, keys, key_mask = queries_and_keys[layer]
       p = spectrum.attention_matrix(np.asarray(q)[:, :1], np.asarray(keys), key_mask)[:, :, 0]
       logs = np.log(np.where(p > 0, p, 1.0))
-      out.entropy[layer].append((-(p * logs).sum(-1)).mean(-1)[real])
-      out.largest[layer].append(p.max(-1).mean(-1)[real])
+      w = token_weights(p, values[layer], np.asarray(batch['padding_mask']))
+      negative = np.where(w < 0, -w, 0.0).sum(-1) / np.maximum(np.abs(w).sum(-1), 1e-30)
+      found = {
+          'first': np.asarray(h[:, 0], np.float64),
+          'mean': np.asarray(models.mean_pool(h, mask), np.float64),
+          'entropy': (-(p * logs).sum(-1)).mean(-1),
+          'largest': p.max(-1).mean(-1),
+          'weight_sum': w.sum(-1).mean(-1),
+          'negative_share': negative.mean(-1),
+      }
+      for name, value in found.items():
+        parts[name][layer].append(value[real])
     labels.append(np.asarray(batch['labels'])[real])
-  join = lambda parts: [np.concatenate(per_layer) for per_layer in parts]  # noqa: E731
-  return Features(
-      join(out.first), join(out.mean), np.concatenate(labels), join(out.entropy), join(out.largest)
-  )
+  joined = {
+      name: [np.concatenate(chunks) for chunks in per_layer] for name, per_layer in parts.items()
+  }
+  return Features(labels=np.concatenate(labels), **joined)
 
 
 def probe_accuracy(
@@ -186,6 +241,8 @@ def probe(config: ml_collections.ConfigDict, workdir: str, *, train_batches: int
     row['s_entropy_nats'] = float(entropy.mean())
     row['s_effective_keys'] = float(np.exp(entropy).mean())
     row['s_largest_weight'] = float(evaluation.largest[layer].mean())
+    row['s_token_weight_sum'] = float(evaluation.weight_sum[layer].mean())
+    row['s_negative_token_weight_share'] = float(evaluation.negative_share[layer].mean())
     layers.append(row)
   counts = np.bincount(evaluation.labels, minlength=num_classes)
   real_tokens = float(np.mean([b['padding_mask'].sum(1).mean() for b in data.eval_batches]))
@@ -211,6 +268,7 @@ def summary_lines(report: Dict[str, Any]) -> List[str]:
         f"layer {row['layer']}: probe first {row['probe_first']:.3f}, mean {row['probe_mean']:.3f}"
         f"; <s> attention entropy {row['s_entropy_nats']:.2f} nats "
         f"({row['s_effective_keys']:.1f} effective keys, largest weight "
-        f"{row['s_largest_weight']:.2f})"
+        f"{row['s_largest_weight']:.2f}); its token weights sum to "
+        f"{row['s_token_weight_sum']:.3f}, {row['s_negative_token_weight_share']:.0%} negative"
     )
   return lines

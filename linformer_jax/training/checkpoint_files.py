@@ -1,4 +1,5 @@
-"""The files of saved checkpoints: integrity manifests, damaged steps, full disks.
+"""The files of saved checkpoints: integrity manifests, damaged steps, full
+disks, and whether a step's arrays fit the arrays a run wants.
 
 Orbax writes a step into `STEP.orbax-checkpoint-tmp` and renames it to `STEP`
 once every item is written. Just before that rename (on the primary process,
@@ -23,7 +24,7 @@ import json
 import logging as python_logging
 import os
 import shutil
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from absl import logging
 import jax
@@ -213,6 +214,52 @@ def quiet_disk_full_logs() -> None:
     logger = python_logging.getLogger(name)
     if not any(isinstance(existing, _DiskFullRecords) for existing in logger.filters):
       logger.addFilter(_DiskFullRecords())
+
+
+def _leaf_name(path: Tuple[str, ...]) -> str:
+  return '/'.join(path)
+
+
+def check_arrays_match(
+    stored: Dict[Tuple[str, ...], Any],
+    wanted: Dict[Tuple[str, ...], Any],
+    *,
+    directory: str,
+    step: int,
+    advice: str,
+) -> None:
+  """Raises ConfigError unless a checkpoint's arrays are exactly those wanted.
+
+  Orbax's own errors for a mismatch name neither the leaf nor the cause, so
+  shapes and structure are compared here, before anything is read.
+
+  Args:
+    stored: path -> array metadata (with `.shape`) of the checkpoint's arrays
+      under the paths compared.
+    wanted: path -> the `jax.ShapeDtypeStruct` wanted there.
+    directory: the checkpoint directory, for the messages.
+    step: the checkpoint's step, for the messages.
+    advice: what the user should change, ending every message.
+  """
+  where = f'the checkpoint of step {step} in {directory}'
+  for path, leaf in wanted.items():
+    if path not in stored:
+      raise ConfigError(
+          f'{where} has no array {_leaf_name(path)!r} (expected shape '
+          f'{tuple(leaf.shape)}): {advice}.'
+      )
+    stored_shape = tuple(stored[path].shape)
+    if stored_shape != tuple(leaf.shape):
+      raise ConfigError(
+          f'{where} holds {_leaf_name(path)!r} with shape {stored_shape}, '
+          f'but shape {tuple(leaf.shape)} was expected: {advice}.'
+      )
+  unexpected = sorted(set(stored) - set(wanted))
+  if unexpected:
+    raise ConfigError(
+        f'{where} holds array {_leaf_name(unexpected[0])!r} that the '
+        f'model does not have: {advice}.'
+    )
 
 
 def capitalized(text: str) -> str:

@@ -103,32 +103,11 @@ def _decode_data_state(stored: Dict[str, Any]) -> DataState:
   return stored[_DICT]
 
 
-def _leaf_name(path: Tuple[str, ...]) -> str:
-  return '/'.join(path)
-
-
-def _check_matches(
-    stored_tree: PyTree,
-    abstract: PyTree,
-    *,
-    prefix: Tuple[str, ...],
-    directory: str,
-    step: int,
-    advice: str,
-) -> None:
-  """Raises ConfigError unless the checkpoint's arrays fit `abstract`.
-
-  Orbax's own errors for a mismatch name neither the leaf nor the cause, so
-  shapes and structure are compared here, before anything is read.
-
-  Args:
-    stored_tree: the checkpoint's tree of array metadata (from orbax).
-    abstract: the requested tree of `jax.ShapeDtypeStruct` with shardings.
-    prefix: the path of `abstract` inside the stored tree.
-    directory: the checkpoint directory, for the messages.
-    step: the checkpoint's step, for the messages.
-    advice: what the user should change, ending every message.
-  """
+def _stored_and_wanted(
+    stored_tree: PyTree, abstract: PyTree, prefix: Tuple[str, ...]
+) -> Tuple[Dict[Tuple[str, ...], Any], Dict[Tuple[str, ...], Any]]:
+  """The checkpoint's array metadata under `prefix` and the arrays of
+  `abstract` (placed at `prefix`), both flat: path -> leaf."""
   stored = {
       path: meta
       for path, meta in ocp.tree.to_flat_dict(stored_tree).items()
@@ -139,29 +118,11 @@ def _check_matches(
     path = prefix + ocp.tree.str_keypath(keypath)
     if getattr(leaf, 'sharding', None) is None:
       raise ValueError(
-          f'abstract leaf {_leaf_name(path)!r} has no sharding; pass '
+          f'abstract leaf {"/".join(path)!r} has no sharding; pass '
           'jax.ShapeDtypeStruct leaves with sharding= set.'
       )
     wanted[path] = leaf
-  where = f'the checkpoint of step {step} in {directory}'
-  for path, leaf in wanted.items():
-    if path not in stored:
-      raise ConfigError(
-          f'{where} has no array {_leaf_name(path)!r} (expected shape '
-          f'{tuple(leaf.shape)}): {advice}.'
-      )
-    stored_shape = tuple(stored[path].shape)
-    if stored_shape != tuple(leaf.shape):
-      raise ConfigError(
-          f'{where} holds {_leaf_name(path)!r} with shape {stored_shape}, '
-          f'but shape {tuple(leaf.shape)} was expected: {advice}.'
-      )
-  unexpected = sorted(set(stored) - set(wanted))
-  if unexpected:
-    raise ConfigError(
-        f'{where} holds array {_leaf_name(unexpected[0])!r} that the '
-        f'model does not have: {advice}.'
-    )
+  return stored, wanted
 
 
 def _state_metadata(manager: ocp.CheckpointManager, step: int) -> PyTree:
@@ -317,10 +278,8 @@ class CheckpointStore:
     """
     self.wait()
     step = self._inspector.step_to_read(self._manager.all_steps(), step)
-    _check_matches(
-        _state_metadata(self._manager, step),
-        abstract_state,
-        prefix=(),
+    checkpoint_files.check_arrays_match(
+        *_stored_and_wanted(_state_metadata(self._manager, step), abstract_state, ()),
         directory=self.directory,
         step=step,
         advice=_OTHER_WORKDIR_ADVICE,
@@ -426,8 +385,11 @@ class CheckpointStore:
       metadata = _state_metadata(manager, step)
       target: Dict[str, Any] = {}
       for path, abstract in subtrees.items():
-        _check_matches(
-            metadata, abstract, prefix=path, directory=directory, step=step, advice=advice
+        checkpoint_files.check_arrays_match(
+            *_stored_and_wanted(metadata, abstract, path),
+            directory=directory,
+            step=step,
+            advice=advice,
         )
         node = target
         for key in path[:-1]:

@@ -56,3 +56,17 @@ def latest_checkpoint(workdir):
     return store.latest_step()
   finally:
     store.close()
+
+
+def start_endless_run(run_command, workdir, checkpoint_every=100000):
+  """Starts `train` on configs/tiny.py that logs every step and runs until
+  stopped; returns the running process."""
+  return run_command(
+      'train',
+      *tiny_flags(workdir),
+      '--config.total_steps=100000',
+      '--config.log_every=1',
+      f'--config.checkpoint_every={checkpoint_every}',
+      '--config.eval_every=100000',
+      wait=False,
+  )

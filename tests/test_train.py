@@ -17,6 +17,7 @@ import pytest
 from run_helpers import final_params
 from run_helpers import latest_checkpoint
 from run_helpers import losses_by_step
+from run_helpers import start_endless_run
 from run_helpers import tiny_config
 from run_helpers import tiny_flags
 from run_helpers import wait_for_step
@@ -71,15 +72,7 @@ def test_one_run_per_workdir_and_a_dead_runs_lock_never_blocks(tmp_path, run_com
   """A second run on a busy workdir exits 2 with one line naming it; once the
   first is killed, a new run takes the workdir."""
   workdir = str(tmp_path / 'run')
-  first = run_command(
-      'train',
-      *tiny_flags(workdir),
-      '--config.total_steps=100000',
-      '--config.log_every=1',
-      '--config.checkpoint_every=100000',
-      '--config.eval_every=100000',
-      wait=False,
-  )
+  first = start_endless_run(run_command, workdir)
   wait_for_step(workdir, 2, first)
   second = run_command('train', *tiny_flags(workdir))
   errors = [line for line in second.stderr.splitlines() if line.startswith('error:')]
@@ -96,15 +89,7 @@ def test_one_run_per_workdir_and_a_dead_runs_lock_never_blocks(tmp_path, run_com
 @pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_before_exiting(tmp_path, run_command):
   workdir = str(tmp_path)
-  process = run_command(
-      'train',
-      *tiny_flags(workdir),
-      '--config.total_steps=100000',
-      '--config.log_every=1',
-      '--config.checkpoint_every=100000',
-      '--config.eval_every=100000',
-      wait=False,
-  )
+  process = start_endless_run(run_command, workdir)
   wait_for_step(workdir, 3, process)
   process.send_signal(signal.SIGTERM)
   assert process.wait(timeout=120) == 128 + signal.SIGTERM
@@ -117,15 +102,7 @@ def test_sigterm_saves_a_checkpoint_before_exiting(tmp_path, run_command):
 def test_sigkill_resumes_from_the_last_checkpoint(tmp_path, run_command):
   workdir = str(tmp_path)
   config = tiny_config(total_steps=100000, log_every=1, checkpoint_every=4, eval_every=100000)
-  process = run_command(
-      'train',
-      *tiny_flags(workdir),
-      '--config.total_steps=100000',
-      '--config.log_every=1',
-      '--config.checkpoint_every=4',
-      '--config.eval_every=100000',
-      wait=False,
-  )
+  process = start_endless_run(run_command, workdir, checkpoint_every=4)
   wait_for_step(workdir, 10, process)
   # Checkpoints are written asynchronously: wait until one is complete on disk.
   deadline = time.time() + 120

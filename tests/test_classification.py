@@ -14,11 +14,13 @@ import pytest
 from configs import classification
 from configs import tiny
 from linformer_jax.data import classification as classification_data
+from linformer_jax.data import encoding
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.training import run_builder
+from linformer_jax.training import run_config
 from linformer_jax.training import trainer
 
 BYTES = tokenizer_lib.ByteTokenizer()
@@ -42,6 +44,7 @@ def write_sentiment_tsv(folder, seed=0, count=96):
 def tiny_classifier_config(data_dir, **overrides):
   config = classification.get_config()
   pretrain = tiny.get_config()
+  pretrain.model.pooling = config.model.pooling  # the classification default
   config.model = pretrain.model  # the tiny encoder (vocab 260, n = 32, k = 8)
   for field in ('tokenizer', 'vocab_size'):
     config.data[field] = pretrain.data[field]
@@ -117,10 +120,10 @@ def reference_evaluation(config, workdir):
 
 
 def test_single_texts_and_pairs_get_bos_eos_separators_and_segments():
-  ids, segments = classification_data.encode_texts(['ab'], BYTES, 16)
+  ids, segments = encoding.encode_texts(['ab'], BYTES, 16)
   assert ids == [BYTES.bos_id, *BYTES.encode('ab'), BYTES.eos_id]
   assert segments == [0, 0, 0, 0]
-  ids, segments = classification_data.encode_texts(['ab', 'xyz'], BYTES, 16)
+  ids, segments = encoding.encode_texts(['ab', 'xyz'], BYTES, 16)
   assert ids == [
       BYTES.bos_id,
       *BYTES.encode('ab'),
@@ -134,12 +137,12 @@ def test_single_texts_and_pairs_get_bos_eos_separators_and_segments():
 
 def test_long_texts_are_cut_to_fit_as_the_config_says():
   text = 'abcdefghij'
-  ids, _ = classification_data.encode_texts([text], BYTES, 6, 'head')
+  ids, _ = encoding.encode_texts([text], BYTES, 6, 'head')
   assert BYTES.decode(ids) == 'abcd'
-  ids, _ = classification_data.encode_texts([text], BYTES, 6, 'head_tail')
+  ids, _ = encoding.encode_texts([text], BYTES, 6, 'head_tail')
   assert BYTES.decode(ids) == 'abij'
   # A pair loses tokens from its longer text first.
-  ids, segments = classification_data.encode_texts(['abcdefgh', 'xy'], BYTES, 10)
+  ids, segments = encoding.encode_texts(['abcdefgh', 'xy'], BYTES, 10)
   assert len(ids) == 10 and segments.count(1) == 4  # 'xy' kept whole
   assert BYTES.decode(ids[: segments.index(1)]) == 'abcd'
 
@@ -205,6 +208,83 @@ def test_attention_pooling_starts_fresh_on_a_pretrained_encoder_and_is_saved(pre
   assert np.any(query)
   loaded = run_builder.load_for_evaluation(config, workdir)
   np.testing.assert_array_equal(jax.device_get(loaded.variables['params']['pool_query']), query)
+
+
+def test_a_shorter_seq_len_gives_the_same_logits_for_texts_that_fit(pretrained, tmp_path):
+  """data.seq_len below model.max_len cuts only padding: the same ids, the same
+  logits; training runs at that length; a seq_len over max_len is refused."""
+  write_sentiment_tsv(tmp_path / 'data')  # at most 28 byte tokens with <s> and </s>
+  full = tiny_classifier_config(tmp_path / 'data', init_from=pretrained)
+  short = tiny_classifier_config(
+      tmp_path / 'data', init_from=pretrained, **{'data.seq_len': 28, 'total_steps': 4}
+  )
+  run = trainer.Run(full, str(tmp_path / 'start'))
+  variables = run.state.variables()
+  run.store.close()
+  model = models.SequenceClassifier(ModelConfig.from_config(full.model), 2)
+
+  def batches_and_logits(config):
+    data = classification_data.build_datasets(config, str(tmp_path / 'start'), train=False)
+    batch = data.eval_batches[0]
+    logits = model.apply(
+        variables, batch['inputs'], batch['padding_mask'], segments=batch['segments']
+    )
+    return batch, np.asarray(logits)
+
+  full_batch, full_logits = batches_and_logits(full)
+  short_batch, short_logits = batches_and_logits(short)
+  assert full_batch['inputs'].shape[1] == 32 and short_batch['inputs'].shape[1] == 28
+  np.testing.assert_array_equal(short_batch['inputs'], full_batch['inputs'][:, :28])
+  assert not full_batch['padding_mask'][:, 28:].any()
+  np.testing.assert_allclose(short_logits, full_logits, rtol=1e-5, atol=1e-6)
+  assert trainer.train_and_evaluate(short, str(tmp_path / 'short'))['step'] == 4
+  with pytest.raises(ConfigError, match=r'config\.data\.seq_len=33 .*max_len=32'):
+    classification_data.build_datasets(
+        tiny_classifier_config(tmp_path / 'data', **{'data.seq_len': 33}), str(tmp_path / 'bad')
+    )
+
+
+def test_runs_fine_tuned_before_mean_pooling_became_the_default_load_unchanged(
+    pretrained, tmp_path
+):
+  """A first-token run (the old default) is refused by today's mean-pooling
+  config, naming the field; with model.pooling='first' it loads its own arrays
+  and gives the logits it gave before. A run saved before the field existed
+  counts as 'first'."""
+  assert classification.get_config().model.pooling == 'mean'
+  write_sentiment_tsv(tmp_path / 'data')
+  old = tiny_classifier_config(
+      tmp_path / 'data', init_from=pretrained, **{'model.pooling': 'first', 'total_steps': 4}
+  )
+  workdir = str(tmp_path / 'old')
+  trainer.train_and_evaluate(old, workdir)
+  run = trainer.Run(old, workdir)
+  variables = run.state.variables()
+  run.store.close()
+  batch = classification_data.build_datasets(old, workdir, train=False).eval_batches[0]
+  model = models.SequenceClassifier(ModelConfig.from_config(old.model), 2)
+  before = model.apply(
+      variables, batch['inputs'], batch['padding_mask'], segments=batch['segments']
+  )
+
+  today = tiny_classifier_config(tmp_path / 'data', init_from=pretrained)
+  with pytest.raises(
+      ConfigError, match="model.pooling='first', not 'mean'.*--config.model.pooling"
+  ):
+    run_builder.load_for_evaluation(today, workdir)
+  today.model.pooling = 'first'
+  loaded = run_builder.load_for_evaluation(today, workdir)
+  after = model.apply(
+      loaded.variables, batch['inputs'], batch['padding_mask'], segments=batch['segments']
+  )
+  np.testing.assert_array_equal(np.asarray(after), np.asarray(before))
+
+  saved_before_the_field = old.to_dict()
+  del saved_before_the_field['model']['pooling']
+  run_config.check_same_model(saved_before_the_field, today, workdir)  # 'first': accepted
+  today.model.pooling = 'mean'
+  with pytest.raises(ConfigError, match="model.pooling='first', not 'mean'"):
+    run_config.check_same_model(saved_before_the_field, today, workdir)
 
 
 def test_a_short_run_learns_the_toy_task(tmp_path):

@@ -13,12 +13,10 @@
 
 Texts are tokenized by the run's tokenizer: the pretrained run's SentencePiece
 model (copied from config.init_from), one trained on the training texts, or
-bytes (`tokenizer='byte'`, the LRA's byte-level text task). One text becomes
-`[bos] text [eos]`; a pair `[bos] first [eos] [eos] second [eos]` (RoBERTa's
-separator) with segment 0 up to the first eos and 1 after it. Texts longer than
-the model are cut to fit: `truncation='head'` keeps their beginning,
-'head_tail' their first and last halves (the longer text of a pair loses
-tokens first).
+bytes (`tokenizer='byte'`, the LRA's byte-level text task), and laid out by
+`linformer_jax.data.encoding` in rows of n = config.data.seq_len tokens
+(model.max_len when 0). A shorter n than max_len gives the same outputs for
+every text that fits, since padding never reaches real tokens, and costs less.
 
 Every batch is a dict of numpy arrays:
   inputs        int32 [batch, n], token ids
@@ -40,9 +38,11 @@ import grain
 import numpy as np
 
 from linformer_jax.data import corpus
+from linformer_jax.data import encoding
 from linformer_jax.data import listops
 from linformer_jax.data import loaders
 from linformer_jax.data import tokenizer as tokenizer_lib
+from linformer_jax.data.encoding import EncodedSplit
 from linformer_jax.errors import ConfigError
 
 Batch = Dict[str, np.ndarray]
@@ -179,74 +179,6 @@ def load_examples(data, split: str) -> Examples:
   if not data.tfds_name:
     raise ConfigError("config.data.tfds_name is empty; set it to a TFDS dataset, e.g. 'glue/sst2'.")
   return _tfds_split(data, split)
-
-
-def _truncate(ids: List[int], budget: int, truncation: str) -> List[int]:
-  if len(ids) <= budget:
-    return ids
-  if truncation == 'head':
-    return ids[:budget]
-  head = (budget + 1) // 2
-  return ids[:head] + ids[len(ids) - (budget - head) :]
-
-
-def _fit_pair(
-    first: List[int], second: List[int], budget: int, truncation: str
-) -> Tuple[List[int], List[int]]:
-  """Cuts the longer text first until both fit in `budget` tokens."""
-  first_len, second_len = len(first), len(second)
-  while first_len + second_len > budget:
-    if first_len >= second_len:
-      first_len -= 1
-    else:
-      second_len -= 1
-  return (_truncate(first, first_len, truncation), _truncate(second, second_len, truncation))
-
-
-def encode_texts(
-    texts: Sequence[str], tokenizer: tokenizer_lib.Tokenizer, seq_len: int, truncation: str = 'head'
-) -> Tuple[List[int], List[int]]:
-  """(token ids, segment ids) of one example of 1 or 2 texts, not padded."""
-  bos, eos = tokenizer.bos_id, tokenizer.eos_id
-  if len(texts) == 1:
-    ids = _truncate(tokenizer.encode(texts[0]), seq_len - 2, truncation)
-    return [bos] + ids + [eos], [0] * (len(ids) + 2)
-  if len(texts) != 2:
-    raise ConfigError(
-        f'config.data.text_columns names {len(texts)} columns; use 1 '
-        '(single texts) or 2 (pairs).'
-    )
-  first, second = _fit_pair(
-      tokenizer.encode(texts[0]), tokenizer.encode(texts[1]), seq_len - 4, truncation
-  )
-  ids = [bos] + first + [eos, eos] + second + [eos]
-  return ids, [0] * (len(first) + 2) + [1] * (len(second) + 2)
-
-
-def _pad_rows(rows: Sequence[List[int]], seq_len: int, pad_id: int) -> np.ndarray:
-  out = np.full([len(rows), seq_len], pad_id, np.int32)
-  for i, row in enumerate(rows):
-    out[i, : len(row)] = row
-  return out
-
-
-class EncodedSplit(NamedTuple):
-  inputs: np.ndarray  # int32 [num, n]
-  segments: np.ndarray  # int32 [num, n]
-  labels: np.ndarray  # int32 [num]
-  pad_id: int
-
-
-def encode_examples(
-    examples: Examples, tokenizer: tokenizer_lib.Tokenizer, seq_len: int, truncation: str
-) -> EncodedSplit:
-  encoded = [encode_texts(t, tokenizer, seq_len, truncation) for t in examples.texts]
-  return EncodedSplit(
-      _pad_rows([ids for ids, _ in encoded], seq_len, tokenizer.pad_id),
-      _pad_rows([seg for _, seg in encoded], seq_len, 0),
-      examples.labels,
-      tokenizer.pad_id,
-  )
 
 
 class EncodedRecords(grain.sources.RandomAccessDataSource):
@@ -393,8 +325,18 @@ def _tokenizer(
   )
 
 
+def sequence_length(config) -> int:
+  """Tokens per example: config.data.seq_len, or model.max_len when it is 0."""
+  return config.data.get('seq_len', 0) or config.model.max_len
+
+
 def _check_fields(config) -> None:
   data = config.data
+  if not 0 <= data.get('seq_len', 0) <= config.model.max_len:
+    raise ConfigError(
+        f'config.data.seq_len={data.seq_len} is not allowed; use 1 to '
+        f'config.model.max_len={config.model.max_len}, or 0 for max_len.'
+    )
   if data.source not in SOURCES:
     raise ConfigError(
         f'config.data.source={data.source!r} is not allowed for '
@@ -436,7 +378,7 @@ def build_datasets(
   """
   _check_fields(config)
   data = config.data
-  seq_len = config.model.max_len
+  seq_len = sequence_length(config)
   batch_size, eval_batch_size = loaders.per_process_batch_sizes(config, process_count)
   tokenizer_context = contextlib.nullcontext(None)
   if data.source == 'listops':
@@ -469,7 +411,7 @@ def build_datasets(
   with tokenizer_context as tokenizer:
     if tokenizer is not None:
       train_split, evaluation = (
-          encode_examples(examples, tokenizer, seq_len, data.truncation)
+          encoding.encode_examples(examples, tokenizer, seq_len, data.truncation)
           for examples in (train_examples, eval_examples)
       )
     train_iterator = None

@@ -125,5 +125,6 @@ def check_same_model(
       field, old_value, new_value = difference
       raise ConfigError(
           f'{workdir} holds a run with config.{section}.{field}={old_value!r}, not '
-          f'{new_value!r}; use another --workdir, or the same value to resume it.'
+          f'{new_value!r}; use another --workdir, or --config.{section}.{field}='
+          f'{old_value!r} to resume or evaluate it.'
       )

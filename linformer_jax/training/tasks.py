@@ -197,7 +197,7 @@ class Classification(Task):
     return train_steps.classification_loss(model)
 
   def batch_shapes(self, config):
-    shape = (config.batch_size, config.model.max_len)
+    shape = (config.batch_size, classification.sequence_length(config))
     return {
         'inputs': (shape, jnp.int32),
         'padding_mask': (shape, jnp.bool_),

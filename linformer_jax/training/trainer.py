@@ -22,6 +22,7 @@ the program exits.
 import contextlib
 import fcntl
 import json
+import math
 import os
 import signal
 import tempfile
@@ -336,17 +337,17 @@ def _train_and_evaluate(
   _write_json(os.path.join(workdir, 'config.json'), config.to_dict())
   first_step = int(run.state.step)
   parameter_count = int(sum(x.size for x in jax.tree_util.tree_leaves(run.state.params)))
+  tokens_per_step = math.prod(task.batch_shapes(config)['inputs'][0])
   report(
       f'{config.model.attention} model, {parameter_count:,} parameters; '
       f'{run.data.train_sequences:,} training and {run.data.eval_sequences:,} '
-      f'{config.data.eval_split} sequences of {config.model.max_len} tokens; '
+      f'{config.data.eval_split} sequences of {tokens_per_step // config.batch_size} tokens; '
       f'training steps {first_step + 1}..{config.total_steps}.'
   )
   logger = MetricLogger(
       workdir, total_steps=config.total_steps, is_primary=jax.process_index() == 0
   )
   logger.discard_after(first_step)
-  tokens_per_step = config.batch_size * config.model.max_len
   dropout_key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
   termination = _TerminationRequest()
   guard = FiniteGuard(workdir, run.store)

@@ -62,8 +62,9 @@ def attend(q: Array, k: Array, v: Array, key_mask: Optional[Array] = None) -> Ar
     q: [batch, q_length, heads, head_dim] queries.
     k: [batch, kv_length, heads, head_dim] keys (possibly compressed).
     v: [batch, kv_length, heads, head_dim] values (possibly compressed).
-    key_mask: optional [batch, kv_length] boolean, True for keys that may be
-      attended to.
+    key_mask: optional boolean, True for keys that may be attended to:
+      [batch, kv_length] for every query alike, or [batch, q_length,
+      kv_length] per query (a causal mask).
 
   Returns:
     [batch, q_length, heads, head_dim] in the dtype of `q`.
@@ -72,7 +73,8 @@ def attend(q: Array, k: Array, v: Array, key_mask: Optional[Array] = None) -> Ar
   logits = jnp.einsum('bqhd,bkhd->bhqk', q, k, preferred_element_type=jnp.float32)
   logits = logits / jnp.sqrt(jnp.float32(head_dim))
   if key_mask is not None:
-    logits = jnp.where(key_mask[:, None, None, :], logits, MASKED_LOGIT)
+    mask = key_mask[:, None, None, :] if key_mask.ndim == 2 else key_mask[:, None]
+    logits = jnp.where(mask, logits, MASKED_LOGIT)
   weights = jax.nn.softmax(logits, axis=-1)
   out = jnp.einsum(
       'bhqk,bkhd->bqhd', weights, v.astype(jnp.float32), preferred_element_type=jnp.float32
@@ -81,7 +83,7 @@ def attend(q: Array, k: Array, v: Array, key_mask: Optional[Array] = None) -> Ar
 
 
 def dot_product_attention(
-    q: Array, k: Array, v: Array, *, key_padding_mask: Optional[Array] = None
+    q: Array, k: Array, v: Array, *, key_padding_mask: Optional[Array] = None, causal: bool = False
 ) -> Array:
   """Standard softmax attention, the Transformer baseline: softmax(QK^T/sqrt(d))V.
 
@@ -89,13 +91,23 @@ def dot_product_attention(
     q, k, v: [batch, length, heads, head_dim].
     key_padding_mask: optional [batch, length], True for real tokens; padded
       keys get zero attention weight.
+    causal: position t attends to positions <= t only (a language model's
+      mask).
 
   Returns:
     [batch, length, heads, head_dim] in the dtype of `q`.
   """
   _check_qkv(q, k, v)
   _check_mask(key_padding_mask, k.shape[0], k.shape[1])
-  return attend(q, k, v, key_padding_mask)
+  if not causal:
+    return attend(q, k, v, key_padding_mask)
+  batch, length = k.shape[:2]
+  mask = jnp.tril(jnp.ones((length, length), bool))[None]
+  if key_padding_mask is not None:
+    # Every position also sees itself, so no row is empty (an empty row would
+    # spread its weight over every key, later ones included).
+    mask = mask & (key_padding_mask[:, None, :] | jnp.eye(length, dtype=bool)[None])
+  return attend(q, k, v, jnp.broadcast_to(mask, (batch, length, length)))
 
 
 def zero_padding(x: Array, key_padding_mask: Optional[Array]) -> Array:

@@ -49,6 +49,9 @@ class ModelConfig:
   dtype: str = 'float32'
   num_segments: int = 0
   pooling: str = 'first'
+  causal: bool = False
+  block_len: int = 64
+  query_blocks_per_step: int = 0
 
   def __post_init__(self):
     if isinstance(self.projected_len, list):
@@ -82,9 +85,14 @@ class ModelConfig:
       return self.projected_len[layer]
     return self.projected_len
 
+  @property
+  def compressed_span(self) -> int:
+    """The positions one compression covers: max_len, or a causal block."""
+    return self.block_len if self.causal and self.attention == 'linformer' else self.max_len
+
   def window_for_layer(self, layer: int) -> int:
-    """Pooling/convolution window n / k of one layer."""
-    return self.max_len // self.projected_len_for_layer(layer)
+    """Pooling/convolution window of one layer: n / k, or block_len / r when causal."""
+    return self.compressed_span // self.projected_len_for_layer(layer)
 
   def _validate(self) -> None:
     for field in ('vocab_size', 'max_len', 'num_layers', 'num_heads', 'hidden_dim', 'mlp_dim'):
@@ -114,6 +122,20 @@ class ModelConfig:
       )
     if self.pooling not in POOLING_TYPES:
       raise _field_error('pooling', self.pooling, f'use one of {POOLING_TYPES}')
+    if not isinstance(self.causal, bool):
+      raise _field_error('causal', self.causal, 'use True (left to right) or False')
+    for field in ('block_len', 'query_blocks_per_step'):
+      value = getattr(self, field)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise _field_error(field, value, 'use a non-negative integer')
+    if self.compressed_span != self.max_len and (
+        self.block_len < 1 or self.max_len % self.block_len
+    ):
+      raise _field_error(
+          'block_len',
+          self.block_len,
+          f'a causal Linformer needs blocks that divide max_len={self.max_len}',
+      )
     if self.dtype not in DTYPES:
       raise _field_error('dtype', self.dtype, f'use one of {tuple(DTYPES)}')
     if not 0.0 <= self.dropout_rate < 1.0:
@@ -143,14 +165,17 @@ class ModelConfig:
     for k in per_layer:
       if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise _field_error('projected_len', self.projected_len, 'use positive integers')
-      if k > self.max_len:
+      span, span_name = self.compressed_span, 'max_len'
+      if span != self.max_len:
+        span_name = 'block_len'  # a causal Linformer compresses each block to k slots
+      if k > span:
         raise _field_error(
-            'projected_len', self.projected_len, f'k must be at most max_len={self.max_len}'
+            'projected_len', self.projected_len, f'k must be at most {span_name}={span}'
         )
-      if self.projection in WINDOWED_PROJECTIONS and self.max_len % k:
+      if self.projection in WINDOWED_PROJECTIONS and span % k:
         raise _field_error(
             'projected_len',
             self.projected_len,
-            f"projection='{self.projection}' needs max_len={self.max_len} to be "
-            f'a multiple of k (window = stride = n/k); {self.max_len} % {k} != 0',
+            f"projection='{self.projection}' needs {span_name}={span} to be "
+            f'a multiple of k (window = stride = {span_name}/k); {span} % {k} != 0',
         )

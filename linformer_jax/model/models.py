@@ -1,29 +1,19 @@
-"""Flax modules of the RoBERTa-style encoder with full or Linformer attention.
+"""Flax models: the RoBERTa-style encoder and its heads (masked LM, classifier,
+causal LM), with full or Linformer attention.
 
-The modules only hold parameters and call the pure functions of
-`linformer_jax.model.attention`. One `ModelConfig` selects everything an ablation
-changes: `attention` ('full' is the Transformer baseline, same code otherwise),
-the projected length k (one or per layer), the parameter sharing mode and the
-sequence projection.
-
-Parameter sharing of the sequence projections (the paper's Section 4):
-  'none'      an E and an F per head and layer  (2 * heads * layers matrices)
-  'headwise'  one E and one F per layer          (2 * layers)
-  'kv'        one E = F per layer                (layers)
-  'layerwise' one E = F for the whole model      (1)
-
-Learned projections ('linear') start from the paper's Johnson-Lindenstrauss
-construction, entries drawn from N(0, 1/k). 'random' projections are drawn the
-same way but never trained: they live in the 'constants' collection, outside
-'params', so no gradient or optimizer update ever reaches them while they are
-still saved with the model's variables.
+The modules only hold parameters; the layers (`layers.py`) call the pure
+functions of `linformer_jax.model.attention` and `causal_attention`. One
+`ModelConfig` selects everything an ablation changes: `attention` ('full' is the
+Transformer baseline, same code otherwise), `causal` (left-to-right attention,
+for language modelling), the projected length k (one or per layer), the
+parameter sharing mode and the sequence projection.
 
 Parameters stay float32; `dtype='bfloat16'` only changes the compute dtype.
 Every parameter carries logical axis names (see `logical_axes.py`) for sharding.
 """
 
 import math
-from typing import Optional, Tuple
+from typing import Optional
 
 import flax.linen as nn
 import jax
@@ -31,204 +21,17 @@ import jax.numpy as jnp
 
 from linformer_jax.model import attention
 from linformer_jax.model import logical_axes as axes
+from linformer_jax.model.layers import CACHE
+from linformer_jax.model.layers import DENSE_INIT
+from linformer_jax.model.layers import PROJECTION_NAMES
+from linformer_jax.model.layers import EncoderLayer
+from linformer_jax.model.layers import SequenceProjection
+from linformer_jax.model.layers import dense
+from linformer_jax.model.layers import layer_norm
+from linformer_jax.model.layers import partitioned
 from linformer_jax.model.model_config import ModelConfig
 
 Array = jax.Array
-# Variable collection of the fixed (untrained) random projections.
-CONSTANTS = 'constants'
-_DENSE_INIT = nn.initializers.normal(stddev=0.02)
-# Names of the sequence-projection weights, E and F.
-PROJECTION_NAMES = ('kv_projection', 'key_projection', 'value_projection')
-
-
-def johnson_lindenstrauss_init(projected_len: int):
-  """Initialiser with entries from N(0, 1/k), the paper's JL construction."""
-  return nn.initializers.normal(stddev=projected_len**-0.5)
-
-
-def _partitioned(init, names):
-  return nn.with_logical_partitioning(init, names)
-
-
-def _dense(
-    features, in_axes: Tuple[str, ...], out_axes: Tuple[str, ...], *, name: str, dtype, axis=-1
-) -> nn.DenseGeneral:
-  """A float32-parameter dense layer whose kernel carries the logical axes
-  in_axes + out_axes and whose bias carries out_axes."""
-  return nn.DenseGeneral(
-      features,
-      axis=axis,
-      dtype=dtype,
-      param_dtype=jnp.float32,
-      name=name,
-      kernel_init=_partitioned(_DENSE_INIT, in_axes + out_axes),
-      bias_init=_partitioned(nn.initializers.zeros, out_axes),
-  )
-
-
-def _layer_norm(name: str, dtype) -> nn.LayerNorm:
-  return nn.LayerNorm(
-      epsilon=1e-5,
-      dtype=dtype,
-      param_dtype=jnp.float32,
-      name=name,
-      scale_init=_partitioned(nn.initializers.ones, (axes.EMBED,)),
-      bias_init=_partitioned(nn.initializers.zeros, (axes.EMBED,)),
-  )
-
-
-class SequenceProjection(nn.Module):
-  """Holds the E/F weights that compress keys and values along the sequence.
-
-  Attributes:
-    config: the model configuration.
-    projected_len: k for the layer(s) using these weights.
-    per_head: one weight per head (sharing 'none') or one for all heads.
-    share_key_value: one weight used as both E and F ('kv', 'layerwise').
-
-  Returns (from __call__) the pair (E, F); E is F when shared. Weights are
-  [max_len, k] matrices for 'linear'/'random', [window, head_dim, head_dim]
-  convolution kernels for 'conv' (a leading heads axis when per_head), and
-  None for pooling.
-  """
-
-  config: ModelConfig
-  projected_len: int
-  per_head: bool
-  share_key_value: bool
-
-  def _weight(self, name: str) -> Optional[Array]:
-    cfg = self.config
-    heads = (cfg.num_heads,) if self.per_head else ()
-    # Not axes.HEADS: projections stay replicated unless a rule names them.
-    head_axes = (axes.PROJECTION_HEADS,) if self.per_head else ()
-    if cfg.projection in ('linear', 'random'):
-      shape = heads + (cfg.max_len, self.projected_len)
-      names = head_axes + (axes.LENGTH, axes.PROJECTED_LENGTH)
-      init = _partitioned(johnson_lindenstrauss_init(self.projected_len), names)
-      if cfg.projection == 'linear':
-        return self.param(name, init, shape, jnp.float32)
-      return self.variable(
-          CONSTANTS, name, lambda: init(self.make_rng('params'), shape, jnp.float32)
-      ).value
-    if cfg.projection == 'conv':
-      window = cfg.max_len // self.projected_len
-      shape = heads + (window, cfg.head_dim, cfg.head_dim)
-      names = head_axes + (axes.CONV_WINDOW, axes.HEAD_DIM_IN, axes.HEAD_DIM)
-      fan_in = nn.initializers.variance_scaling(
-          1.0, 'fan_in', 'normal', in_axis=(-3, -2), out_axis=-1
-      )
-      return self.param(name, _partitioned(fan_in, names), shape, jnp.float32)
-    return None
-
-  @nn.compact
-  def __call__(self) -> Tuple[Optional[Array], Optional[Array]]:
-    if self.share_key_value:
-      shared = self._weight('kv_projection')
-      return shared, shared
-    return self._weight('key_projection'), self._weight('value_projection')
-
-
-class SelfAttention(nn.Module):
-  """Multi-head self-attention, full or Linformer, for one layer."""
-
-  config: ModelConfig
-  layer: int
-
-  @nn.compact
-  def __call__(
-      self,
-      x: Array,
-      padding_mask: Optional[Array],
-      shared_projection: Tuple[Optional[Array], Optional[Array]],
-      deterministic: bool,
-  ) -> Array:
-    cfg = self.config
-    dtype = cfg.compute_dtype
-
-    q, k, v = (
-        _dense(
-            (cfg.num_heads, cfg.head_dim),
-            (axes.EMBED,),
-            (axes.HEADS, axes.HEAD_DIM),
-            name=name,
-            dtype=dtype,
-        )(x)
-        for name in ('query', 'key', 'value')
-    )
-    if cfg.attention == 'full':
-      out = attention.dot_product_attention(q, k, v, key_padding_mask=padding_mask)
-    else:
-      projected_len = cfg.projected_len_for_layer(self.layer)
-      if cfg.sharing == 'layerwise':
-        key_weight, value_weight = shared_projection
-      else:
-        key_weight, value_weight = SequenceProjection(
-            cfg,
-            projected_len,
-            per_head=cfg.sharing == 'none',
-            share_key_value=cfg.sharing == 'kv',
-            name='projection',
-        )()
-      out = attention.compressed_attention(
-          q,
-          k,
-          v,
-          projection=cfg.projection,
-          key_weight=key_weight,
-          value_weight=value_weight,
-          max_len=cfg.max_len,
-          projected_len=projected_len,
-          key_padding_mask=padding_mask,
-      )
-    out = _dense(
-        cfg.hidden_dim,
-        (axes.HEADS, axes.HEAD_DIM),
-        (axes.EMBED,),
-        name='out',
-        dtype=dtype,
-        axis=(-2, -1),
-    )(out)
-    return nn.Dropout(cfg.dropout_rate)(out, deterministic=deterministic)
-
-
-class FeedForward(nn.Module):
-  """The position-wise GELU MLP."""
-
-  config: ModelConfig
-
-  @nn.compact
-  def __call__(self, x: Array, deterministic: bool) -> Array:
-    cfg = self.config
-    dtype = cfg.compute_dtype
-    h = _dense(cfg.mlp_dim, (axes.EMBED,), (axes.MLP,), name='wi', dtype=dtype)(x)
-    h = nn.gelu(h, approximate=False)
-    h = nn.Dropout(cfg.dropout_rate)(h, deterministic=deterministic)
-    h = _dense(cfg.hidden_dim, (axes.MLP,), (axes.EMBED,), name='wo', dtype=dtype)(h)
-    return nn.Dropout(cfg.dropout_rate)(h, deterministic=deterministic)
-
-
-class EncoderLayer(nn.Module):
-  """Attention and MLP blocks with residuals, post-LN (RoBERTa) or pre-LN."""
-
-  config: ModelConfig
-  layer: int
-
-  @nn.compact
-  def __call__(self, x, padding_mask, shared_projection, deterministic):
-    cfg = self.config
-    dtype = cfg.compute_dtype
-    attend = SelfAttention(cfg, self.layer, name='attention')
-    feed_forward = FeedForward(cfg, name='mlp')
-    if cfg.pre_layer_norm:
-      x = x + attend(
-          _layer_norm('attention_norm', dtype)(x), padding_mask, shared_projection, deterministic
-      )
-      return x + feed_forward(_layer_norm('mlp_norm', dtype)(x), deterministic)
-    x = _layer_norm('attention_norm', dtype)(
-        x + attend(x, padding_mask, shared_projection, deterministic)
-    )
-    return _layer_norm('mlp_norm', dtype)(x + feed_forward(x, deterministic))
 
 
 class Encoder(nn.Module):
@@ -243,11 +46,11 @@ class Encoder(nn.Module):
         cfg.hidden_dim,
         dtype=cfg.compute_dtype,
         param_dtype=jnp.float32,
-        embedding_init=_partitioned(_DENSE_INIT, (axes.VOCAB, axes.EMBED)),
+        embedding_init=partitioned(DENSE_INIT, (axes.VOCAB, axes.EMBED)),
     )
     self.position_embedding = self.param(
         'position_embedding',
-        _partitioned(_DENSE_INIT, (axes.LENGTH, axes.EMBED)),
+        partitioned(DENSE_INIT, (axes.LENGTH, axes.EMBED)),
         (cfg.max_len, cfg.hidden_dim),
         jnp.float32,
     )
@@ -255,11 +58,11 @@ class Encoder(nn.Module):
       # Zeros: a pretrained encoder without segments starts out unchanged.
       self.segment_embedding = self.param(
           'segment_embedding',
-          _partitioned(nn.initializers.zeros, (axes.SEGMENTS, axes.EMBED)),
+          partitioned(nn.initializers.zeros, (axes.SEGMENTS, axes.EMBED)),
           (cfg.num_segments, cfg.hidden_dim),
           jnp.float32,
       )
-    self.embedding_norm = _layer_norm('embedding_norm', cfg.compute_dtype)
+    self.embedding_norm = layer_norm('embedding_norm', cfg.compute_dtype)
     self.dropout = nn.Dropout(cfg.dropout_rate)
     if cfg.attention == 'linformer' and cfg.sharing == 'layerwise':
       self.shared_projection = SequenceProjection(
@@ -267,7 +70,7 @@ class Encoder(nn.Module):
       )
     self.layers = [EncoderLayer(cfg, i) for i in range(cfg.num_layers)]
     if cfg.pre_layer_norm:
-      self.final_norm = _layer_norm('final_norm', cfg.compute_dtype)
+      self.final_norm = layer_norm('final_norm', cfg.compute_dtype)
 
   def __call__(
       self,
@@ -276,6 +79,7 @@ class Encoder(nn.Module):
       *,
       segments: Optional[Array] = None,
       deterministic: bool = True,
+      decode_position: Optional[Array] = None,
   ) -> Array:
     """Encodes tokens [batch, length] into [batch, length, hidden_dim].
 
@@ -286,6 +90,9 @@ class Encoder(nn.Module):
         used when config.num_segments > 0 (all 0 when not given), ignored
         otherwise (RoBERTa tells sentences apart by the separator alone).
       deterministic: disables dropout (evaluation).
+      decode_position: decoding (causal models only): tokens is [batch, 1],
+        the token at this int32 position (shared by the batch), and the
+        layers read and update the 'cache' collection.
     """
     cfg = self.config
     length = tokens.shape[1]
@@ -296,7 +103,11 @@ class Encoder(nn.Module):
           f'{cfg.max_len} tokens, or raise max_len.'
       )
     x = self.token_embedding(tokens)
-    x = x + self.position_embedding[None, :length].astype(x.dtype)
+    if decode_position is None:
+      positions = self.position_embedding[None, :length]
+    else:
+      positions = jax.lax.dynamic_slice_in_dim(self.position_embedding, decode_position, 1)[None]
+    x = x + positions.astype(x.dtype)
     if cfg.num_segments:
       if segments is None:
         segments = jnp.zeros_like(tokens)
@@ -306,7 +117,7 @@ class Encoder(nn.Module):
     x = self.dropout(x, deterministic=deterministic)
     shared = self.shared_projection() if hasattr(self, 'shared_projection') else (None, None)
     for layer in self.layers:
-      x = layer(x, padding_mask, shared, deterministic)
+      x = layer(x, padding_mask, shared, deterministic, decode_position)
     if cfg.pre_layer_norm:
       x = self.final_norm(x)
     return x
@@ -336,16 +147,53 @@ class MaskedLanguageModel(nn.Module):
     h = encoder(tokens, padding_mask, deterministic=deterministic)
     if positions is not None:
       h = jnp.take_along_axis(h, positions[:, :, None], axis=1)
-    h = _dense(cfg.hidden_dim, (axes.EMBED,), (axes.EMBED_OUT,), name='mlm_dense', dtype=dtype)(h)
-    h = _layer_norm('mlm_norm', dtype)(nn.gelu(h, approximate=False))
+    h = dense(cfg.hidden_dim, (axes.EMBED,), (axes.EMBED_OUT,), name='mlm_dense', dtype=dtype)(h)
+    h = layer_norm('mlm_norm', dtype)(nn.gelu(h, approximate=False))
     logits = encoder.logits_from_embedding(h)
     bias = self.param(
         'mlm_bias',
-        _partitioned(nn.initializers.zeros, (axes.VOCAB,)),
+        partitioned(nn.initializers.zeros, (axes.VOCAB,)),
         (cfg.vocab_size,),
         jnp.float32,
     )
     return logits.astype(jnp.float32) + bias
+
+
+class CausalLanguageModel(nn.Module):
+  """A left-to-right language model: the encoder with config.causal=True and
+  the tied embedding as its output layer (plus a bias)."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, tokens, padding_mask=None, *, deterministic=True, decode=False):
+    """Returns float32 next-token logits [batch, length, vocab_size].
+
+    With `decode`, tokens is [batch, 1], the next token of every sequence, and
+    the position and attention state live in the 'cache' collection: call
+    `init(..., decode=True)` for an empty cache, then apply with
+    `mutable=['cache']` once per token.
+    """
+    cfg = self.config
+    if not cfg.causal:
+      raise ValueError('A causal language model needs config.model.causal=True.')
+    position = None
+    if decode:
+      if tokens.shape[1] != 1:
+        raise ValueError(f'Decoding reads one token per call; got tokens of shape {tokens.shape}.')
+      index = self.variable(CACHE, 'position', lambda: jnp.zeros((), jnp.int32))
+      position = index.value
+      if not self.is_initializing():
+        index.value = position + 1
+    encoder = Encoder(cfg, name='encoder')
+    h = encoder(tokens, padding_mask, deterministic=deterministic, decode_position=position)
+    bias = self.param(
+        'lm_bias',
+        partitioned(nn.initializers.zeros, (axes.VOCAB,)),
+        (cfg.vocab_size,),
+        jnp.float32,
+    )
+    return encoder.logits_from_embedding(h).astype(jnp.float32) + bias
 
 
 def mean_pool(hidden: jax.Array, padding_mask: Optional[jax.Array]) -> jax.Array:
@@ -401,18 +249,18 @@ class SequenceClassifier(nn.Module):
     elif cfg.pooling == 'attention':
       query = self.param(
           'pool_query',
-          _partitioned(nn.initializers.zeros, (axes.EMBED,)),
+          partitioned(nn.initializers.zeros, (axes.EMBED,)),
           (cfg.hidden_dim,),
           jnp.float32,
       )
       h = attention_pool(h, padding_mask, query).astype(h.dtype)
     else:
       h = h[:, 0]
-    h = _dense(
+    h = dense(
         cfg.hidden_dim, (axes.EMBED,), (axes.EMBED_OUT,), name='classifier_dense', dtype=dtype
     )(h)
     h = nn.Dropout(cfg.dropout_rate)(jnp.tanh(h), deterministic=deterministic)
-    logits = _dense(
+    logits = dense(
         self.num_classes, (axes.EMBED_OUT,), (axes.CLASSES,), name='classifier_out', dtype=dtype
     )(h)
     return logits.astype(jnp.float32)

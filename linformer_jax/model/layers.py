@@ -1,0 +1,297 @@
+"""The encoder's layers: sequence projections, self-attention, MLP, one layer.
+
+The modules only hold parameters and call the pure functions of
+`linformer_jax.model.attention` (bidirectional) and
+`linformer_jax.model.causal_attention` (left to right, `config.causal`).
+
+Parameter sharing of the sequence projections (the paper's Section 4):
+  'none'      an E and an F per head and layer  (2 * heads * layers matrices)
+  'headwise'  one E and one F per layer          (2 * layers)
+  'kv'        one E = F per layer                (layers)
+  'layerwise' one E = F for the whole model      (1)
+A causal Linformer uses the same weights block by block: a matrix [max_len, r]
+maps each block of `block_len` tokens into its own r slots, and a convolution
+or pooling window is block_len / r.
+
+Learned projections ('linear') start from the paper's Johnson-Lindenstrauss
+construction, entries drawn from N(0, 1/k). 'random' projections are drawn the
+same way but never trained: they live in the 'constants' collection, outside
+'params', so no gradient or optimizer update ever reaches them while they are
+still saved with the model's variables.
+
+Decoding (`decode_position` given) reads one token per call and keeps what
+later tokens need in the 'cache' collection: the keys and values of every
+position for full attention; the current block and the finished blocks'
+summaries for the causal Linformer (`causal_attention.DecodeCache`).
+"""
+
+from typing import Optional, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from linformer_jax.model import attention
+from linformer_jax.model import causal_attention
+from linformer_jax.model import logical_axes as axes
+from linformer_jax.model.model_config import ModelConfig
+
+Array = jax.Array
+# Variable collection of the state that decoding carries from token to token.
+CACHE = 'cache'
+
+# Variable collection of the fixed (untrained) random projections.
+CONSTANTS = 'constants'
+DENSE_INIT = nn.initializers.normal(stddev=0.02)
+# Names of the sequence-projection weights, E and F.
+PROJECTION_NAMES = ('kv_projection', 'key_projection', 'value_projection')
+
+
+def johnson_lindenstrauss_init(projected_len: int):
+  """Initialiser with entries from N(0, 1/k), the paper's JL construction."""
+  return nn.initializers.normal(stddev=projected_len**-0.5)
+
+
+def partitioned(init, names):
+  return nn.with_logical_partitioning(init, names)
+
+
+def dense(
+    features, in_axes: Tuple[str, ...], out_axes: Tuple[str, ...], *, name: str, dtype, axis=-1
+) -> nn.DenseGeneral:
+  """A float32-parameter dense layer whose kernel carries the logical axes
+  in_axes + out_axes and whose bias carries out_axes."""
+  return nn.DenseGeneral(
+      features,
+      axis=axis,
+      dtype=dtype,
+      param_dtype=jnp.float32,
+      name=name,
+      kernel_init=partitioned(DENSE_INIT, in_axes + out_axes),
+      bias_init=partitioned(nn.initializers.zeros, out_axes),
+  )
+
+
+def layer_norm(name: str, dtype) -> nn.LayerNorm:
+  return nn.LayerNorm(
+      epsilon=1e-5,
+      dtype=dtype,
+      param_dtype=jnp.float32,
+      name=name,
+      scale_init=partitioned(nn.initializers.ones, (axes.EMBED,)),
+      bias_init=partitioned(nn.initializers.zeros, (axes.EMBED,)),
+  )
+
+
+class SequenceProjection(nn.Module):
+  """Holds the E/F weights that compress keys and values along the sequence.
+
+  Attributes:
+    config: the model configuration.
+    projected_len: k for the layer(s) using these weights.
+    per_head: one weight per head (sharing 'none') or one for all heads.
+    share_key_value: one weight used as both E and F ('kv', 'layerwise').
+
+  Returns (from __call__) the pair (E, F); E is F when shared. Weights are
+  [max_len, k] matrices for 'linear'/'random', [window, head_dim, head_dim]
+  convolution kernels for 'conv' (a leading heads axis when per_head), and
+  None for pooling.
+  """
+
+  config: ModelConfig
+  projected_len: int
+  per_head: bool
+  share_key_value: bool
+
+  def _weight(self, name: str) -> Optional[Array]:
+    cfg = self.config
+    heads = (cfg.num_heads,) if self.per_head else ()
+    # Not axes.HEADS: projections stay replicated unless a rule names them.
+    head_axes = (axes.PROJECTION_HEADS,) if self.per_head else ()
+    if cfg.projection in ('linear', 'random'):
+      shape = heads + (cfg.max_len, self.projected_len)
+      names = head_axes + (axes.LENGTH, axes.PROJECTED_LENGTH)
+      init = partitioned(johnson_lindenstrauss_init(self.projected_len), names)
+      if cfg.projection == 'linear':
+        return self.param(name, init, shape, jnp.float32)
+      return self.variable(
+          CONSTANTS, name, lambda: init(self.make_rng('params'), shape, jnp.float32)
+      ).value
+    if cfg.projection == 'conv':
+      window = cfg.compressed_span // self.projected_len
+      shape = heads + (window, cfg.head_dim, cfg.head_dim)
+      names = head_axes + (axes.CONV_WINDOW, axes.HEAD_DIM_IN, axes.HEAD_DIM)
+      fan_in = nn.initializers.variance_scaling(
+          1.0, 'fan_in', 'normal', in_axis=(-3, -2), out_axis=-1
+      )
+      return self.param(name, partitioned(fan_in, names), shape, jnp.float32)
+    return None
+
+  @nn.compact
+  def __call__(self) -> Tuple[Optional[Array], Optional[Array]]:
+    if self.share_key_value:
+      shared = self._weight('kv_projection')
+      return shared, shared
+    return self._weight('key_projection'), self._weight('value_projection')
+
+
+class SelfAttention(nn.Module):
+  """Multi-head self-attention, full or Linformer, bidirectional or causal."""
+
+  config: ModelConfig
+  layer: int
+
+  @nn.compact
+  def __call__(
+      self,
+      x: Array,
+      padding_mask: Optional[Array],
+      shared_projection: Tuple[Optional[Array], Optional[Array]],
+      deterministic: bool,
+      decode_position: Optional[Array] = None,
+  ) -> Array:
+    cfg = self.config
+    dtype = cfg.compute_dtype
+
+    q, k, v = (
+        dense(
+            (cfg.num_heads, cfg.head_dim),
+            (axes.EMBED,),
+            (axes.HEADS, axes.HEAD_DIM),
+            name=name,
+            dtype=dtype,
+        )(x)
+        for name in ('query', 'key', 'value')
+    )
+    weights, projected_len = (None, None), None
+    if cfg.attention == 'linformer':
+      projected_len = cfg.projected_len_for_layer(self.layer)
+      if cfg.sharing == 'layerwise':
+        weights = shared_projection
+      else:
+        weights = SequenceProjection(
+            cfg,
+            projected_len,
+            per_head=cfg.sharing == 'none',
+            share_key_value=cfg.sharing == 'kv',
+            name='projection',
+        )()
+    key_weight, value_weight = weights
+    if decode_position is not None:
+      out = self._decode(q, k, v, decode_position, projected_len, key_weight, value_weight)
+    elif cfg.attention == 'full':
+      out = attention.dot_product_attention(
+          q, k, v, key_padding_mask=padding_mask, causal=cfg.causal
+      )
+    elif cfg.causal:
+      out = causal_attention.causal_block_attention(
+          q,
+          k,
+          v,
+          block=cfg.block_len,
+          slots=projected_len,
+          projection=cfg.projection,
+          key_weight=key_weight,
+          value_weight=value_weight,
+          key_padding_mask=padding_mask,
+          query_blocks_per_step=cfg.query_blocks_per_step or None,
+      )
+    else:
+      out = attention.compressed_attention(
+          q,
+          k,
+          v,
+          projection=cfg.projection,
+          key_weight=key_weight,
+          value_weight=value_weight,
+          max_len=cfg.max_len,
+          projected_len=projected_len,
+          key_padding_mask=padding_mask,
+      )
+    out = dense(
+        cfg.hidden_dim,
+        (axes.HEADS, axes.HEAD_DIM),
+        (axes.EMBED,),
+        name='out',
+        dtype=dtype,
+        axis=(-2, -1),
+    )(out)
+    return nn.Dropout(cfg.dropout_rate)(out, deterministic=deterministic)
+
+  def _decode(self, q, k, v, position, projected_len, key_weight, value_weight) -> Array:
+    """Attention of one token [batch, 1, ...] at `position`, through the cache."""
+    cfg = self.config
+    batch = q.shape[0]
+    if not cfg.causal:
+      raise ValueError(
+          'Decoding needs a causal model; set config.model.causal=True (config.task=causal_lm).'
+      )
+    if cfg.attention == 'full':
+      shape = (batch, cfg.max_len, cfg.num_heads, cfg.head_dim)
+      cached_keys = self.variable(CACHE, 'keys', jnp.zeros, shape, k.dtype)
+      cached_values = self.variable(CACHE, 'values', jnp.zeros, shape, v.dtype)
+      start = (0, position, 0, 0)
+      keys = jax.lax.dynamic_update_slice(cached_keys.value, k, start)
+      values = jax.lax.dynamic_update_slice(cached_values.value, v, start)
+      visible = jnp.broadcast_to(jnp.arange(cfg.max_len) <= position, (batch, cfg.max_len))
+      if not self.is_initializing():
+        cached_keys.value, cached_values.value = keys, values
+      return attention.attend(q, keys, values, visible)
+    settings = dict(block=cfg.block_len, slots=projected_len)
+    state = self.variable(
+        CACHE,
+        'blocks',
+        lambda: causal_attention.init_decode_cache(
+            batch, cfg.max_len, cfg.num_heads, cfg.head_dim, dtype=k.dtype, **settings
+        )._asdict(),
+    )
+    out, new_state = causal_attention.decode_step(
+        causal_attention.DecodeCache(**state.value),
+        q,
+        k,
+        v,
+        position,
+        projection=cfg.projection,
+        key_weight=key_weight,
+        value_weight=value_weight,
+        **settings,
+    )
+    if not self.is_initializing():
+      state.value = new_state._asdict()
+    return out
+
+
+class FeedForward(nn.Module):
+  """The position-wise GELU MLP."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: Array, deterministic: bool) -> Array:
+    cfg = self.config
+    dtype = cfg.compute_dtype
+    h = dense(cfg.mlp_dim, (axes.EMBED,), (axes.MLP,), name='wi', dtype=dtype)(x)
+    h = nn.gelu(h, approximate=False)
+    h = nn.Dropout(cfg.dropout_rate)(h, deterministic=deterministic)
+    h = dense(cfg.hidden_dim, (axes.MLP,), (axes.EMBED,), name='wo', dtype=dtype)(h)
+    return nn.Dropout(cfg.dropout_rate)(h, deterministic=deterministic)
+
+
+class EncoderLayer(nn.Module):
+  """Attention and MLP blocks with residuals, post-LN (RoBERTa) or pre-LN."""
+
+  config: ModelConfig
+  layer: int
+
+  @nn.compact
+  def __call__(self, x, padding_mask, shared_projection, deterministic, decode_position=None):
+    cfg = self.config
+    dtype = cfg.compute_dtype
+    attend = SelfAttention(cfg, self.layer, name='attention')
+    feed_forward = FeedForward(cfg, name='mlp')
+    context = (shared_projection, deterministic, decode_position)
+    if cfg.pre_layer_norm:
+      x = x + attend(layer_norm('attention_norm', dtype)(x), padding_mask, *context)
+      return x + feed_forward(layer_norm('mlp_norm', dtype)(x), deterministic)
+    x = layer_norm('attention_norm', dtype)(x + attend(x, padding_mask, *context))
+    return layer_norm('mlp_norm', dtype)(x + feed_forward(x, deterministic))

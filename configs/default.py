@@ -16,7 +16,7 @@ import ml_collections
 
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
-  config.task = 'masked_lm'  # 'masked_lm' (pretraining) or 'classification'
+  config.task = 'masked_lm'  # 'masked_lm' (pretraining), 'causal_lm' or 'classification'
   config.seed = 0  # seeds initialisation, shuffling, masking, dropout
   config.total_steps = 1000  # optimizer steps to train for
   config.batch_size = 32  # global batch, in sequences of model.max_len tokens
@@ -79,4 +79,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.dtype = 'float32'  # compute dtype: 'float32' or 'bfloat16'
   config.model.num_segments = 0  # segment embeddings (0: none, as RoBERTa; 2 for sentence pairs)
   config.model.pooling = 'first'  # classifier input: 'first' token, 'mean' or learned 'attention'
+  config.model.causal = False  # left-to-right attention (task causal_lm): configs/causal_lm.py
+  config.model.block_len = 64  # causal Linformer: b, tokens per block (divides max_len)
+  config.model.query_blocks_per_step = 0  # causal Linformer: query blocks at once (0 = all)
   return config

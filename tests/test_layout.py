@@ -24,6 +24,7 @@ COMMANDS = (
     'mesh_memory',
     'attention_benchmark',
     'pooling_probe',
+    'generate',
 )
 
 

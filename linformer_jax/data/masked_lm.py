@@ -1,9 +1,8 @@
-"""Masked-LM input pipeline: packing, RoBERTa dynamic masking, grain loaders.
+"""Masked-LM input pipeline: RoBERTa dynamic masking, grain loaders, datasets.
 
-Documents are tokenized and packed as in RoBERTa's FULL-SENTENCES setting: the
-token streams of all documents, separated by eos, are cut into chunks of
-seq_len - 2 tokens, and every sequence is `[bos] + chunk + [eos]`. Only the last
-sequence of a split is padded (after its eos), so almost no position is wasted.
+Sequences are packed by `packing` (FULL-SENTENCES: `[bos] chunk [eos]` rows of
+seq_len tokens). The loaders and `build_datasets` take the per-sequence
+transform as an argument (`causal_lm` passes its own); the default is masking.
 
 Masking is redone every time a sequence is read (dynamic masking): 15% of the
 text tokens are chosen as loss positions; of those 80% become <mask>, 10% a
@@ -20,16 +19,16 @@ Every batch is a dict of numpy arrays of shape [batch, seq_len]:
 """
 
 import contextlib
-import hashlib
 import math
 import sys
-from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Union
 
 import grain
 import numpy as np
 
 from linformer_jax.data import corpus
 from linformer_jax.data import loaders
+from linformer_jax.data import packing
 from linformer_jax.data import prepare
 from linformer_jax.data import shards
 from linformer_jax.data import tokenizer as tokenizer_lib
@@ -37,6 +36,10 @@ from linformer_jax.data import units
 from linformer_jax.errors import ConfigError
 
 Batch = Dict[str, np.ndarray]
+# Packing lives in `packing`; tests and `prepare`'s docs still name it here.
+pack_documents = packing.pack_documents
+# What makes one example (a Batch of [seq_len] arrays) of a packed row.
+Transform = Union[grain.transforms.Map, grain.transforms.RandomMap]
 # RoBERTa's split of the chosen positions: replaced by <mask>, by a random
 # token, or left unchanged (the rest).
 MASK_TOKEN_SHARE = 0.8
@@ -44,58 +47,6 @@ RANDOM_TOKEN_SHARE = 0.1
 # Evaluation masks with this seed whatever config.seed is, so that runs with
 # different seeds are scored on the same masked positions.
 EVAL_MASKING_SEED = 0
-
-
-def pack_documents(
-    token_lists: Sequence[Sequence[int]], seq_len: int, *, bos_id: int, eos_id: int, pad_id: int
-) -> np.ndarray:
-  """Packs tokenized documents into an int32 array [num_sequences, seq_len].
-
-  Concatenating the rows without their first token, their last eos and any
-  padding gives back the documents joined by eos, token for token. It is the
-  packing preparation streams (`prepare.Packer`), over a list in memory.
-  """
-  if seq_len < 3:
-    raise ConfigError(
-        f'config.model.max_len={seq_len} is too short: a sequence '
-        'needs bos, eos and at least one token (use >= 3).'
-    )
-  packer = prepare.Packer(seq_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
-  rows = [packer.add(np.asarray(tokens, np.int32)) for tokens in token_lists]
-  rows.append(packer.finish())
-  sequences = np.concatenate(rows)
-  if not len(sequences):
-    raise ConfigError(
-        'The documents hold no tokens; check config.data.source and its path or dataset.'
-    )
-  return sequences
-
-
-class PackedSequences(grain.sources.RandomAccessDataSource):
-  """A grain data source over the rows of a packed [num_sequences, seq_len] array.
-
-  Its repr holds a digest of the tokens: grain stores the repr in iterator
-  states and refuses to restore one onto different data.
-  """
-
-  def __init__(self, sequences: np.ndarray):
-    sequences = np.asarray(sequences)
-    if sequences.ndim != 2 or not np.issubdtype(sequences.dtype, np.integer):
-      raise ValueError(
-          'Packed sequences must be an integer array [num, seq_len]; '
-          f'got {sequences.dtype} {sequences.shape}.'
-      )
-    self._sequences = sequences.astype(np.int32, copy=False)
-    self._digest = hashlib.sha256(np.ascontiguousarray(self._sequences).tobytes()).hexdigest()[:16]
-
-  def __len__(self) -> int:
-    return len(self._sequences)
-
-  def __getitem__(self, index: int) -> np.ndarray:
-    return self._sequences[index]
-
-  def __repr__(self) -> str:
-    return f'PackedSequences(shape={self._sequences.shape}, sha={self._digest})'
 
 
 def mask_tokens(
@@ -173,14 +124,6 @@ def _check_mask_rate(mask_rate: Any) -> float:
   return float(mask_rate)
 
 
-def as_source(sequences) -> grain.sources.RandomAccessDataSource:
-  """Packed sequences as a grain source: an array [num, seq_len] in memory, or
-  a source already (`shards.ShardedSequences` of a prepared split)."""
-  if isinstance(sequences, (shards.ShardedSequences, PackedSequences)):
-    return sequences
-  return PackedSequences(sequences)
-
-
 def _check_int(field: str, value: Any, minimum: int, maximum: int = sys.maxsize) -> int:
   if (
       isinstance(value, bool)
@@ -196,34 +139,38 @@ def create_train_iterator(
     *,
     batch_size: int,
     seed: int,
-    mask_rate: float,
+    mask_rate: Optional[float] = None,
     tokenizer: tokenizer_lib.Tokenizer,
     process_index: int = 0,
     process_count: int = 1,
     worker_count: int = 0,
+    transform: Optional[Transform] = None,
 ) -> grain.DataLoaderIterator:
-  """An endless iterator of masked training batches for this process.
+  """An endless iterator of training batches for this process.
 
   The records are split into process_count equal shards (the remainder is
   dropped) and this process reads shard process_index, reshuffled every epoch.
 
   Args:
     packed_sequences: [num_sequences, seq_len] from `pack_documents`, or a
-      source of such rows (`as_source`).
+      source of such rows (`packing.as_source`).
     batch_size: examples per batch on this process.
     seed: shuffling and masking seed, an int in [0, 2**32 - 1].
-    mask_rate: fraction of text tokens chosen as loss positions.
+    mask_rate: fraction of text tokens chosen as loss positions (read only
+      without `transform`).
     tokenizer: gives the special ids and the vocabulary size.
     process_index, process_count: this process's shard and the shard count.
     worker_count: grain worker processes (0 = in this process; >0 needs a
       `__main__` guard and parsed absl flags in the program).
+    transform: makes each example from a row; None: masking,
+      `DynamicMasking(tokenizer, mask_rate)`.
 
   Returns:
     A `grain.DataLoaderIterator`; `get_state()` returns bytes and
     `set_state(state)` continues from them (same data, seed, batch size,
     shards and worker_count).
   """
-  source = as_source(packed_sequences)
+  source = packing.as_source(packed_sequences)
   batch_size = _check_int('config.batch_size (per process)', batch_size, 1)
   seed = _check_int('config.seed', seed, 0, 2**32 - 1)
   process_count = _check_int('process_count', process_count, 1)
@@ -241,7 +188,7 @@ def create_train_iterator(
       process_index=process_index,
       process_count=process_count,
       worker_count=worker_count,
-      transforms=[DynamicMasking(tokenizer, mask_rate)],
+      transforms=[DynamicMasking(tokenizer, mask_rate) if transform is None else transform],
   )
 
 
@@ -260,28 +207,35 @@ def create_eval_batches(
     *,
     batch_size: int,
     seed: int,
-    mask_rate: float,
+    mask_rate: Optional[float] = None,
     tokenizer: tokenizer_lib.Tokenizer,
     max_batches: Optional[int] = None,
     process_index: int = 0,
     process_count: int = 1,
+    transform: Optional[Transform] = None,
 ) -> List[Batch]:
-  """Deterministic masked evaluation batches of this process, none dropped.
+  """Deterministic evaluation batches of this process, none dropped.
 
   Sequences are taken in order (the first max_batches * batch_size *
   process_count if max_batches is set) and dealt round-robin to the processes.
   Every process gets the same number of batches; the missing rows are
-  `_empty_rows` with zero weight. A sequence is masked the same way whatever
-  the batch size or process count.
+  `_empty_rows` with zero weight. Each example is made from its row by
+  `transform` (None: `DynamicMasking(tokenizer, mask_rate)`); a random one
+  (masking) draws from `seed` and the row's position in the split, so a
+  sequence is masked the same way whatever the batch size or process count.
   """
-  source = as_source(packed_sequences)
+  source = packing.as_source(packed_sequences)
   batch_size = _check_int('config.eval_batch_size (per process)', batch_size, 1)
   seed = _check_int('seed', seed, 0, 2**32 - 1)
   process_count = _check_int('process_count', process_count, 1)
   process_index = _check_int('process_index', process_index, 0, process_count - 1)
-  dataset = grain.MapDataset.source(source).random_map(
-      DynamicMasking(tokenizer, mask_rate), seed=seed
-  )
+  if transform is None:
+    transform = DynamicMasking(tokenizer, mask_rate)
+  dataset = grain.MapDataset.source(source)
+  if isinstance(transform, grain.transforms.RandomMap):
+    dataset = dataset.random_map(transform, seed=seed)
+  else:
+    dataset = dataset.map(transform)
   total = len(dataset)
   if max_batches:
     max_batches = _check_int('config.data.max_eval_batches', max_batches, 0)
@@ -320,7 +274,9 @@ class Datasets(NamedTuple):
 
 
 @contextlib.contextmanager
-def _run_tokenizer(config, workdir: str) -> Iterator[tokenizer_lib.Tokenizer]:
+def _run_tokenizer(
+    config, workdir: str, *, check_mask_rate: bool = True
+) -> Iterator[tokenizer_lib.Tokenizer]:
   """Checks the data fields and that the eval split exists, then yields the
   run's tokenizer (trained on a bounded sample of the training split the first
   time, and kept in the workdir only if the block succeeds)."""
@@ -340,7 +296,8 @@ def _run_tokenizer(config, workdir: str) -> Iterator[tokenizer_lib.Tokenizer]:
       data.get('tokenizer_sample_chars', prepare.TOKENIZER_SAMPLE_CHARS),
       1,
   )
-  _check_mask_rate(data.mask_rate)
+  if check_mask_rate:
+    _check_mask_rate(data.mask_rate)
   tokens = tokenizer_lib.vocab_size_of(data)  # known before a tokenizer is trained
   model_vocab = config.model.get('vocab_size')
   if model_vocab is not None and model_vocab != tokens:
@@ -418,7 +375,12 @@ def _prepare_parts(
 
 
 def build_datasets(
-    config, workdir: str, process_index: int = 0, process_count: int = 1, train: bool = True
+    config,
+    workdir: str,
+    process_index: int = 0,
+    process_count: int = 1,
+    train: bool = True,
+    make_transform: Optional[Callable[[tokenizer_lib.Tokenizer], Transform]] = None,
 ) -> Datasets:
   """Tokenizer, training iterator and evaluation batches of a run's config.
 
@@ -429,12 +391,18 @@ def build_datasets(
   random access. Without `train` (evaluation only), `train_iterator` is None.
   A tokenizer trained here is kept in `workdir` only once all of this
   succeeded, so a run refused for its data leaves none behind.
+  `make_transform(tokenizer)` gives the transform that makes each example of
+  a row; None: masking at config.data.mask_rate (read only then).
   """
   seq_len = _check_int('config.model.max_len', config.model.max_len, 3)
   _check_int('config.batch_size', config.batch_size, 1)
   _check_int('config.eval_batch_size', config.eval_batch_size, 1)
-  with _run_tokenizer(config, workdir) as tokenizer:
-    return _datasets(config, tokenizer, seq_len, process_index, process_count, train)
+  with _run_tokenizer(config, workdir, check_mask_rate=make_transform is None) as tokenizer:
+    if make_transform is None:
+      transform = DynamicMasking(tokenizer, config.data.mask_rate)
+    else:
+      transform = make_transform(tokenizer)
+    return _datasets(config, tokenizer, seq_len, process_index, process_count, train, transform)
 
 
 def _datasets(
@@ -444,8 +412,9 @@ def _datasets(
     process_index: int,
     process_count: int,
     train: bool,
+    transform: Transform,
 ) -> Datasets:
-  """`build_datasets` once the tokenizer is known."""
+  """`build_datasets` once the tokenizer and the transform are known."""
   data = config.data
   batch_size, eval_batch_size = loaders.per_process_batch_sizes(config, process_count)
   # Process 0 prepares what is missing (the others wait for it); everyone
@@ -464,21 +433,21 @@ def _datasets(
         train_split,
         batch_size=batch_size,
         seed=config.seed,
-        mask_rate=data.mask_rate,
         tokenizer=tokenizer,
         process_index=process_index,
         process_count=process_count,
         worker_count=data.worker_count,
+        transform=transform,
     )
   eval_batches = create_eval_batches(
       evaluation,
       batch_size=eval_batch_size,
       seed=EVAL_MASKING_SEED,
-      mask_rate=data.mask_rate,
       tokenizer=tokenizer,
       max_batches=data.max_eval_batches or None,
       process_index=process_index,
       process_count=process_count,
+      transform=transform,
   )
   return Datasets(
       tokenizer=tokenizer,

@@ -196,6 +196,22 @@ def _load_checked(model_path: pathlib.Path, vocab_size: int, advice: str) -> Sen
   return tokenizer
 
 
+def run_tokenizer(data_config: Mapping[str, Any], workdir: str) -> Tokenizer:
+  """The tokenizer a finished run was trained with: bytes, or its
+  WORKDIR/tokenizer.model (never trained here)."""
+  kind = data_config['tokenizer']
+  if kind == 'byte':
+    return ByteTokenizer()
+  if kind != 'sentencepiece':
+    raise ConfigError(
+        f"config.data.tokenizer={kind!r} has no text to encode; use 'sentencepiece' or 'byte'."
+    )
+  model_path = pathlib.Path(workdir) / MODEL_FILENAME
+  if not model_path.exists():
+    raise ConfigError(f'{workdir} has no {MODEL_FILENAME}; point --workdir at a trained run.')
+  return _load_checked(model_path, data_config['vocab_size'], "use the run's own config")
+
+
 @contextlib.contextmanager
 def workdir_tokenizer(
     data_config: Mapping[str, Any],

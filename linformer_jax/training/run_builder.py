@@ -11,6 +11,7 @@ optimizer, no training iterator.
 
 import dataclasses
 import os
+import types
 from typing import Any, Dict, Mapping, Tuple
 
 import flax.linen as nn
@@ -256,24 +257,12 @@ def load_for_evaluation(config: ml_collections.ConfigDict, workdir: str) -> Eval
       another model or tokenizer.
   """
   parts = build_parts(config)
-  with CheckpointStore(checkpoint_directory(workdir)) as store:
-    step = store.latest_step()
-    if step is None:
-      raise ConfigError(f'{workdir} holds no checkpoint; train first or fix --workdir.')
-    run_config.check_same_model(store.restore_config(step), config, workdir)
-    data_state = store.restore_data_state(step)
+  step, data_state = _newest_step(config, workdir)
   data = parts.build_data(workdir, train=False)
   if isinstance(data_state, dict):
     check_same_tokenizer(data_state, data, workdir)
   abstract = parts.abstract_variables()
-  subtrees = {('params',): abstract['params']}
-  for collection, variables in abstract.items():
-    if collection != 'params':
-      subtrees[('constants', collection)] = variables
-  restored = CheckpointStore.restore_subtrees(
-      workdir, subtrees, step=step, advice=_OTHER_RUN_ADVICE
-  )
-  variables = {path[-1]: value for path, value in restored.items()}
+  variables = _restore_variables(workdir, abstract, step)
   return EvaluationRun(
       parts=parts,
       step=step,
@@ -281,3 +270,46 @@ def load_for_evaluation(config: ml_collections.ConfigDict, workdir: str) -> Eval
       data=data,
       eval_step=parts.jit_eval_step(abstract),
   )
+
+
+def load_for_inference(
+    config: ml_collections.ConfigDict, workdir: str
+) -> Tuple[RunParts, int, Dict[str, Any], tokenizer_lib.Tokenizer]:
+  """(parts, step, variables, tokenizer) of `workdir`'s newest checkpoint, with
+  no data read: the tokenizer is the run's own (WORKDIR/tokenizer.model, or
+  bytes), checked against the checkpoint's fingerprint.
+
+  Raises:
+    ConfigError: a bad config, no checkpoint or tokenizer in workdir, or a
+      workdir of another model or tokenizer.
+  """
+  parts = build_parts(config)
+  step, data_state = _newest_step(config, workdir)
+  tokenizer = tokenizer_lib.run_tokenizer(config.data, workdir)
+  if isinstance(data_state, dict):
+    fingerprint = types.SimpleNamespace(tokenizer_sha256=tokenizer.sha256)
+    check_same_tokenizer(data_state, fingerprint, workdir)
+  variables = _restore_variables(workdir, parts.abstract_variables(), step)
+  return parts, step, variables, tokenizer
+
+
+def _newest_step(config: ml_collections.ConfigDict, workdir: str) -> Tuple[int, Any]:
+  """The newest intact step of workdir (checked against config) and its data state."""
+  with CheckpointStore(checkpoint_directory(workdir)) as store:
+    step = store.latest_step()
+    if step is None:
+      raise ConfigError(f'{workdir} holds no checkpoint; train first or fix --workdir.')
+    run_config.check_same_model(store.restore_config(step), config, workdir)
+    return step, store.restore_data_state(step)
+
+
+def _restore_variables(workdir: str, abstract: Dict[str, Any], step: int) -> Dict[str, Any]:
+  """The model's variables ({'params': ..., other collections}) at `step`."""
+  subtrees = {('params',): abstract['params']}
+  for collection, variables in abstract.items():
+    if collection != 'params':
+      subtrees[('constants', collection)] = variables
+  restored = CheckpointStore.restore_subtrees(
+      workdir, subtrees, step=step, advice=_OTHER_RUN_ADVICE
+  )
+  return {path[-1]: value for path, value in restored.items()}

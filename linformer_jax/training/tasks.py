@@ -1,9 +1,9 @@
 """One object per task: its data, model head, loss, metrics and reference results.
 
-`config.task` names the task ('masked_lm' or 'classification'); `task_of`
-returns its object. Everything that differs between tasks lives here, so the
-run builder and the training loop never branch on the task, and a new task
-(a causal LM, say) is one new class added to `TASKS`.
+`config.task` names the task ('masked_lm', 'causal_lm' or 'classification');
+`task_of` returns its object. Everything that differs between tasks lives
+here, so the run builder and the training loop never branch on the task, and
+a new task is one new class added to `TASKS`.
 """
 
 import abc
@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from linformer_jax.data import causal_lm
 from linformer_jax.data import classification
 from linformer_jax.data import masked_lm
 from linformer_jax.errors import ConfigError
@@ -31,10 +32,11 @@ SUM_KEYS = ('loss_sum', 'correct_sum', 'weight_sum')
 
 
 def unigram_perplexity(train_token_counts: np.ndarray, batches: Iterable[Batch]) -> float:
-  """Perplexity at the masked tokens of a unigram model of the training split.
+  """Perplexity at the predicted tokens of a unigram model of the training split.
 
-  The reference a masked-LM must beat: it predicts every masked token from its
-  training-set frequency alone (add-one smoothed).
+  The reference a language model must beat: it predicts every target token (the
+  masked ones, or every next token) from its training-set frequency alone
+  (add-one smoothed).
   """
   probabilities = (train_token_counts + 1.0) / (train_token_counts.sum() + len(train_token_counts))
   log_prob, weight = 0.0, 0.0
@@ -178,6 +180,41 @@ class MaskedLanguageModelling(Task):
     )
 
 
+class CausalLanguageModelling(MaskedLanguageModelling):
+  """Next-token prediction on the packed sequences of masked-LM pretraining
+  (`data.causal_lm`), with a left-to-right model (config.model.causal)."""
+
+  name = 'causal_lm'
+
+  def build_data(self, config, workdir, *, process_index, process_count, train):
+    return causal_lm.build_datasets(
+        config, workdir, process_index=process_index, process_count=process_count, train=train
+    )
+
+  def create_model(self, model_config, config):
+    if not model_config.causal:
+      raise ConfigError(
+          "config.task='causal_lm' needs a left-to-right model; set config.model.causal=True."
+      )
+    return models.CausalLanguageModel(model_config)
+
+  def loss_sums(self, model, config):
+    del config
+    return train_steps.next_token_loss(model)
+
+  def metrics(self, sums):
+    metrics = super().metrics(sums)
+    metrics['predicted_tokens'] = metrics.pop('masked_tokens')
+    return metrics
+
+  def summary(self, results):
+    return (
+        f'{results["eval_split"]} next-token perplexity {results["eval_perplexity"]:.1f} '
+        f'after {results["step"]} steps (a unigram model: '
+        f'{results["unigram_perplexity"]:.1f})'
+    )
+
+
 class Classification(Task):
   """One label per sequence or pair (`data.classification`): fine-tuning from
   config.init_from's encoder, or training from scratch as in the LRA."""
@@ -242,7 +279,10 @@ class Classification(Task):
     )
 
 
-TASKS = {task.name: task for task in (MaskedLanguageModelling(), Classification())}
+TASKS = {
+    task.name: task
+    for task in (MaskedLanguageModelling(), CausalLanguageModelling(), Classification())
+}
 
 
 def task_of(config: ml_collections.ConfigDict) -> Task:

@@ -142,6 +142,20 @@ def masked_lm_loss(model: nn.Module, num_predictions: int) -> LossSums:
   return sums
 
 
+def next_token_loss(model: nn.Module) -> LossSums:
+  """Cross-entropy of every next token (batch: inputs, targets, weights and
+  padding_mask, each [batch, length]; targets[t] is the token after t, and
+  weights are 0 where there is none)."""
+
+  def sums(variables, batch: Batch, *, deterministic: bool, rngs=None):
+    logits = model.apply(
+        variables, batch['inputs'], batch['padding_mask'], deterministic=deterministic, rngs=rngs
+    )
+    return _weighted_sums(logits, batch['targets'], batch['weights'])
+
+  return sums
+
+
 def classification_loss(model: nn.Module) -> LossSums:
   """Cross-entropy of one label per sequence (batch: inputs, padding_mask and
   segments [batch, length]; labels and weights [batch], weight 0 for filler

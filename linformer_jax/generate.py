@@ -1,0 +1,42 @@
+"""Continues a prompt with a trained causal language model (config.task='causal_lm').
+
+  python -m linformer_jax.generate --config configs/causal_lm.py --workdir runs/causal_lm \
+      --prompt "It was a dark and stormy night" --max_new_tokens 40 \
+      [--temperature 0.8 --top_k 40 --seed 0]
+
+Reads the run's newest checkpoint and tokenizer, feeds `<s>` and the prompt
+through the decode cache, samples the continuation (deterministic for a seed;
+--temperature=0 is greedy) and prints it, up to the first `</s>`.
+"""
+
+from absl import flags
+
+from linformer_jax import cli
+from linformer_jax.training import text_generation
+
+cli.define_config_flags()
+_PROMPT = flags.DEFINE_string('prompt', '', 'Text to continue (may be empty: start from <s>).')
+_MAX_NEW_TOKENS = flags.DEFINE_integer('max_new_tokens', 40, 'Tokens to generate.')
+_TEMPERATURE = flags.DEFINE_float('temperature', 1.0, 'Sampling temperature; 0 is greedy.')
+_TOP_K = flags.DEFINE_integer('top_k', 0, 'Sample among the k most likely tokens (0: all).')
+_SEED = flags.DEFINE_integer('seed', 0, 'Sampling seed.')
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  if len(argv) > 1:
+    cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
+  text = text_generation.continue_prompt(
+      FLAGS.config,
+      FLAGS.workdir,
+      _PROMPT.value,
+      _MAX_NEW_TOKENS.value,
+      temperature=_TEMPERATURE.value,
+      top_k=_TOP_K.value,
+      seed=_SEED.value,
+  )
+  print(text, flush=True)
+
+
+if __name__ == '__main__':
+  cli.run(main)

@@ -1,6 +1,6 @@
 """The report of a sweep: results.md and a figure of the evaluation metric.
 
-A pretraining sweep (`task='masked_lm'`) is judged by validation perplexity,
+A language-model sweep (`task='masked_lm'` or `'causal_lm'`) is judged by validation perplexity,
 plotted against steps on a log scale (perplexity.png); a classification sweep
 by accuracy, on a linear scale (accuracy.png). Variants that differ only in
 `seed` are also summarised together: the mean and sample standard deviation
@@ -18,7 +18,7 @@ from linformer_jax.training import trainer
 from linformer_jax.training.metric_writers import read_metrics
 
 REPORT_FILE = 'results.md'
-FIGURE_FILE = 'perplexity.png'  # masked-LM sweeps
+FIGURE_FILE = 'perplexity.png'  # language-model sweeps
 ACCURACY_FIGURE_FILE = 'accuracy.png'  # classification sweeps
 
 

@@ -54,18 +54,17 @@ def tokens_and_model(variant, length=13, seed=0):
 @pytest.mark.parametrize('variant', sorted(VARIANTS))
 def test_changing_later_tokens_changes_no_earlier_logit(variant):
   _, model, variables, tokens = tokens_and_model(variant)
-  logits = np.asarray(model.apply(variables, tokens))
+  apply = jax.jit(model.apply)
+  logits = np.asarray(apply(variables, tokens))
   for t in (0, 3, 4, 7, 9):  # inside blocks and on their edges (b = 4)
-    changed = tokens.at[:, t + 1 :].set((tokens[:, t + 1 :] + 5) % VOCAB)
-    np.testing.assert_array_equal(
-        np.asarray(model.apply(variables, changed))[:, : t + 1], logits[:, : t + 1]
-    )
-    assert not np.array_equal(
-        np.asarray(model.apply(variables, changed))[:, t + 1 :], logits[:, t + 1 :]
-    )
+    changed = np.asarray(apply(variables, tokens.at[:, t + 1 :].add(5) % VOCAB))
+    np.testing.assert_array_equal(changed[:, : t + 1], logits[:, : t + 1])
+    assert not np.array_equal(changed[:, t + 1 :], logits[:, t + 1 :])
 
 
-@pytest.mark.parametrize('variant', sorted(VARIANTS))
+@pytest.mark.parametrize(
+    'variant', ['transformer', 'linear-none', 'random-kv', 'max-layerwise', 'conv-none']
+)
 def test_decoding_with_the_cache_gives_the_full_forward_logits(variant):
   _, model, variables, tokens = tokens_and_model(variant, length=11)
   full = np.asarray(model.apply(variables, tokens))

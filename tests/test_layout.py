@@ -25,6 +25,7 @@ COMMANDS = (
     'attention_benchmark',
     'pooling_probe',
     'generate',
+    'causal_benchmark',
 )
 
 

@@ -133,7 +133,7 @@ class BenchmarkSettings:
 
 def default_memory_limit_bytes() -> float:
   """80% of what JAX may allocate on the first device, else of the host's RAM."""
-  stats = _memory_stats()
+  stats = memory_stats()
   if stats and stats.get('bytes_limit'):
     total = stats['bytes_limit']
   else:
@@ -141,14 +141,14 @@ def default_memory_limit_bytes() -> float:
   return DEFAULT_MEMORY_FRACTION * total
 
 
-def _memory_stats() -> Optional[Dict[str, int]]:
+def memory_stats() -> Optional[Dict[str, int]]:
   try:
     return jax.devices()[0].memory_stats()
   except (NotImplementedError, RuntimeError):
     return None
 
 
-def _time_ms(call: Callable[[], Any], repeats: int) -> List[float]:
+def time_ms(call: Callable[[], Any], repeats: int) -> List[float]:
   """Wall times (ms) of `repeats` calls after one warm-up call."""
   jax.block_until_ready(call())
   times = []
@@ -174,12 +174,12 @@ def measure_matmul_gflops(
   matmul = jax.jit(jnp.dot)
   for size in sizes:
     a, b = (jax.random.normal(key, (size, size), jnp.dtype(dtype)) for key in keys)
-    fastest_ms = min(_time_ms(lambda: matmul(a, b), repeats))  # pylint: disable=cell-var-from-loop
+    fastest_ms = min(time_ms(lambda: matmul(a, b), repeats))  # pylint: disable=cell-var-from-loop
     best = max(best, 2 * size**3 / (fastest_ms * 1e-3) / 1e9)
   return best
 
 
-def _cost(compiled) -> Dict[str, Optional[float]]:
+def cost_analysis(compiled) -> Dict[str, Optional[float]]:
   """XLA's cost analysis: FLOPs and bytes accessed (None where not reported)."""
   analysis = compiled.cost_analysis()
   if isinstance(analysis, (list, tuple)):
@@ -191,16 +191,16 @@ def _cost(compiled) -> Dict[str, Optional[float]]:
   }
 
 
-def _is_out_of_memory(error: Exception) -> bool:
+def is_out_of_memory(error: Exception) -> bool:
   message = str(error).lower()
   return any(marker in message for marker in _OUT_OF_MEMORY_MARKERS)
 
 
-def _first_line(error: Exception) -> str:
+def first_line(error: Exception) -> str:
   return ' '.join(str(error).split())[:200]
 
 
-def _planned_bytes(compiled) -> Dict[str, int]:
+def planned_bytes(compiled) -> Dict[str, int]:
   memory = compiled.memory_analysis()
   return {
       'temp_bytes': int(memory.temp_size_in_bytes),
@@ -209,7 +209,7 @@ def _planned_bytes(compiled) -> Dict[str, int]:
   }
 
 
-def _over_limit_note(what: str, planned: Dict[str, int], limit: float) -> str:
+def over_limit_note(what: str, planned: Dict[str, int], limit: float) -> str:
   needed = planned['temp_bytes'] + planned['argument_bytes']
   return (
       f'{what} skipped: needs {needed / 2**30:.2f} GiB (temp + arguments) > '
@@ -260,14 +260,14 @@ def _train_tokens_per_s(
     )
     opt_state = optimizer.init(params)
     compiled = jax.jit(_train_step(model, optimizer)).lower(params, opt_state, tokens).compile()
-    planned = _planned_bytes(compiled)
+    planned = planned_bytes(compiled)
     if planned['temp_bytes'] + planned['argument_bytes'] > settings.memory_limit_bytes:
-      return {'note': _over_limit_note('train step', planned, settings.memory_limit_bytes)}
-    times = _time_ms(lambda: compiled(params, opt_state, tokens), settings.repeats)
+      return {'note': over_limit_note('train step', planned, settings.memory_limit_bytes)}
+    times = time_ms(lambda: compiled(params, opt_state, tokens), settings.repeats)
   except Exception as error:  # pylint: disable=broad-except
-    if not _is_out_of_memory(error):
+    if not is_out_of_memory(error):
       raise
-    return {'note': f'train step out of memory: {_first_line(error)}'}
+    return {'note': f'train step out of memory: {first_line(error)}'}
   return {'train_tokens_per_s': tokens.size / (statistics.median(times) * 1e-3)}
 
 
@@ -311,22 +311,22 @@ def benchmark_cell(
         jax.eval_shape(model.init, jax.random.PRNGKey(0), tokens_shape)
     )
     compiled = jax.jit(forward).lower(abstract_variables, tokens_shape).compile()
-    row.update(_planned_bytes(compiled))
-    row.update(_cost(compiled))
+    row.update(planned_bytes(compiled))
+    row.update(cost_analysis(compiled))
     if row['temp_bytes'] + row['argument_bytes'] > settings.memory_limit_bytes:
-      row['note'] = _over_limit_note('cell', row, settings.memory_limit_bytes)
+      row['note'] = over_limit_note('cell', row, settings.memory_limit_bytes)
       return row
     tokens = jnp.asarray(
         np.random.default_rng(seq_len).integers(0, VOCAB_SIZE, tokens_shape.shape, np.int32)
     )
     variables = random_variables(abstract_variables, seed=0)
-    times = _time_ms(lambda: compiled(variables, tokens), settings.repeats)
+    times = time_ms(lambda: compiled(variables, tokens), settings.repeats)
   except Exception as error:  # pylint: disable=broad-except
-    if not _is_out_of_memory(error):
+    if not is_out_of_memory(error):
       raise
-    row['note'] = f'cell skipped: out of memory: {_first_line(error)}'
+    row['note'] = f'cell skipped: out of memory: {first_line(error)}'
     return row
-  stats = _memory_stats()
+  stats = memory_stats()
   if stats and 'peak_bytes_in_use' in stats:
     row['peak_bytes'] = int(stats['peak_bytes_in_use'])
   median_ms = statistics.median(times)

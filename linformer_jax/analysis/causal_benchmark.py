@@ -1,0 +1,435 @@
+"""Causal language model: Linformer causal block attention against the causal Transformer.
+
+The library of `python -m linformer_jax.causal_benchmark`. Both models are the
+`CausalLanguageModel` of one `ModelConfig` (causal=True, random parameters),
+attention 'full' or 'linformer' (blocks of b = block_len tokens, each
+compressed into r = slots summaries). Two measurements:
+
+  generation  one jitted decode step at position C - 2 of a model with
+              max_len = C: what generating a token at context C costs. The Transformer's
+              static-shape KV cache [batch, C, heads, head_dim] per layer is
+              attended over all C positions (masked past the current one), so
+              its cost per token grows linearly in C. The Linformer attends
+              over b + (C / b) * r slots, growing r / b as fast: nearly flat in
+              C while (C / b) * r is small against the work of the weights (the
+              goal: flat within 25%, reported, not asserted). Position C - 2
+              does not end a block; the block's last token also compresses the
+              block into its r slots, once per b tokens.
+  forward     a full causal forward pass (logits) over n tokens; the Linformer
+              once per query_blocks_per_step in linformer_query_blocks.
+
+Each cell records the median, min and max of `repeats` calls after a warm-up,
+tokens per second, XLA's compiled memory analysis (exact and repeatable), XLA's
+FLOP count and the cache's bytes. The decode step donates its cache, which XLA
+updates in place (alias_bytes = the cache), and returns it with the position
+unchanged, so every timed call decodes the same token; its time includes
+Python's dispatch of the parameters and cache. A Linformer cell whose length b
+does not divide is skipped with a note, and so is the timing of a cell whose
+temporary + argument bytes exceed the memory limit or that runs out of memory.
+"""
+
+import csv
+import dataclasses
+import functools
+import math
+import os
+import statistics
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+import numpy as np
+
+from linformer_jax.analysis import benchmark
+from linformer_jax.analysis.benchmark_report import memory_bytes
+from linformer_jax.errors import ConfigError
+from linformer_jax.model import generation
+from linformer_jax.model import models
+from linformer_jax.model.layers import CACHE
+from linformer_jax.model.model_config import PROJECTION_TYPES
+from linformer_jax.model.model_config import SHARING_MODES
+from linformer_jax.model.model_config import WINDOWED_PROJECTIONS
+from linformer_jax.model.model_config import ModelConfig
+
+# The fields of a row, in the order of results.csv's columns; see `_new_row` and `_measure`.
+COLUMNS = tuple(
+    'benchmark model length block_len slots query_blocks_per_step batch time_ms time_min_ms '
+    'time_max_ms tokens_per_s argument_bytes output_bytes temp_bytes alias_bytes cache_bytes '
+    'flops flops_per_token cache_donated dtype device note'.split()
+)
+# "Flat within 25%": the Linformer's ms/token at the largest C over that at the smallest.
+GROWTH_GOAL = 1.25
+_POSITIVE = ('num_layers', 'hidden_dim', 'num_heads', 'mlp_dim', 'batch', 'repeats', 'block_len')
+
+
+def _require(ok: bool, flag: str, value: Any, advice: str) -> None:
+  """Raises a ConfigError naming the flag unless ok."""
+  if not ok:
+    shown = ','.join(map(str, value)) if isinstance(value, tuple) else value
+    raise ConfigError(f'--{flag}={shown} is not allowed: {advice}.')
+
+
+@dataclasses.dataclass(frozen=True)
+class CausalBenchmarkSettings:
+  """What to measure; invalid values raise a ConfigError naming the flag.
+
+  An empty contexts or seq_lens skips that measurement. The model fields are as
+  in `benchmark.BenchmarkSettings`; block_len (b), slots (r), sharing and
+  projection configure the Linformer, linformer_query_blocks its
+  query_blocks_per_step values in the forward pass (0: all blocks at once).
+  """
+
+  contexts: Sequence[int] = (1024, 2048, 4096, 8192, 16384, 32768)
+  seq_lens: Sequence[int] = (1024, 2048, 4096, 8192, 16384)
+  num_layers: int = 12
+  hidden_dim: int = 768
+  num_heads: int = 12
+  mlp_dim: int = 3072
+  batch: int = 1
+  repeats: int = 10
+  dtype: str = 'float32'
+  block_len: int = 128
+  slots: int = 16
+  sharing: str = 'layerwise'
+  projection: str = 'linear'
+  linformer_query_blocks: Sequence[int] = (0,)
+  memory_limit_bytes: float = float('inf')
+
+  def __post_init__(self):
+    for name in ('contexts', 'seq_lens', 'linformer_query_blocks'):
+      object.__setattr__(self, name, tuple(getattr(self, name)))
+    for name in ('contexts', 'seq_lens'):
+      lengths = getattr(self, name)
+      _require(all(n >= 1 for n in lengths), name, lengths, 'give positive integers')
+    blocks = self.linformer_query_blocks
+    advice = 'give integers >= 0 (0: all query blocks at once)'
+    _require(blocks and min(blocks) >= 0, 'linformer_query_blocks', blocks, advice)
+    for name in _POSITIVE:
+      _require(getattr(self, name) >= 1, name, getattr(self, name), 'use a positive integer')
+    advice = f'it must be divisible by --num_heads={self.num_heads}'
+    _require(self.hidden_dim % self.num_heads == 0, 'hidden_dim', self.hidden_dim, advice)
+    advice = f'use 1 <= slots <= --block_len={self.block_len}'
+    _require(1 <= self.slots <= self.block_len, 'slots', self.slots, advice)
+    ok = self.projection not in WINDOWED_PROJECTIONS or self.block_len % self.slots == 0
+    advice = f'--projection={self.projection} needs it to divide --block_len={self.block_len}'
+    _require(ok, 'slots', self.slots, advice)
+    _require(self.sharing in SHARING_MODES, 'sharing', self.sharing, f'use {SHARING_MODES}')
+    advice = f'use {PROJECTION_TYPES}'
+    _require(self.projection in PROJECTION_TYPES, 'projection', self.projection, advice)
+    for name in ('contexts', 'seq_lens'):
+      lengths = getattr(self, name)
+      advice = f'no Linformer cell is left: --block_len={self.block_len} divides none of them'
+      _require(not lengths or min(n % self.block_len for n in lengths) == 0, name, lengths, advice)
+    limit_gb = self.memory_limit_bytes / 2**30
+    _require(self.memory_limit_bytes > 0, 'memory_limit_gb', limit_gb, 'use a positive size')
+
+  def model_config(self, attention: str, max_len: int, query_blocks_per_step: int = 0):
+    """The causal language model of one cell; r is unused (set to max_len) for 'full'."""
+    same = ('num_layers', 'num_heads', 'hidden_dim', 'mlp_dim', 'sharing', 'projection', 'dtype')
+    return ModelConfig(
+        **{name: getattr(self, name) for name in same},
+        vocab_size=benchmark.VOCAB_SIZE,
+        max_len=max_len,
+        attention=attention,
+        projected_len=self.slots if attention == 'linformer' else max_len,
+        dropout_rate=0.0,
+        causal=True,
+        block_len=self.block_len,
+        query_blocks_per_step=query_blocks_per_step,
+    )
+
+
+def describe_device() -> str:
+  """The first device, e.g. 'NVIDIA H100 80GB HBM3 (gpu)'."""
+  return f'{jax.devices()[0].device_kind} ({jax.default_backend()})'
+
+
+def describe_run(s: CausalBenchmarkSettings) -> str:
+  """One line naming the device and the settings, for the top of table.md."""
+  return (
+      f'Device: {describe_device()}; causal LM, {s.num_layers} layers, hidden {s.hidden_dim}, '
+      f'{s.num_heads} heads, MLP {s.mlp_dim}, vocabulary {benchmark.VOCAB_SIZE}, batch '
+      f'{s.batch}, {s.dtype}; Linformer b = {s.block_len}, r = {s.slots}, sharing '
+      f'{s.sharing}, projection {s.projection}; median of {s.repeats} runs.'
+  )
+
+
+def decode_token(model: nn.Module, variables: Any, cache: Any, tokens: jax.Array):
+  """Logits of tokens [batch, 1] at the cache's position, and the updated cache with
+  that position left unchanged, so that every timed call decodes the same token."""
+  logits, updated = model.apply({**variables, 'cache': cache}, tokens, decode=True, mutable=[CACHE])
+  return logits, {**updated['cache'], 'position': cache['position']}
+
+
+def forward_logits(model: nn.Module, variables: Any, tokens: jax.Array) -> jax.Array:
+  """Logits [batch, n, vocab] of a full causal forward pass."""
+  return model.apply(variables, tokens, deterministic=True)
+
+
+def _abstract_params(model: nn.Module, tokens: jax.ShapeDtypeStruct, **kwargs) -> Any:
+  init = lambda: model.init(jax.random.PRNGKey(0), tokens, **kwargs)
+  shapes = nn.meta.unbox(jax.eval_shape(init))
+  return {name: value for name, value in shapes.items() if name != 'cache'}
+
+
+def decode_cache(model: nn.Module, batch: int, position: int) -> Any:
+  """The empty cache of `generation.empty_cache` with its position set: zero
+  blocks and summaries, which cost the same work as real ones."""
+  return {**generation.empty_cache(model, batch), 'position': jnp.asarray(position, jnp.int32)}
+
+
+def compile_decode(settings: CausalBenchmarkSettings, attention: str, context: int):
+  """The decode step at position context - 2, compiled with its cache donated.
+
+  Returns (compiled, model, abstract parameters, abstract cache); the compiled
+  call takes (variables, cache, tokens [batch, 1]).
+  """
+  model = models.CausalLanguageModel(settings.model_config(attention, context))
+  tokens = jax.ShapeDtypeStruct((settings.batch, 1), jnp.int32)
+  params = _abstract_params(model, tokens, decode=True)
+  cache = jax.eval_shape(lambda: decode_cache(model, settings.batch, context - 2))
+  step = jax.jit(functools.partial(decode_token, model), donate_argnums=1)
+  return step.lower(params, cache, tokens).compile(), model, params, cache
+
+
+def _new_row(settings, name: str, attention: str, length: int, query_blocks: int = 0):
+  """A row's identity (b, r and query blocks 0 for the Transformer); a note if it cannot run."""
+  row: Dict[str, Any] = dict.fromkeys(COLUMNS)
+  row.update(benchmark=name, model='transformer', length=length, batch=settings.batch, note='')
+  row.update(block_len=0, slots=0, query_blocks_per_step=0, cache_donated=name == 'generation')
+  row.update(dtype=settings.dtype, device=describe_device())
+  if attention == 'linformer':
+    row.update(model='linformer', block_len=settings.block_len, slots=settings.slots)
+    row['query_blocks_per_step'] = query_blocks
+    if length % settings.block_len:
+      row['note'] = f'skipped: block_len={settings.block_len} does not divide {length}'
+  return row
+
+
+def _measure(row, settings, compile_step: Callable, make_args: Callable, tokens_per_call: int):
+  """Fills row from XLA's plan of the compiled step and, where it fits, its timing.
+
+  compile_step() returns the compiled step; make_args(), its concrete inputs. A
+  donated cache (argument 1, output 1) is consumed by each call, so the next
+  call takes the one it returned.
+  """
+  try:
+    compiled = compile_step()
+    row.update(benchmark.planned_bytes(compiled))
+    row['alias_bytes'] = int(compiled.memory_analysis().alias_size_in_bytes)
+    row['flops'] = benchmark.cost_analysis(compiled)['flops']
+    row['flops_per_token'] = row['flops'] and row['flops'] / tokens_per_call
+    if memory_bytes(row) > settings.memory_limit_bytes:
+      row['note'] = benchmark.over_limit_note('timing', row, settings.memory_limit_bytes)
+      return row
+    args = list(make_args())
+
+    def call():
+      outputs = compiled(*args)
+      if row['cache_donated']:
+        args[1] = outputs[1]
+      return outputs
+
+    times = benchmark.time_ms(call, settings.repeats)
+  except Exception as error:  # pylint: disable=broad-except
+    if not benchmark.is_out_of_memory(error):
+      raise
+    row['note'] = f'timing skipped: out of memory: {benchmark.first_line(error)}'
+    return row
+  median_ms = statistics.median(times)
+  row.update(time_ms=median_ms, time_min_ms=min(times), time_max_ms=max(times))
+  row['tokens_per_s'] = tokens_per_call / (median_ms * 1e-3)
+  return row
+
+
+def generation_cell(settings: CausalBenchmarkSettings, attention: str, context: int):
+  """Time, memory and FLOPs of generating token `context` (one decode step)."""
+  row = _new_row(settings, 'generation', attention, context)
+  if row['note']:
+    return row
+  compiled, model, params, cache = compile_decode(settings, attention, context)
+  leaves = jax.tree_util.tree_leaves(cache)
+  row['cache_bytes'] = sum(math.prod(leaf.shape) * leaf.dtype.itemsize for leaf in leaves)
+
+  def make_args():
+    variables = benchmark.random_variables(params, seed=0)
+    cache = decode_cache(model, settings.batch, context - 2)
+    return variables, cache, jnp.zeros((settings.batch, 1), jnp.int32)
+
+  return _measure(row, settings, lambda: compiled, make_args, settings.batch)
+
+
+def forward_cell(settings: CausalBenchmarkSettings, attention: str, seq_len: int, query_blocks=0):
+  """Time, memory and FLOPs of a causal forward pass over seq_len tokens."""
+  row = _new_row(settings, 'forward', attention, seq_len, query_blocks)
+  if row['note']:
+    return row
+  model = models.CausalLanguageModel(settings.model_config(attention, seq_len, query_blocks))
+  tokens = jax.ShapeDtypeStruct((settings.batch, seq_len), jnp.int32)
+  params = _abstract_params(model, tokens)
+  step = jax.jit(functools.partial(forward_logits, model))
+
+  def make_args():
+    ids = np.random.default_rng(seq_len).integers(0, benchmark.VOCAB_SIZE, tokens.shape, np.int32)
+    return benchmark.random_variables(params, seed=0), jnp.asarray(ids)
+
+  compile_step = lambda: step.lower(params, tokens).compile()
+  return _measure(row, settings, compile_step, make_args, settings.batch * seq_len)
+
+
+def run_all(settings: CausalBenchmarkSettings, progress: Optional[Callable] = None) -> List[Dict]:
+  """Every generation cell (per C: Transformer, Linformer), then every forward cell."""
+  cells = [(generation_cell, a, c) for c in settings.contexts for a in ('full', 'linformer')]
+  for seq_len in settings.seq_lens:
+    cells.append((forward_cell, 'full', seq_len))
+    cells += [(forward_cell, 'linformer', seq_len, q) for q in settings.linformer_query_blocks]
+  rows = []
+  for measure, *arguments in cells:
+    rows.append(measure(settings, *arguments))
+    if progress:
+      progress(rows[-1])
+  return rows
+
+
+def cell_name(row: Dict[str, Any]) -> str:
+  """E.g. 'generation linformer C=4096' or 'forward linformer n=4096 query blocks 4'."""
+  length = 'C' if row['benchmark'] == 'generation' else 'n'
+  steps = f" query blocks {row['query_blocks_per_step']}" if row['query_blocks_per_step'] else ''
+  return f"{row['benchmark']} {row['model']} {length}={row['length']}{steps}"
+
+
+def _find(rows, name: str, model: str, length: int, query_blocks: int = 0) -> Dict[str, Any]:
+  """The row of one cell; a missing one reads as not measured."""
+  fields = ('benchmark', 'model', 'length', 'query_blocks_per_step')
+  cell = (name, model, length, query_blocks)
+  return next((r for r in rows if tuple(map(r.get, fields)) == cell), dict.fromkeys(COLUMNS))
+
+
+def _ratio(numerator, denominator) -> str:
+  return f'{numerator / denominator:.2f}x' if numerator and denominator else '–'
+
+
+def _number(value, fmt: str, scale: float = 1.0) -> str:
+  return '–' if value is None else format(value / scale, fmt)
+
+
+def _markdown(header: Sequence[str], body: List[List[str]]) -> str:
+  lines = [header, ['---'] * len(header)] + body
+  return '\n'.join('| ' + ' | '.join(cells) + ' |' for cells in lines)
+
+
+def format_generation(rows: List[Dict[str, Any]]) -> str:
+  """Per context C: ms and tokens/s per step, cache MiB and GFLOP per token, with ratios."""
+  body = []
+  for context in sorted({r['length'] for r in rows if r['benchmark'] == 'generation'}):
+    full, lin = (_find(rows, 'generation', m, context) for m in ('transformer', 'linformer'))
+    body.append(
+        [str(context)]
+        + [_number(r['time_ms'], '.3f') for r in (full, lin)]
+        + [_ratio(full['time_ms'], lin['time_ms'])]
+        + [_number(r['tokens_per_s'], '.1f') for r in (full, lin)]
+        + [_number(r['cache_bytes'], '.1f', 2**20) for r in (full, lin)]
+        + [_ratio(full['cache_bytes'], lin['cache_bytes'])]
+        + [_number(r['flops_per_token'], '.4f', 1e9) for r in (full, lin)]
+    )
+  header = ['C', 'Transformer ms/token', 'Linformer ms/token', 'speed-up']
+  header += ['Transformer tokens/s', 'Linformer tokens/s', 'Transformer cache MiB']
+  header += ['Linformer cache MiB', 'cache saving', 'Transformer GFLOP/token']
+  return _markdown(header + ['Linformer GFLOP/token'], body)
+
+
+def growth(rows: List[Dict[str, Any]], model: str) -> Optional[tuple]:
+  """(smallest C, largest C, ms/token at the largest over at the smallest) of the
+  model's timed generation rows; None with fewer than two."""
+  timed = sorted(
+      (r['length'], r['time_ms'])
+      for r in rows
+      if (r['benchmark'], r['model']) == ('generation', model) and r['time_ms']
+  )
+  return (timed[0][0], timed[-1][0], timed[-1][1] / timed[0][1]) if len(timed) > 1 else None
+
+
+def format_growth(rows: List[Dict[str, Any]]) -> str:
+  """Each model's growth of ms/token with C, beside the Linformer's goal; '' if none."""
+  found = {model: growth(rows, model) for model in ('transformer', 'linformer')}
+  lines = [f'- {m}: {g[2]:.2f}x from C={g[0]} to C={g[1]}' for m, g in found.items() if g]
+  goal = f'goal for the Linformer: flat within {GROWTH_GOAL - 1:.0%}, at most {GROWTH_GOAL}x'
+  return f'Growth of the time per token with C ({goal}):\n' + '\n'.join(lines) if lines else ''
+
+
+def format_forward(rows: List[Dict[str, Any]]) -> str:
+  """Per n and Linformer query blocks per step: times and memory, with ratios."""
+  body = []
+  for lin in (r for r in rows if (r['benchmark'], r['model']) == ('forward', 'linformer')):
+    full = _find(rows, 'forward', 'transformer', lin['length'])
+    body.append(
+        [str(lin['length']), str(lin['query_blocks_per_step'] or 'all')]
+        + [_number(r['time_ms'], '.1f') for r in (full, lin)]
+        + [_ratio(full['time_ms'], lin['time_ms'])]
+        + [_number(memory_bytes(r), '.1f', 2**20) for r in (full, lin)]
+        + [_ratio(memory_bytes(full), memory_bytes(lin))]
+        + [_ratio(full['temp_bytes'], lin['temp_bytes'])]
+    )
+  header = ['n', 'Linformer query blocks per step', 'Transformer ms', 'Linformer ms', 'speed-up']
+  header += ['Transformer MiB', 'Linformer MiB', 'memory saving', 'saving on temporaries']
+  return _markdown(header, body)
+
+
+def _plot(rows, name: str, xlabel: str, ylabel: str, title: str, path: str) -> None:
+  """Median time against length, one line per model (and query blocks per step)."""
+  # A bare Agg canvas: no pyplot, so no global backend or open-figure state.
+  figure = Figure(figsize=(6, 4))
+  FigureCanvasAgg(figure)
+  axes = figure.add_subplot()
+  rows = [r for r in rows if r['benchmark'] == name and r['time_ms'] is not None]
+  for series in sorted({(r['model'], r['query_blocks_per_step']) for r in rows}, reverse=True):
+    points = [r for r in rows if (r['model'], r['query_blocks_per_step']) == series]
+    label = 'Transformer'
+    if series[0] == 'linformer':
+      label = f"Linformer b={points[0]['block_len']}, r={points[0]['slots']}"
+      label += f', query blocks {series[1]}' if series[1] else ''
+    axes.plot(*zip(*sorted((r['length'], r['time_ms']) for r in points)), marker='o', label=label)
+  if axes.lines:
+    axes.legend()
+  axes.set(xlabel=xlabel, ylabel=ylabel, title=title, yscale='log')
+  axes.set_xscale('log', base=2)
+  axes.grid(True, which='both', alpha=0.3)
+  figure.tight_layout()
+  figure.savefig(path, dpi=100)
+
+
+def write_outputs(rows: List[Dict[str, Any]], out_dir: str, header: str = '') -> str:
+  """Writes results.csv, table.md, generation.png and forward.png; returns table.md's text."""
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, 'results.csv'), 'w', newline='') as f:
+    writer = csv.DictWriter(f, fieldnames=COLUMNS)
+    writer.writeheader()
+    for row in rows:
+      writer.writerow({key: '' if row[key] is None else row[key] for key in COLUMNS})
+  parts = [header]
+  if any(r['benchmark'] == 'generation' for r in rows):
+    parts.append(
+        'Generation: one decode step at position C - 2 (a token that does not end a block), '
+        'one token per sequence; speed-up and cache saving of the Linformer over the Transformer:'
+    )
+    parts += [format_generation(rows), format_growth(rows)]
+  if any(r['benchmark'] == 'forward' for r in rows):
+    parts.append(
+        'Forward: a full causal pass (logits) over n tokens; memory: compiled temporary + '
+        'argument bytes, and the saving on temporaries alone (what a large batch approaches):'
+    )
+    parts.append(format_forward(rows))
+  notes = [f"- {cell_name(r)}: {r['note']}" for r in rows if r['note']]
+  parts.append('Skipped or partial cells:\n' + '\n'.join(notes) if notes else '')
+  text = '\n\n'.join(part for part in parts if part) + '\n'
+  with open(os.path.join(out_dir, 'table.md'), 'w') as f:
+    f.write(text)
+  for name, xlabel, ylabel, title in (
+      ('generation', 'context C', 'ms per token', 'Generation: time per token'),
+      ('forward', 'sequence length n', 'forward time (ms)', 'Causal forward pass'),
+  ):
+    _plot(rows, name, xlabel, ylabel, title, os.path.join(out_dir, f'{name}.png'))
+  return text

@@ -8,6 +8,7 @@ import numpy as np
 import optax
 import pytest
 
+from linformer_jax.model import layers
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
 
@@ -275,3 +276,47 @@ def test_logits_at_positions_equal_the_full_logits_there():
   np.testing.assert_allclose(
       gathered, jnp.take_along_axis(full, positions[:, :, None], axis=1), rtol=1e-6, atol=1e-6
   )
+
+
+@pytest.mark.parametrize(
+    'sharing, projection',
+    [('layerwise', 'linear'), ('kv', 'random'), ('headwise', 'linear'), ('headwise', 'mean')],
+)
+def test_compressing_the_layer_input_first_equals_projecting_every_position_first(
+    sharing, projection
+):
+  """E^T (m (X W + b)) = (E^T m X) W + (E^T m) b: the same attention output
+  (random weights and biases, padding), fewer FLOPs."""
+  config = ModelConfig(
+      vocab_size=11,
+      max_len=64,
+      num_layers=1,
+      num_heads=2,
+      hidden_dim=16,
+      mlp_dim=32,
+      projected_len=8,
+      sharing=sharing,
+      projection=projection,
+      dropout_rate=0.0,
+  )
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 60, 16))
+  mask = jnp.arange(60)[None] < jnp.array([[60], [37]])
+  shared = (None, None)
+  if sharing == 'layerwise':
+    e = jax.random.normal(jax.random.PRNGKey(1), (64, 8)) / 8**0.5
+    shared = (e, e)
+  first = layers.SelfAttention(config, 0)
+  reference = layers.SelfAttention(config, 0, compress_first=False)
+  variables = first.init(jax.random.PRNGKey(2), x, mask, shared, True)
+  leaves, tree = jax.tree_util.tree_flatten(nn.meta.unbox(variables))
+  keys = jax.random.split(jax.random.PRNGKey(3), len(leaves))
+  variables = jax.tree_util.tree_unflatten(
+      tree, [jax.random.normal(k, leaf.shape) * 0.3 for k, leaf in zip(keys, leaves)]
+  )
+  run = lambda module: jax.jit(lambda v: module.apply(v, x, mask, shared, True))
+  np.testing.assert_allclose(run(first)(variables), run(reference)(variables), rtol=1e-5, atol=1e-5)
+  flops = [
+      run(module).lower(variables).compile().cost_analysis()['flops']
+      for module in (first, reference)
+  ]
+  assert flops[0] < 0.8 * flops[1], flops

@@ -134,20 +134,31 @@ def test_keys_are_the_ones_the_model_attends_over(sharing, projection):
   )
   tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 16), 0, 40)
   padding_mask = np.arange(16)[None] < np.array([[16], [11], [0]])
+  # Each layer's input too (post-LN: the embedding's or the previous layer's
+  # last norm), since a layer that compresses its input first never projects
+  # every position to a key.
+  capture = lambda module, method: spectrum.capture_intermediates(module, method) or (
+      module.name in ('embedding_norm', 'mlp_norm')
+  )
   _, captured = jax.jit(
       lambda v: model.apply(
-          v,
-          tokens,
-          padding_mask,
-          capture_intermediates=spectrum.capture_intermediates,
-          mutable=['intermediates'],
+          v, tokens, padding_mask, capture_intermediates=capture, mutable=['intermediates']
       )
   )(variables)
   layers = spectrum.context_queries_and_keys(captured['intermediates'], config, padding_mask)
+  encoder = captured['intermediates']['encoder']
   for layer, (q, keys, key_mask) in enumerate(layers):
-    dense = captured['intermediates']['encoder'][f'layers_{layer}']['attention']
-    k = np.asarray(dense['key']['__call__'][0], np.float64)
+    dense = encoder[f'layers_{layer}']['attention']
     assert q is dense['query']['__call__'][0]
+    inputs = (
+        encoder['embedding_norm'] if layer == 0 else encoder[f'layers_{layer - 1}']['mlp_norm']
+    )['__call__'][0]
+    key_params = variables['params']['encoder'][f'layers_{layer}']['attention']['key']
+    k = np.einsum(
+        'bnd,dhe->bnhe',
+        np.asarray(inputs, np.float64),
+        np.asarray(key_params['kernel'], np.float64),
+    ) + np.asarray(key_params['bias'], np.float64)
     if projection == 'mean':
       windows = (k * padding_mask[..., None, None]).reshape(3, 4, 4, 2, 8)
       counts = padding_mask.reshape(3, 4, 4).sum(-1)

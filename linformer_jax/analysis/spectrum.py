@@ -141,6 +141,10 @@ def context_queries_and_keys(
     path = (f'layers_{layer}', 'attention')
     q = _captured(encoder, path + ('query',))
     k = _captured(encoder, path + ('key',))
+    sown = encoder[path[0]][path[1]].get('compressed_keys')
+    if sown is not None:  # the layer compressed its input before projecting it
+      layers.append((q, *sown[0]))
+      continue
     if config.attention == 'full':
       layers.append((q, k, padding_mask))
       continue

@@ -166,6 +166,62 @@ def project_sequence(
   return out.astype(x.dtype)
 
 
+def compress_layer_input(
+    x: Array,
+    projection: str,
+    weight: Optional[Array],
+    *,
+    max_len: int,
+    projected_len: int,
+    key_padding_mask: Optional[Array] = None,
+    name: str = 'E',
+) -> Tuple[Array, Array, Optional[Array]]:
+  """Compresses a layer's input before its key or value projection.
+
+  By linearity, E^T (m * (x W + b)) = (E^T (m * x)) W + (E^T m) b for a padding
+  mask m, so keys and values can be projected from k compressed rows instead
+  of n rows: the same result for fewer FLOPs. Mean pooling commutes the same
+  way with the bias unscaled (every window with a real token averages to b).
+
+  Args:
+    x: [batch, length, features], the layer input.
+    projection: 'linear' or 'random' (a matrix shared by all heads, [max_len,
+      projected_len]) or 'mean'.
+    weight: the matrix E (or F); None for 'mean'.
+    max_len, projected_len: n and k.
+    key_padding_mask: optional [batch, length], True for real tokens.
+    name: the weight's name, used in error messages.
+
+  Returns:
+    the compressed input [batch, k, features] in x's dtype; the factor each
+    compressed row's bias takes, float32 [batch, k] (E^T m, or 1 for 'mean');
+    and the [batch, k] mask of compressed rows holding real tokens (None for a
+    matrix).
+  """
+  if projection == 'mean':
+    pooled, mask = pool_sequence(
+        x[:, :, None, :],
+        window=max_len // projected_len,
+        max_len=max_len,
+        kind='mean',
+        key_padding_mask=key_padding_mask,
+    )
+    return pooled[:, :, 0], jnp.ones(mask.shape, jnp.float32), mask
+  if projection not in ('linear', 'random') or weight is None or weight.ndim != 2:
+    raise ValueError(
+        f'compress_layer_input takes a matrix shared by all heads or mean pooling; got '
+        f"projection={projection!r} with weight shape {getattr(weight, 'shape', None)}."
+    )
+  rows = _rows_for_length(weight, x.shape[1], name).astype(jnp.float32)
+  if key_padding_mask is None:
+    real = jnp.ones(x.shape[:2], jnp.float32)
+  else:
+    real = key_padding_mask.astype(jnp.float32)
+    x = jnp.where(key_padding_mask[:, :, None], x, jnp.zeros_like(x))
+  compressed = jnp.einsum('bnd,nk->bkd', x.astype(jnp.float32), rows)
+  return compressed.astype(x.dtype), jnp.einsum('bn,nk->bk', real, rows), None
+
+
 def linformer_attention(
     q: Array, k: Array, v: Array, e: Array, f: Array, *, key_padding_mask: Optional[Array] = None
 ) -> Array:

@@ -135,11 +135,30 @@ class SequenceProjection(nn.Module):
     return self._weight('key_projection'), self._weight('value_projection')
 
 
+# Projections whose compression commutes with the key/value projection.
+COMPRESS_FIRST_PROJECTIONS = ('linear', 'random', 'mean')
+
+
 class SelfAttention(nn.Module):
-  """Multi-head self-attention, full or Linformer, bidirectional or causal."""
+  """Multi-head self-attention, full or Linformer, bidirectional or causal.
+
+  A bidirectional Linformer whose E and F are shared by the heads (any sharing
+  but 'none') and linear or mean pooling compresses the layer input first and
+  projects the k compressed rows to keys and values
+  (`attention.compress_layer_input`): the same result with the key and value
+  matmuls on k rows instead of n, and one compression for E = F. The
+  parameters are the same either way.
+
+  Attributes:
+    config: the model configuration.
+    layer: this layer's index.
+    compress_first: False projects every position, then compresses (the
+      reference order, for tests).
+  """
 
   config: ModelConfig
   layer: int
+  compress_first: bool = True
 
   @nn.compact
   def __call__(
@@ -153,16 +172,17 @@ class SelfAttention(nn.Module):
     cfg = self.config
     dtype = cfg.compute_dtype
 
-    q, k, v = (
+    query_dense, key_dense, value_dense = (
         dense(
             (cfg.num_heads, cfg.head_dim),
             (axes.EMBED,),
             (axes.HEADS, axes.HEAD_DIM),
             name=name,
             dtype=dtype,
-        )(x)
+        )
         for name in ('query', 'key', 'value')
     )
+    q = query_dense(x)
     weights, projected_len = (None, None), None
     if cfg.attention == 'linformer':
       projected_len = cfg.projected_len_for_layer(self.layer)
@@ -177,6 +197,27 @@ class SelfAttention(nn.Module):
             name='projection',
         )()
     key_weight, value_weight = weights
+    if (
+        self.compress_first
+        and cfg.attention == 'linformer'
+        and not cfg.causal
+        and cfg.sharing != 'none'
+        and cfg.projection in COMPRESS_FIRST_PROJECTIONS
+    ):
+      common = dict(max_len=cfg.max_len, projected_len=projected_len, key_padding_mask=padding_mask)
+      compressed = attention.compress_layer_input(x, cfg.projection, key_weight, name='E', **common)
+      if value_weight is not key_weight:
+        value_input = attention.compress_layer_input(
+            x, cfg.projection, value_weight, name='F', **common
+        )
+      else:
+        value_input = compressed
+      k = _project_compressed(key_dense, *compressed[:2])
+      v = _project_compressed(value_dense, *value_input[:2])
+      # The compressed keys, for analyses that capture intermediates (spectrum).
+      self.sow('intermediates', 'compressed_keys', (k, compressed[2]))
+      return self._output(attention.attend(q, k, v, compressed[2]), deterministic)
+    k, v = key_dense(x), value_dense(x)
     if decode_position is not None:
       out = self._decode(q, k, v, decode_position, projected_len, key_weight, value_weight)
     elif cfg.attention == 'full':
@@ -208,12 +249,17 @@ class SelfAttention(nn.Module):
           projected_len=projected_len,
           key_padding_mask=padding_mask,
       )
+    return self._output(out, deterministic)
+
+  def _output(self, out: Array, deterministic: bool) -> Array:
+    """The heads' outputs [batch, length, heads, head_dim] mixed back to the width."""
+    cfg = self.config
     out = dense(
         cfg.hidden_dim,
         (axes.HEADS, axes.HEAD_DIM),
         (axes.EMBED,),
         name='out',
-        dtype=dtype,
+        dtype=cfg.compute_dtype,
         axis=(-2, -1),
     )(out)
     return nn.Dropout(cfg.dropout_rate)(out, deterministic=deterministic)
@@ -259,6 +305,14 @@ class SelfAttention(nn.Module):
     if not self.is_initializing():
       state.value = new_state._asdict()
     return out
+
+
+def _project_compressed(projection: nn.DenseGeneral, rows: Array, bias_factor: Array) -> Array:
+  """Keys or values from compressed input rows: rows W + bias_factor * b."""
+  out = projection(rows)
+  bias = nn.meta.unbox(projection.variables['params']['bias'])
+  correction = (bias_factor - 1.0)[:, :, None, None] * bias.astype(jnp.float32)
+  return (out.astype(jnp.float32) + correction).astype(out.dtype)
 
 
 class FeedForward(nn.Module):

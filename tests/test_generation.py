@@ -70,9 +70,12 @@ def test_greedy_generation_through_the_cache_follows_the_full_forward_argmax(cau
       )
   )
   tokens = list(np.asarray(prompt)[0])
+  # One compiled full pass on a fixed length: positions after the last real
+  # token cannot change its logits (the model is causal).
+  forward = jax.jit(lambda ids: parts.model.apply(variables, ids))
   for _ in range(14):  # crosses block boundaries (b = 8)
-    logits = parts.model.apply(variables, jnp.asarray([tokens], jnp.int32))
-    tokens.append(int(jnp.argmax(logits[0, -1])))
+    ids = jnp.asarray([tokens + [0] * (config.model.max_len - len(tokens))], jnp.int32)
+    tokens.append(int(jnp.argmax(forward(ids)[0, len(tokens) - 1])))
   np.testing.assert_array_equal(generated[0], tokens)
 
 
@@ -83,7 +86,7 @@ def test_sampling_is_deterministic_for_a_seed(causal_run):
   )
   first = sample(3)
   assert first == sample(3)
-  assert any(sample(seed) != first for seed in (4, 5, 6))
+  assert sample(4) != first
 
 
 def test_bad_generation_requests_are_one_line_errors(causal_run, tmp_path):

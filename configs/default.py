@@ -82,4 +82,5 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.causal = False  # left-to-right attention (task causal_lm): configs/causal_lm.py
   config.model.block_len = 64  # causal Linformer: b, tokens per block (divides max_len)
   config.model.query_blocks_per_step = 0  # causal Linformer: query blocks at once (0 = all)
+  config.model.inference_chunk = 0  # inference: queries and MLP in chunks of this size (0 = all)
   return config

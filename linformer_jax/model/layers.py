@@ -182,7 +182,15 @@ class SelfAttention(nn.Module):
         )
         for name in ('query', 'key', 'value')
     )
-    q = query_dense(x)
+    out_dense = dense(
+        cfg.hidden_dim,
+        (axes.HEADS, axes.HEAD_DIM),
+        (axes.EMBED,),
+        name='out',
+        dtype=dtype,
+        axis=(-2, -1),
+    )
+    dropout = nn.Dropout(cfg.dropout_rate)
     weights, projected_len = (None, None), None
     if cfg.attention == 'linformer':
       projected_len = cfg.projected_len_for_layer(self.layer)
@@ -197,14 +205,33 @@ class SelfAttention(nn.Module):
             name='projection',
         )()
     key_weight, value_weight = weights
+    if decode_position is not None or cfg.causal:
+      q, k, v = query_dense(x), key_dense(x), value_dense(x)
+      if decode_position is not None:
+        out = self._decode(q, k, v, decode_position, projected_len, key_weight, value_weight)
+      elif cfg.attention == 'full':
+        out = attention.dot_product_attention(q, k, v, key_padding_mask=padding_mask, causal=True)
+      else:
+        out = causal_attention.causal_block_attention(
+            q,
+            k,
+            v,
+            block=cfg.block_len,
+            slots=projected_len,
+            projection=cfg.projection,
+            key_weight=key_weight,
+            value_weight=value_weight,
+            key_padding_mask=padding_mask,
+            query_blocks_per_step=cfg.query_blocks_per_step or None,
+        )
+      return dropout(out_dense(out), deterministic=deterministic)
+    common = dict(max_len=cfg.max_len, projected_len=projected_len, key_padding_mask=padding_mask)
     if (
         self.compress_first
         and cfg.attention == 'linformer'
-        and not cfg.causal
         and cfg.sharing != 'none'
         and cfg.projection in COMPRESS_FIRST_PROJECTIONS
     ):
-      common = dict(max_len=cfg.max_len, projected_len=projected_len, key_padding_mask=padding_mask)
       compressed = attention.compress_layer_input(x, cfg.projection, key_weight, name='E', **common)
       if value_weight is not key_weight:
         value_input = attention.compress_layer_input(
@@ -212,57 +239,30 @@ class SelfAttention(nn.Module):
         )
       else:
         value_input = compressed
-      k = _project_compressed(key_dense, *compressed[:2])
-      v = _project_compressed(value_dense, *value_input[:2])
+      keys = _project_compressed(key_dense, *compressed[:2])
+      values = _project_compressed(value_dense, *value_input[:2])
+      key_mask = compressed[2]
       # The compressed keys, for analyses that capture intermediates (spectrum).
-      self.sow('intermediates', 'compressed_keys', (k, compressed[2]))
-      return self._output(attention.attend(q, k, v, compressed[2]), deterministic)
-    k, v = key_dense(x), value_dense(x)
-    if decode_position is not None:
-      out = self._decode(q, k, v, decode_position, projected_len, key_weight, value_weight)
-    elif cfg.attention == 'full':
-      out = attention.dot_product_attention(
-          q, k, v, key_padding_mask=padding_mask, causal=cfg.causal
-      )
-    elif cfg.causal:
-      out = causal_attention.causal_block_attention(
-          q,
-          k,
-          v,
-          block=cfg.block_len,
-          slots=projected_len,
-          projection=cfg.projection,
-          key_weight=key_weight,
-          value_weight=value_weight,
-          key_padding_mask=padding_mask,
-          query_blocks_per_step=cfg.query_blocks_per_step or None,
-      )
+      self.sow('intermediates', 'compressed_keys', (keys, key_mask))
     else:
-      out = attention.compressed_attention(
-          q,
-          k,
-          v,
-          projection=cfg.projection,
-          key_weight=key_weight,
-          value_weight=value_weight,
-          max_len=cfg.max_len,
-          projected_len=projected_len,
-          key_padding_mask=padding_mask,
-      )
-    return self._output(out, deterministic)
+      keys, values, key_mask = key_dense(x), value_dense(x), padding_mask
+      if cfg.attention == 'linformer':
+        keys, key_mask = attention.compress_sequence(
+            keys, cfg.projection, key_weight, name='E', **common
+        )
+        values, _ = attention.compress_sequence(
+            values, cfg.projection, value_weight, name='F', **common
+        )
 
-  def _output(self, out: Array, deterministic: bool) -> Array:
-    """The heads' outputs [batch, length, heads, head_dim] mixed back to the width."""
-    cfg = self.config
-    out = dense(
-        cfg.hidden_dim,
-        (axes.HEADS, axes.HEAD_DIM),
-        (axes.EMBED,),
-        name='out',
-        dtype=cfg.compute_dtype,
-        axis=(-2, -1),
-    )(out)
-    return nn.Dropout(cfg.dropout_rate)(out, deterministic=deterministic)
+    chunk = inference_chunk(cfg, x.shape[1], deterministic)
+    if chunk is None or self.is_initializing():
+      out = out_dense(attention.attend(query_dense(x), keys, values, key_mask))
+    else:  # queries chunk by chunk: temporaries of chunk x (k or n) per head
+      query, output = pure(query_dense), pure(out_dense)
+      out = in_chunks(
+          lambda rows: output(attention.attend(query(rows), keys, values, key_mask)), x, chunk
+      )
+    return dropout(out, deterministic=deterministic)
 
   def _decode(self, q, k, v, position, projected_len, key_weight, value_weight) -> Array:
     """Attention of one token [batch, 1, ...] at `position`, through the cache."""
@@ -315,6 +315,51 @@ def _project_compressed(projection: nn.DenseGeneral, rows: Array, bias_factor: A
   return (out.astype(jnp.float32) + correction).astype(out.dtype)
 
 
+def inference_chunk(cfg: ModelConfig, length: int, deterministic: bool) -> Optional[int]:
+  """Positions per chunk of a chunked inference pass, None for one pass.
+
+  `config.inference_chunk` > 0 runs queries and the MLP chunk by chunk in
+  deterministic (inference) passes of bidirectional models: the same outputs,
+  with temporaries of O(chunk x k) for Linformer attention and O(chunk x n)
+  for full attention instead of O(n x k) and O(n x n). Training keeps one
+  pass (backpropagation would keep every chunk's activations anyway).
+  """
+  chunk = cfg.inference_chunk
+  if not chunk or not deterministic or cfg.causal or chunk >= length:
+    return None
+  return chunk
+
+
+def pure(module: nn.Module):
+  """A bound submodule as a pure function of its inputs, with its parameters.
+
+  What `jax.lax.map` needs to run it inside a loop body.
+  """
+  unbound, variables = module.clone(parent=None), module.variables
+  return lambda *args: unbound.apply(variables, *args)
+
+
+def in_chunks(fn, x: Array, chunk: Optional[int]) -> Array:
+  """fn (a pure function of rows) over x [batch, length, ...], chunk by chunk.
+
+  A `jax.lax.map` over chunks, so XLA runs them one after another and one
+  chunk's temporaries are reused by the next. The last chunk is padded with
+  copies of the final rows; fn must treat rows independently (queries, the
+  MLP), so the padding is dropped from the output.
+  """
+  if chunk is None:
+    return fn(x)
+  batch, length = x.shape[:2]
+  num_chunks = -(-length // chunk)
+  padding = num_chunks * chunk - length
+  if padding:
+    x = jnp.concatenate([x, jnp.repeat(x[:, -1:], padding, axis=1)], axis=1)
+  chunks = jnp.moveaxis(x.reshape(batch, num_chunks, chunk, *x.shape[2:]), 1, 0)
+  out = jax.lax.map(fn, chunks)
+  out = jnp.moveaxis(out, 0, 1).reshape(batch, num_chunks * chunk, *out.shape[3:])
+  return out[:, :length]
+
+
 class FeedForward(nn.Module):
   """The position-wise GELU MLP."""
 
@@ -343,9 +388,18 @@ class EncoderLayer(nn.Module):
     dtype = cfg.compute_dtype
     attend = SelfAttention(cfg, self.layer, name='attention')
     feed_forward = FeedForward(cfg, name='mlp')
+    attention_norm = layer_norm('attention_norm', dtype)
+    mlp_norm = layer_norm('mlp_norm', dtype)
     context = (shared_projection, deterministic, decode_position)
+    chunk = inference_chunk(cfg, x.shape[1], deterministic)
     if cfg.pre_layer_norm:
-      x = x + attend(layer_norm('attention_norm', dtype)(x), padding_mask, *context)
-      return x + feed_forward(layer_norm('mlp_norm', dtype)(x), deterministic)
-    x = layer_norm('attention_norm', dtype)(x + attend(x, padding_mask, *context))
-    return layer_norm('mlp_norm', dtype)(x + feed_forward(x, deterministic))
+      x = x + attend(attention_norm(x), padding_mask, *context)
+    else:
+      x = attention_norm(x + attend(x, padding_mask, *context))
+    if chunk is None or self.is_initializing():
+      mlp, norm = (lambda rows: feed_forward(rows, deterministic)), mlp_norm
+    else:  # the MLP chunk by chunk: temporaries of chunk x mlp_dim
+      mlp, norm = (lambda rows, ff=pure(feed_forward): ff(rows, True)), pure(mlp_norm)
+    if cfg.pre_layer_norm:
+      return in_chunks(lambda rows: rows + mlp(norm(rows)), x, chunk)
+    return in_chunks(lambda rows: norm(rows + mlp(rows)), x, chunk)

@@ -52,6 +52,7 @@ class ModelConfig:
   causal: bool = False
   block_len: int = 64
   query_blocks_per_step: int = 0
+  inference_chunk: int = 0
 
   def __post_init__(self):
     if isinstance(self.projected_len, list):
@@ -124,7 +125,7 @@ class ModelConfig:
       raise _field_error('pooling', self.pooling, f'use one of {POOLING_TYPES}')
     if not isinstance(self.causal, bool):
       raise _field_error('causal', self.causal, 'use True (left to right) or False')
-    for field in ('block_len', 'query_blocks_per_step'):
+    for field in ('block_len', 'query_blocks_per_step', 'inference_chunk'):
       value = getattr(self, field)
       if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise _field_error(field, value, 'use a non-negative integer')

@@ -25,6 +25,9 @@ _POSITIVE_INTS = (
 )
 _NON_NEGATIVE_FLOATS = ('learning_rate', 'end_learning_rate', 'weight_decay', 'grad_clip_norm')
 MODEL_DEFAULTS = {field.name: field.default for field in dataclasses.fields(ModelConfig)}
+# Model fields that change how a pass is computed, not what it computes: a run
+# may be resumed or evaluated with other values.
+EXECUTION_FIELDS = ('query_blocks_per_step', 'inference_chunk')
 # Data fields that change the token ids, and so the meaning of the parameters.
 DATA_FIELDS_FIXED_BY_A_RUN = ('tokenizer', 'vocab_size')
 
@@ -109,7 +112,7 @@ def check_same_model(
           'model',
           saved_model,
           requested_model,
-          sorted(set(saved_model) | set(requested_model)),
+          sorted((set(saved_model) | set(requested_model)) - set(EXECUTION_FIELDS)),
           MODEL_DEFAULTS,
       ),
       (

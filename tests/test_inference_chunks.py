@@ -1,0 +1,103 @@
+"""Chunked inference (`config.model.inference_chunk`): same outputs, less memory."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from linformer_jax.errors import ConfigError
+from linformer_jax.model import models
+from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.training import run_config
+
+SMALL = dict(
+    vocab_size=40,
+    max_len=32,
+    num_layers=2,
+    num_heads=4,
+    hidden_dim=16,
+    mlp_dim=32,
+    projected_len=8,
+    dropout_rate=0.0,
+)
+
+
+def _logits(config: ModelConfig, variables, tokens, mask, deterministic=True):
+  model = models.MaskedLanguageModel(config)
+  rngs = None if deterministic else {'dropout': jax.random.PRNGKey(5)}
+  return jax.jit(lambda v: model.apply(v, tokens, mask, deterministic=deterministic, rngs=rngs))(
+      variables
+  )
+
+
+@pytest.mark.parametrize(
+    'overrides',
+    [
+        dict(attention='full'),
+        dict(attention='full', pre_layer_norm=True),
+        dict(attention='linformer', sharing='layerwise'),  # compress-then-project
+        dict(attention='linformer', sharing='none'),  # per-head E, F: project, then compress
+        dict(attention='linformer', sharing='headwise', projection='conv', pre_layer_norm=True),
+    ],
+    ids=['full', 'full-pre-ln', 'layerwise', 'none', 'conv-pre-ln'],
+)
+def test_chunked_inference_gives_the_same_logits_with_padding(overrides):
+  config = ModelConfig(**{**SMALL, **overrides})
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (3, 32), 1, 40)
+  mask = jnp.arange(32)[None, :] < jnp.array([[32], [20], [7]])
+  variables = nn.meta.unbox(models.MaskedLanguageModel(config).init(jax.random.PRNGKey(0), tokens))
+  whole = _logits(config, variables, tokens, mask)
+  for chunk in (8, 12):  # 12 leaves a last chunk of 8 positions
+    chunked = ModelConfig(**{**SMALL, **overrides, 'inference_chunk': chunk})
+    np.testing.assert_allclose(
+        _logits(chunked, variables, tokens, mask), whole, rtol=1e-5, atol=1e-5
+    )
+
+
+def test_training_passes_ignore_the_chunk():
+  config = ModelConfig(**{**SMALL, 'dropout_rate': 0.1})
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 32), 1, 40)
+  variables = nn.meta.unbox(models.MaskedLanguageModel(config).init(jax.random.PRNGKey(0), tokens))
+  chunked = ModelConfig(**{**SMALL, 'dropout_rate': 0.1, 'inference_chunk': 8})
+  np.testing.assert_array_equal(
+      _logits(chunked, variables, tokens, None, deterministic=False),
+      _logits(config, variables, tokens, None, deterministic=False),
+  )
+
+
+@pytest.mark.parametrize('attention', ['full', 'linformer'])
+def test_chunks_shrink_the_compiled_temporaries(attention):
+  """XLA's memory analysis of a forward pass at n = 1024: the attention scores
+  [batch, heads, n, n or k] dominate one pass and shrink with the chunk."""
+  settings = {**SMALL, 'max_len': 1024, 'projected_len': 64, 'attention': attention}
+  tokens = jnp.ones((2, 1024), jnp.int32)
+  variables = jax.eval_shape(
+      models.MaskedLanguageModel(ModelConfig(**settings)).init, jax.random.PRNGKey(0), tokens
+  )
+  variables = nn.meta.unbox(variables)
+
+  def temporaries(chunk):
+    model = models.MaskedLanguageModel(ModelConfig(**settings, inference_chunk=chunk))
+    forward = jax.jit(lambda v, t: model.apply(v, t, deterministic=True))
+    return forward.lower(variables, tokens).compile().memory_analysis().temp_size_in_bytes
+
+  whole, chunked = temporaries(0), temporaries(128)
+  assert chunked < 0.5 * whole, (whole, chunked)
+
+
+def test_a_negative_chunk_is_a_clear_error():
+  with pytest.raises(ConfigError, match='inference_chunk'):
+    ModelConfig(**SMALL, inference_chunk=-1)
+
+
+def test_a_run_may_be_evaluated_with_another_chunk():
+  saved = {'model': {**SMALL, 'inference_chunk': 0}, 'data': {'tokenizer': 'x', 'vocab_size': 40}}
+  config = ml_collections.ConfigDict(
+      {'model': {**SMALL, 'inference_chunk': 256}, 'data': {'tokenizer': 'x', 'vocab_size': 40}}
+  )
+  run_config.check_same_model(saved, config, 'runs/x')  # no error
+  config.model.hidden_dim = 32
+  with pytest.raises(ConfigError, match='hidden_dim=16'):
+    run_config.check_same_model(saved, config, 'runs/x')

@@ -83,4 +83,5 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.block_len = 64  # causal Linformer: b, tokens per block (divides max_len)
   config.model.query_blocks_per_step = 0  # causal Linformer: query blocks at once (0 = all)
   config.model.inference_chunk = 0  # inference: queries and MLP in chunks of this size (0 = all)
+  config.model.attention_kernel = 'einsum'  # bidirectional softmax: 'einsum', 'xla' or 'cudnn'
   return config

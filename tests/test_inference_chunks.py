@@ -101,3 +101,26 @@ def test_a_run_may_be_evaluated_with_another_chunk():
   config.model.hidden_dim = 32
   with pytest.raises(ConfigError, match='hidden_dim=16'):
     run_config.check_same_model(saved, config, 'runs/x')
+
+
+@pytest.mark.parametrize('attention', ['full', 'linformer'])
+def test_the_xla_kernel_of_jax_gives_the_same_logits(attention):
+  """attention_kernel='xla' (jax.nn.dot_product_attention) against the einsums,
+  with padding, in one pass and in chunks."""
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 32), 1, 40)
+  mask = jnp.arange(32)[None, :] < jnp.array([[32], [9]])
+  config = ModelConfig(**SMALL, attention=attention)
+  variables = nn.meta.unbox(models.MaskedLanguageModel(config).init(jax.random.PRNGKey(0), tokens))
+  reference = _logits(config, variables, tokens, mask)
+  for chunk in (0, 12):
+    kernel = ModelConfig(
+        **SMALL, attention=attention, attention_kernel='xla', inference_chunk=chunk
+    )
+    np.testing.assert_allclose(
+        _logits(kernel, variables, tokens, mask), reference, rtol=1e-5, atol=1e-5
+    )
+
+
+def test_an_unknown_kernel_is_a_clear_error():
+  with pytest.raises(ConfigError, match="attention_kernel='flash'.*'einsum', 'xla', 'cudnn'"):
+    ModelConfig(**SMALL, attention_kernel='flash')

@@ -82,6 +82,25 @@ def attend(q: Array, k: Array, v: Array, key_mask: Optional[Array] = None) -> Ar
   return out.astype(q.dtype)
 
 
+# How `attend_with` computes softmax attention: this module's einsums, or
+# jax.nn.dot_product_attention with its XLA or cuDNN (flash attention, GPU)
+# implementation.
+ATTENTION_KERNELS = ('einsum', 'xla', 'cudnn')
+
+
+def attend_with(
+    kernel: str, q: Array, k: Array, v: Array, key_mask: Optional[Array] = None
+) -> Array:
+  """`attend` by the chosen kernel; key_mask is [batch, kv_length] or None."""
+  if kernel == 'einsum':
+    return attend(q, k, v, key_mask)
+  if kernel not in ATTENTION_KERNELS:
+    raise ValueError(f'attention kernel {kernel!r} is unknown; use one of {ATTENTION_KERNELS}.')
+  mask = None if key_mask is None else key_mask[:, None, None, :]
+  out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=kernel)
+  return out.astype(q.dtype)
+
+
 def dot_product_attention(
     q: Array, k: Array, v: Array, *, key_padding_mask: Optional[Array] = None, causal: bool = False
 ) -> Array:

@@ -254,13 +254,16 @@ class SelfAttention(nn.Module):
             values, cfg.projection, value_weight, name='F', **common
         )
 
+    kernel = cfg.attention_kernel
     chunk = inference_chunk(cfg, x.shape[1], deterministic)
     if chunk is None or self.is_initializing():
-      out = out_dense(attention.attend(query_dense(x), keys, values, key_mask))
+      out = out_dense(attention.attend_with(kernel, query_dense(x), keys, values, key_mask))
     else:  # queries chunk by chunk: temporaries of chunk x (k or n) per head
       query, output = pure(query_dense), pure(out_dense)
       out = in_chunks(
-          lambda rows: output(attention.attend(query(rows), keys, values, key_mask)), x, chunk
+          lambda rows: output(attention.attend_with(kernel, query(rows), keys, values, key_mask)),
+          x,
+          chunk,
       )
     return dropout(out, deterministic=deterministic)
 

@@ -12,6 +12,7 @@ from typing import Any, Mapping, Tuple, Union
 import jax.numpy as jnp
 
 from linformer_jax.errors import ConfigError
+from linformer_jax.model.attention import ATTENTION_KERNELS
 
 ATTENTION_TYPES = ('full', 'linformer')
 SHARING_MODES = ('none', 'headwise', 'kv', 'layerwise')
@@ -53,6 +54,7 @@ class ModelConfig:
   block_len: int = 64
   query_blocks_per_step: int = 0
   inference_chunk: int = 0
+  attention_kernel: str = 'einsum'
 
   def __post_init__(self):
     if isinstance(self.projected_len, list):
@@ -120,6 +122,10 @@ class ModelConfig:
           self.num_segments,
           'use 0 (no segment embedding, as RoBERTa) or the number '
           'of segments, e.g. 2 for sentence pairs',
+      )
+    if self.attention_kernel not in ATTENTION_KERNELS:
+      raise _field_error(
+          'attention_kernel', self.attention_kernel, f'use one of {ATTENTION_KERNELS}'
       )
     if self.pooling not in POOLING_TYPES:
       raise _field_error('pooling', self.pooling, f'use one of {POOLING_TYPES}')

@@ -147,7 +147,8 @@ class SelfAttention(nn.Module):
   projects the k compressed rows to keys and values
   (`attention.compress_layer_input`): the same result with the key and value
   matmuls on k rows instead of n, and one compression for E = F. The
-  parameters are the same either way.
+  parameters are the same either way. Bidirectional inference passes with
+  `config.inference_chunk` attend chunk by chunk of queries (`in_chunks`).
 
   Attributes:
     config: the model configuration.

@@ -5,26 +5,44 @@ The library of `python -m linformer_jax.benchmark`.
 The Linformer paper's Table 3: the encoder (12 layers, 768 wide, 12 heads, MLP
 3072 by default; Linformer with one linear projection shared by every layer)
 runs a forward pass under `jax.jit` at every sequence length n, the Transformer
-once per n and Linformer once per projected length k < n. Each cell records
+once per n and Linformer once per projected length k < n. The Transformer is
+the paper's baseline: one pass, this codebase's einsum attention. With
+--inference_chunk > 0 or --attention_kernel other than einsum, every n also
+gets the memory-efficient Transformer a user would pick ('transformer-
+efficient'): queries and MLP --inference_chunk positions at a time and/or
+jax.nn.dot_product_attention's XLA or cuDNN kernel. Linformer cells run with
+--inference_chunk too (it shrinks their MLP's temporaries) and einsum
+attention. Each cell records
 
+  batch         --batch sequences, or with --memory_budget_gb the paper's
+                method: the largest batch (at most --max_batch) whose compiled
+                temporary + argument + output bytes fit the budget, found by
+                compiling only (doubling, then bisection), and recorded as
+                budget_batch, with bytes_per_sequence: those bytes less the
+                parameters', over the batch;
   time          median, min and max of --repeats runs after a warm-up;
-  memory        XLA's compiled memory analysis (temporary and argument bytes,
-                exact and repeatable) and, on GPU, the device's peak bytes in
-                use so far in the process (JAX has no reset, so it bounds a
-                cell's own peak only where it rises above earlier cells');
+  memory        XLA's compiled memory analysis (temporary, argument and output
+                bytes, exact and repeatable) and, on GPU, the device's peak
+                bytes in use so far in the process (JAX has no reset, so it
+                bounds a cell's own peak only where it rises above earlier
+                cells');
   throughput    tokens per second and microseconds per token (flat in n for a
                 model linear in n);
   utilisation   XLA's FLOP count per second over the matrix-multiply rate of a
                 square `jnp.dot`s timed in the same process (the best of
-                --matmul_sizes: the rate the hardware reaches);
+                --matmul_sizes: the rate the hardware reaches); a chunked
+                pass counts the FLOPs of its one-pass compile, as XLA counts
+                a loop's body once;
   training      with --train_throughput, tokens per second of an MLM
                 forward + backward + SGD step.
 
 The matmul rate is measured in the benchmark's dtype (float32 by default).
 
-A cell whose compiled temporary + argument bytes exceed --memory_limit_gb, or
-whose compile or run runs out of memory, is skipped with a note. Writes
-results.csv, table.md (speed-up / memory saving per n and k, also printed) and
+At a fixed batch, a cell whose compiled temporary + argument bytes exceed
+--memory_limit_gb is skipped with a note; with a budget, so is a cell whose
+batch 1 does not fit it. A cell whose compile or run runs out of memory is
+skipped with a note too. Writes results.csv, table.md (speed-up / memory
+saving per n and k against each Transformer, also printed) and
 time_per_token.png, memory.png into --out.
 """
 
@@ -41,16 +59,33 @@ import numpy as np
 import optax
 
 from linformer_jax.analysis import benchmark_report
+from linformer_jax.analysis.benchmark_budget import ForwardPass
+from linformer_jax.analysis.benchmark_budget import compile_within_budget
+from linformer_jax.analysis.benchmark_budget import cost_analysis  # noqa: F401 (causal_benchmark)
+from linformer_jax.analysis.benchmark_budget import is_out_of_memory
+from linformer_jax.analysis.benchmark_budget import planned_bytes
+from linformer_jax.analysis.benchmark_report import EFFICIENT_TRANSFORMER
+from linformer_jax.analysis.benchmark_report import LINFORMER
+from linformer_jax.analysis.benchmark_report import TRANSFORMER
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import models
+from linformer_jax.model.attention import ATTENTION_KERNELS
 from linformer_jax.model.model_config import ModelConfig
 
 # Small enough that the embedding and its lookup do not dominate the encoder.
 VOCAB_SIZE = 1000
 # Share of the device's (or host's) memory a cell may plan to use by default.
 DEFAULT_MEMORY_FRACTION = 0.8
-# Lower-cased phrases of XLA's allocation failures on CPU and GPU.
-_OUT_OF_MEMORY_MARKERS = ('resource_exhausted', 'out of memory', 'failed to allocate')
+# The settings that must be positive integers (each is the flag of its name).
+_POSITIVE_SETTINGS = (
+    'num_layers',
+    'hidden_dim',
+    'num_heads',
+    'mlp_dim',
+    'batch',
+    'repeats',
+    'max_batch',
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,8 +103,15 @@ class BenchmarkSettings:
     repeats: timed runs per cell, after one warm-up run.
     dtype: compute dtype, 'float32' or 'bfloat16'.
     train_throughput: also time a training step per cell.
-    memory_limit_bytes: cells planning more temporary + argument bytes are
-      skipped.
+    memory_limit_bytes: at a fixed batch, cells planning more temporary +
+      argument bytes are skipped.
+    inference_chunk: positions per chunk of the efficient Transformer's and
+      Linformer's queries and MLP; 0 runs one pass.
+    attention_kernel: the efficient Transformer's attention, one of
+      ATTENTION_KERNELS ('cudnn' needs an NVIDIA GPU and bfloat16).
+    memory_budget_bytes: None times `batch` sequences; else each cell runs at
+      the largest batch whose compiled temporary + argument + output bytes fit.
+    max_batch: the largest batch the memory-budget search tries.
   """
 
   seq_lens: Sequence[int]
@@ -83,6 +125,10 @@ class BenchmarkSettings:
   dtype: str = 'float32'
   train_throughput: bool = False
   memory_limit_bytes: float = float('inf')
+  inference_chunk: int = 0
+  attention_kernel: str = 'einsum'
+  memory_budget_bytes: Optional[float] = None
+  max_batch: int = 4096
 
   def __post_init__(self):
     object.__setattr__(self, 'seq_lens', tuple(self.seq_lens))
@@ -94,7 +140,7 @@ class BenchmarkSettings:
             f'--{name}={",".join(map(str, values))} is not allowed: '
             'give one or more positive integers.'
         )
-    for name in ('num_layers', 'hidden_dim', 'num_heads', 'mlp_dim', 'batch', 'repeats'):
+    for name in _POSITIVE_SETTINGS:
       if getattr(self, name) < 1:
         raise ConfigError(f'--{name}={getattr(self, name)} is not allowed: use a positive integer.')
     if self.hidden_dim % self.num_heads:
@@ -110,11 +156,53 @@ class BenchmarkSettings:
       )
     if not self.memory_limit_bytes > 0:
       raise ConfigError('--memory_limit_gb must be positive.')
+    self._validate_efficient_transformer()
+    budget = self.memory_budget_bytes
+    if budget is not None and not budget > 0:
+      raise ConfigError(
+          f'--memory_budget_gb={budget / 2**30:g} is not allowed: give a positive '
+          'number of GiB, e.g. 16, or leave it unset to time a fixed --batch.'
+      )
+
+  def _validate_efficient_transformer(self) -> None:
+    if self.inference_chunk < 0:
+      raise ConfigError(
+          f'--inference_chunk={self.inference_chunk} is not allowed: use 0 (one pass) or '
+          'a positive number of positions per chunk, e.g. 512.'
+      )
+    if self.attention_kernel not in ATTENTION_KERNELS:
+      raise ConfigError(
+          f'--attention_kernel={self.attention_kernel} is not allowed: use one of '
+          f'{", ".join(ATTENTION_KERNELS)}.'
+      )
+    if self.attention_kernel == 'cudnn':
+      if self.dtype != 'bfloat16':
+        raise ConfigError(
+            '--attention_kernel=cudnn needs --dtype=bfloat16 (cuDNN attention takes '
+            '16-bit inputs); or use --attention_kernel=xla.'
+        )
+      if jax.default_backend() != 'gpu':
+        raise ConfigError(
+            f'--attention_kernel=cudnn needs an NVIDIA GPU, not {jax.default_backend()}; '
+            'use --attention_kernel=xla.'
+        )
+
+  @property
+  def has_efficient_transformer(self) -> bool:
+    """Whether the grid adds the memory-efficient Transformer at every n."""
+    return self.inference_chunk > 0 or self.attention_kernel != 'einsum'
 
   def model_config(
-      self, attention: str, seq_len: int, projected_len: Optional[int] = None
+      self, model: str, seq_len: int, projected_len: Optional[int] = None
   ) -> ModelConfig:
-    """The encoder of one cell; k is unused (and set to n) for 'full'."""
+    """The encoder of one cell of `model`; k is unused (and set to n) but for Linformer.
+
+    The paper's Transformer runs one pass with einsum attention; the efficient
+    one with the settings' chunk and kernel; Linformer with the chunk and
+    einsum attention.
+    """
+    if model not in benchmark_report.MODELS:
+      raise ValueError(f'Unknown benchmark model {model!r}; use one of {benchmark_report.MODELS}.')
     return ModelConfig(
         vocab_size=VOCAB_SIZE,
         max_len=seq_len,
@@ -122,12 +210,14 @@ class BenchmarkSettings:
         num_heads=self.num_heads,
         hidden_dim=self.hidden_dim,
         mlp_dim=self.mlp_dim,
-        attention=attention,
-        projected_len=projected_len or seq_len,
+        attention='linformer' if model == LINFORMER else 'full',
+        projected_len=projected_len if model == LINFORMER else seq_len,
         sharing='layerwise',
         projection='linear',
         dropout_rate=0.0,
         dtype=self.dtype,
+        inference_chunk=0 if model == TRANSFORMER else self.inference_chunk,
+        attention_kernel=self.attention_kernel if model == EFFICIENT_TRANSFORMER else 'einsum',
     )
 
 
@@ -179,34 +269,8 @@ def measure_matmul_gflops(
   return best
 
 
-def cost_analysis(compiled) -> Dict[str, Optional[float]]:
-  """XLA's cost analysis: FLOPs and bytes accessed (None where not reported)."""
-  analysis = compiled.cost_analysis()
-  if isinstance(analysis, (list, tuple)):
-    analysis = analysis[0] if analysis else None
-  analysis = analysis or {}
-  return {
-      column: float(analysis[key]) if key in analysis else None
-      for column, key in (('flops', 'flops'), ('bytes_accessed', 'bytes accessed'))
-  }
-
-
-def is_out_of_memory(error: Exception) -> bool:
-  message = str(error).lower()
-  return any(marker in message for marker in _OUT_OF_MEMORY_MARKERS)
-
-
 def first_line(error: Exception) -> str:
   return ' '.join(str(error).split())[:200]
-
-
-def planned_bytes(compiled) -> Dict[str, int]:
-  memory = compiled.memory_analysis()
-  return {
-      'temp_bytes': int(memory.temp_size_in_bytes),
-      'argument_bytes': int(memory.argument_size_in_bytes),
-      'output_bytes': int(memory.output_size_in_bytes),
-  }
 
 
 def over_limit_note(what: str, planned: Dict[str, int], limit: float) -> str:
@@ -252,7 +316,9 @@ def _train_tokens_per_s(
     config: ModelConfig, tokens: jax.Array, settings: BenchmarkSettings
 ) -> Dict[str, Any]:
   """Tokens per second of a training step, or a note saying why it was skipped."""
-  model = models.MaskedLanguageModel(config)
+  # One pass, as in training: the step is deterministic only to drop dropout,
+  # which would otherwise turn on the inference chunks.
+  model = models.MaskedLanguageModel(dataclasses.replace(config, inference_chunk=0))
   optimizer = optax.sgd(1e-3)
   try:
     params = random_variables(
@@ -271,9 +337,13 @@ def _train_tokens_per_s(
   return {'train_tokens_per_s': tokens.size / (statistics.median(times) * 1e-3)}
 
 
+def _add_note(row: Dict[str, Any], note: str) -> None:
+  row['note'] = '; '.join(part for part in (row['note'], note) if part)
+
+
 def benchmark_cell(
     settings: BenchmarkSettings,
-    attention: str,
+    model: str,
     seq_len: int,
     projected_len: Optional[int] = None,
     matmul_gflops: Optional[float] = None,
@@ -281,56 +351,62 @@ def benchmark_cell(
   """Measures one model at one n (and k).
 
   Args:
-    settings: the model dimensions, batch, repeats and memory limit.
-    attention: 'full' (the Transformer) or 'linformer'.
+    settings: the model dimensions, batch or memory budget, repeats and
+      memory limit.
+    model: TRANSFORMER, EFFICIENT_TRANSFORMER or LINFORMER (see
+      `BenchmarkSettings.model_config`).
     seq_len: the sequence length n.
-    projected_len: Linformer's k; None for the Transformer.
+    projected_len: Linformer's k; None for the Transformers.
     matmul_gflops: the machine's matrix-multiply rate, for `utilisation`.
 
   Returns:
     The row, keyed by benchmark_report.COLUMNS; fields that were not
     measured are None and `note` says why.
   """
+  config = settings.model_config(model, seq_len, projected_len)
   row: Dict[str, Any] = dict.fromkeys(benchmark_report.COLUMNS)
   row.update(
-      model='transformer' if attention == 'full' else 'linformer',
+      model=model,
       seq_len=seq_len,
       projected_len=projected_len or 0,
       batch=settings.batch,
       note='',
+      inference_chunk=config.inference_chunk,
+      attention_kernel=config.attention_kernel,
   )
-  config = settings.model_config(attention, seq_len, projected_len)
-  model = models.Encoder(config)
-
-  def forward(variables, tokens):
-    return model.apply(variables, tokens, deterministic=True)
-
-  tokens_shape = jax.ShapeDtypeStruct((settings.batch, seq_len), jnp.int32)
   try:
-    abstract_variables = nn.meta.unbox(
-        jax.eval_shape(model.init, jax.random.PRNGKey(0), tokens_shape)
-    )
-    compiled = jax.jit(forward).lower(abstract_variables, tokens_shape).compile()
-    row.update(planned_bytes(compiled))
-    row.update(cost_analysis(compiled))
-    if row['temp_bytes'] + row['argument_bytes'] > settings.memory_limit_bytes:
-      row['note'] = over_limit_note('cell', row, settings.memory_limit_bytes)
-      return row
+    forward = ForwardPass(config)
+    if settings.memory_budget_bytes is None:
+      compiled = forward.compile(settings.batch)
+      row.update(planned_bytes(compiled))
+      row.update(forward.cost(compiled, settings.batch))
+      if row['temp_bytes'] + row['argument_bytes'] > settings.memory_limit_bytes:
+        row['note'] = over_limit_note('cell', row, settings.memory_limit_bytes)
+        return row
+    else:
+      compiled, found = compile_within_budget(
+          forward, settings.memory_budget_bytes, settings.max_batch
+      )
+      row.update(found)
+      if compiled is None:
+        return row
+      row.update(forward.cost(compiled, row['batch']))
+    tokens_shape = forward.tokens_shape(row['batch'])
     tokens = jnp.asarray(
         np.random.default_rng(seq_len).integers(0, VOCAB_SIZE, tokens_shape.shape, np.int32)
     )
-    variables = random_variables(abstract_variables, seed=0)
+    variables = random_variables(forward.abstract_variables, seed=0)
     times = time_ms(lambda: compiled(variables, tokens), settings.repeats)
   except Exception as error:  # pylint: disable=broad-except
     if not is_out_of_memory(error):
       raise
-    row['note'] = f'cell skipped: out of memory: {first_line(error)}'
+    _add_note(row, f'cell skipped: out of memory: {first_line(error)}')
     return row
   stats = memory_stats()
   if stats and 'peak_bytes_in_use' in stats:
     row['peak_bytes'] = int(stats['peak_bytes_in_use'])
   median_ms = statistics.median(times)
-  num_tokens = settings.batch * seq_len
+  num_tokens = tokens.size
   row.update(
       time_ms=median_ms,
       time_min_ms=min(times),
@@ -344,17 +420,19 @@ def benchmark_cell(
     del variables
     train = _train_tokens_per_s(config, tokens, settings)
     row['train_tokens_per_s'] = train.get('train_tokens_per_s')
-    row['note'] = train.get('note', '')
+    _add_note(row, train.get('note', ''))
   return row
 
 
 def grid_cells(settings: BenchmarkSettings):
-  """(attention, n, k) of every cell: the Transformer once per n, then each k < n."""
+  """(model, n, k) of every cell: per n the Transformer, the efficient one if asked, each k < n."""
   for seq_len in settings.seq_lens:
-    yield 'full', seq_len, None
+    yield TRANSFORMER, seq_len, None
+    if settings.has_efficient_transformer:
+      yield EFFICIENT_TRANSFORMER, seq_len, None
     for projected_len in settings.projected_lens:
       if projected_len < seq_len:
-        yield 'linformer', seq_len, projected_len
+        yield LINFORMER, seq_len, projected_len
 
 
 def run_grid(
@@ -364,8 +442,8 @@ def run_grid(
 ) -> List[Dict[str, Any]]:
   """Measures every cell of the grid; returns one row per (model, n, k)."""
   rows = []
-  for attention, seq_len, projected_len in grid_cells(settings):
-    row = benchmark_cell(settings, attention, seq_len, projected_len, matmul_gflops)
+  for model, seq_len, projected_len in grid_cells(settings):
+    row = benchmark_cell(settings, model, seq_len, projected_len, matmul_gflops)
     rows.append(row)
     if progress:
       progress(row)
@@ -375,10 +453,22 @@ def run_grid(
 def describe_run(settings: BenchmarkSettings) -> str:
   """One line naming the device and the settings, for the top of table.md."""
   device = jax.devices()[0]
+  if settings.memory_budget_bytes is None:
+    batch = f'batch {settings.batch}'
+  else:
+    batch = (
+        f'the largest batch (at most {settings.max_batch}) within '
+        f'{settings.memory_budget_bytes / 2**30:g} GiB'
+    )
+  execution = ''
+  if settings.inference_chunk:
+    execution += f'inference chunk {settings.inference_chunk} (Linformer, efficient Transformer), '
+  if settings.attention_kernel != 'einsum':
+    execution += f'attention kernel {settings.attention_kernel} (efficient Transformer), '
   return (
       f'Device: {device.device_kind} ({jax.default_backend()}); '
       f'{settings.num_layers} layers, hidden {settings.hidden_dim}, '
       f'{settings.num_heads} heads, MLP {settings.mlp_dim}, '
-      f'batch {settings.batch}, {settings.dtype}, forward pass, median of '
+      f'{batch}, {execution}{settings.dtype}, forward pass, median of '
       f'{settings.repeats} runs.'
   )

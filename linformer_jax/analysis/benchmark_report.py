@@ -1,11 +1,14 @@
 """Output of the whole-model benchmark: results.csv, table.md and the plots.
 
 The rows come from `linformer_jax.benchmark`, one per (model, n, k), keyed by
-COLUMNS. table.md follows the Linformer paper's Table 3 (rows n, columns k,
-cells 'speed-up / memory saving (saving on temporaries)' of Linformer over the
-Transformer at the same n), then lists the measured numbers behind the ratios and a summary of the
-matrix-multiply rate, the utilisation at n=4096, k=256 and the skipped cells.
-time_per_token.png and memory.png plot time per token and memory against n.
+COLUMNS. table.md names the method (a fixed batch, or the paper's largest
+batch within a memory budget), then follows the Linformer paper's Table 3
+(rows n, columns k, cells 'speed-up / memory saving' of Linformer over the
+Transformer at the same n), once against the paper's Transformer and, where
+the grid has one, again against the memory-efficient Transformer. Then come
+the measured numbers behind the ratios and a summary of the matrix-multiply
+rate, the utilisation at n=4096 and the skipped cells. time_per_token.png and
+memory.png plot time per token and memory against n.
 """
 
 import csv
@@ -35,7 +38,18 @@ COLUMNS = (
     'utilisation',
     'train_tokens_per_s',
     'note',
+    'budget_batch',
+    'bytes_per_sequence',
+    'inference_chunk',
+    'attention_kernel',
 )
+# The models of the grid: the paper's Transformer (one pass, our einsums), the
+# memory-efficient Transformer a user would pick (chunked queries and MLP
+# and/or a fused attention kernel), and Linformer.
+TRANSFORMER = 'transformer'
+EFFICIENT_TRANSFORMER = 'transformer-efficient'
+LINFORMER = 'linformer'
+MODELS = (TRANSFORMER, EFFICIENT_TRANSFORMER, LINFORMER)
 # Cell of the summary line: the paper quotes k = 256 at n = 4096.
 HEADLINE_CELL = (4096, 256)
 
@@ -53,6 +67,13 @@ def cell_name(row: Dict[str, Any]) -> str:
   return f"{row['model']} n={row['seq_len']}{k}"
 
 
+def series_label(model: str, projected_len: int) -> str:
+  """A model's name in the plots and the summary, e.g. 'Linformer k=256'."""
+  if model == LINFORMER:
+    return f'Linformer k={projected_len}'
+  return 'Transformer (efficient)' if model == EFFICIENT_TRANSFORMER else 'Transformer'
+
+
 def _ratio(numerator, denominator) -> str:
   if numerator is None or denominator is None or not denominator:
     return '–'
@@ -66,28 +87,43 @@ def _find(rows, model: str, seq_len: int, projected_len: int = 0):
   return None
 
 
-def format_table(rows: List[Dict[str, Any]]) -> str:
+def format_table(
+    rows: List[Dict[str, Any]], baseline: str = TRANSFORMER, by_budget: bool = False
+) -> str:
   """Table 3's layout: rows n, columns k, cells 'speed-up / memory saving'.
 
-  The memory saving counts temporaries + arguments (parameters included); the
-  bracketed ratio counts the temporaries alone, the part that grows with the
-  batch, so it is the saving a large batch approaches.
+  The speed-up is Linformer's tokens per second over the baseline's (the
+  ratio of times at a fixed batch). At a fixed batch the memory saving counts
+  temporaries + arguments (parameters included) and the bracketed ratio the
+  temporaries alone, the part that grows with the batch, so it is the saving a
+  large batch approaches. `by_budget` (each cell at its own largest batch
+  within a memory budget) compares bytes per sequence instead.
+
+  Args:
+    rows: the benchmark's rows.
+    baseline: the Transformer compared against, TRANSFORMER or
+      EFFICIENT_TRANSFORMER.
+    by_budget: whether the rows were measured at their memory-budget batches.
   """
   seq_lens = sorted({row['seq_len'] for row in rows})
-  projected_lens = sorted({row['projected_len'] for row in rows if row['model'] == 'linformer'})
+  projected_lens = sorted({row['projected_len'] for row in rows if row['model'] == LINFORMER})
   lines = [
       '| n | ' + ' | '.join(f'k = {k}' for k in projected_lens) + ' |',
       '|---|' + '---|' * len(projected_lens),
   ]
   for seq_len in seq_lens:
-    full = _find(rows, 'transformer', seq_len)
+    full = _find(rows, baseline, seq_len)
     cells = []
     for projected_len in projected_lens:
-      linformer = _find(rows, 'linformer', seq_len, projected_len)
+      linformer = _find(rows, LINFORMER, seq_len, projected_len)
       if linformer is None:
         cells.append('–')
         continue
-      speed_up = _ratio(full and full['time_ms'], linformer['time_ms'])
+      speed_up = _ratio(linformer['tokens_per_s'], full and full['tokens_per_s'])
+      if by_budget:
+        saving = _ratio(full and full['bytes_per_sequence'], linformer['bytes_per_sequence'])
+        cells.append(f'{speed_up} / {saving}')
+        continue
       saving = _ratio(full and memory_bytes(full), memory_bytes(linformer))
       activation_saving = _ratio(full and full['temp_bytes'], linformer['temp_bytes'])
       cells.append(f'{speed_up} / {saving} ({activation_saving})')
@@ -99,12 +135,16 @@ def _number(value, fmt: str) -> str:
   return '' if value is None else format(value, fmt)
 
 
-def format_details(rows: List[Dict[str, Any]]) -> str:
-  """The measured numbers behind the ratios, one line per cell."""
+def format_details(rows: List[Dict[str, Any]], by_budget: bool = False) -> str:
+  """The measured numbers behind the ratios, one line per cell.
+
+  `by_budget` adds each cell's bytes per sequence at its memory-budget batch.
+  """
+  per_sequence_header = ' MiB/sequence |' if by_budget else ''
   lines = [
-      '| model | n | k | time ms (min–max) | us/token | temp + args MiB | '
-      'GFLOP | utilisation | train tokens/s |',
-      '|---|---|---|---|---|---|---|---|---|',
+      '| model | n | k | batch | time ms (min–max) | us/token | temp + args MiB | '
+      f'GFLOP | utilisation | train tokens/s |{per_sequence_header}',
+      '|---|---|---|---|---|---|---|---|---|---|' + '---|' * by_budget,
   ]
   for row in rows:
     memory = memory_bytes(row)
@@ -113,25 +153,28 @@ def format_details(rows: List[Dict[str, Any]]) -> str:
         if row['time_ms'] is None
         else f"{row['time_ms']:.1f} ({row['time_min_ms']:.1f}–{row['time_max_ms']:.1f})"
     )
+    per_sequence = row['bytes_per_sequence']
+    per_sequence_cell = f" {_number(per_sequence and per_sequence / 2**20, '.2f')} |"
     lines.append(
         f"| {row['model']} | {row['seq_len']} | {row['projected_len'] or ''} | "
+        f"{_number(row['batch'], 'd')} | "
         f"{timing} | {_number(row['us_per_token'], '.1f')} | "
         f"{_number(memory and memory / 2**20, '.1f')} | "
         f"{_number(row['flops'] and row['flops'] / 1e9, '.1f')} | "
         f"{_number(row['utilisation'], '.1%')} | "
-        f"{_number(row['train_tokens_per_s'], '.0f')} |"
+        f"{_number(row['train_tokens_per_s'], '.0f')} |" + per_sequence_cell * by_budget
     )
   return '\n'.join(lines)
 
 
 def format_summary(rows: List[Dict[str, Any]], matmul_gflops: float) -> str:
-  """The matmul rate, utilisation at n=4096, k=256, and the skipped cells."""
+  """The matmul rate, utilisation at n=4096 (Linformer at k=256), skipped cells."""
   lines = [f'Matrix-multiply rate: {matmul_gflops:.1f} GFLOP/s.']
   seq_len, projected_len = HEADLINE_CELL
-  for model, k in (('linformer', projected_len), ('transformer', 0)):
+  for model, k in ((LINFORMER, projected_len), (TRANSFORMER, 0), (EFFICIENT_TRANSFORMER, 0)):
     row = _find(rows, model, seq_len, k)
     if row and row['utilisation'] is not None:
-      name = f'Linformer (k={k})' if k else 'Transformer'
+      name = f'Linformer (k={k})' if model == LINFORMER else series_label(model, k)
       line = f"Utilisation at n={seq_len}, {name}: {row['utilisation']:.1%} of the matmul rate"
       if row['bytes_accessed']:
         line += (
@@ -152,7 +195,7 @@ def _plot(rows, value: Callable, ylabel: str, title: str, path: str) -> None:
   axes = figure.add_subplot()
   series = sorted(
       {(row['model'], row['projected_len']) for row in rows},
-      key=lambda s: (s[0] != 'transformer', s[1]),
+      key=lambda s: (s[0] == LINFORMER, s[0] == EFFICIENT_TRANSFORMER, s[1]),
   )
   for model, projected_len in series:
     points = [
@@ -161,8 +204,7 @@ def _plot(rows, value: Callable, ylabel: str, title: str, path: str) -> None:
         if (row['model'], row['projected_len']) == (model, projected_len) and value(row) is not None
     ]
     if points:
-      label = 'Transformer' if model == 'transformer' else f'Linformer k={projected_len}'
-      axes.plot(*zip(*sorted(points)), marker='o', label=label)
+      axes.plot(*zip(*sorted(points)), marker='o', label=series_label(model, projected_len))
   if axes.lines:
     axes.legend()
   axes.set_xscale('log', base=2)
@@ -175,32 +217,77 @@ def _plot(rows, value: Callable, ylabel: str, title: str, path: str) -> None:
   figure.savefig(path, dpi=100)
 
 
+def describe_method(rows: List[Dict[str, Any]], memory_budget_bytes: Optional[float]) -> str:
+  """The sentence above Table 3: how the batches were chosen and the ratios taken."""
+  if memory_budget_bytes is None:
+    batches = ', '.join(str(b) for b in sorted({r['batch'] for r in rows if r['batch']}))
+    return (
+        f'Method: a fixed batch of {batches} sequence(s) per forward pass. Speed-up = '
+        'ratio of tokens/s; memory saving = ratio of compiled temporary + argument bytes '
+        '(in brackets the saving on temporaries alone, which a large batch approaches).'
+    )
+  return (
+      f"Method: the paper's memory budget of {memory_budget_bytes / 2**30:g} GiB: each cell "
+      'runs at the largest batch whose compiled temporary + argument + output bytes fit it '
+      '(the batch column below). Speed-up = ratio of tokens/s at those batches; memory '
+      'saving = ratio of bytes per sequence (compiled bytes less the parameters, over the '
+      'batch).'
+  )
+
+
+def format_tables(rows: List[Dict[str, Any]], memory_budget_bytes: Optional[float]) -> List[str]:
+  """The method, then Table 3 against each Transformer in the rows, each under a caption."""
+  by_budget = memory_budget_bytes is not None
+  parts = [
+      describe_method(rows, memory_budget_bytes),
+      "Linformer over the Transformer (one pass, einsum attention: the paper's "
+      'baseline) at the same n, speed-up / memory saving:',
+      format_table(rows, TRANSFORMER, by_budget),
+  ]
+  efficient = next((row for row in rows if row['model'] == EFFICIENT_TRANSFORMER), None)
+  if efficient:
+    chunk = efficient['inference_chunk']
+    parts += [
+        'Linformer over the memory-efficient Transformer ('
+        + (f'inference chunk {chunk}' if chunk else 'one pass')
+        + f", attention kernel {efficient['attention_kernel']}) at the same n, "
+        'speed-up / memory saving:',
+        format_table(rows, EFFICIENT_TRANSFORMER, by_budget),
+    ]
+  return parts
+
+
 def write_outputs(
-    rows: List[Dict[str, Any]], out_dir: str, matmul_gflops: float, header: str = ''
+    rows: List[Dict[str, Any]],
+    out_dir: str,
+    matmul_gflops: float,
+    header: str = '',
+    memory_budget_bytes: Optional[float] = None,
 ) -> str:
-  """Writes results.csv, table.md and the two plots; returns table.md's text."""
+  """Writes results.csv, table.md and the two plots; returns table.md's text.
+
+  Args:
+    rows: the benchmark's rows, keyed by COLUMNS.
+    out_dir: the folder written to (made if missing).
+    matmul_gflops: the machine's matrix-multiply rate, for the summary.
+    header: a first line for table.md, e.g. the device and settings.
+    memory_budget_bytes: the budget the rows' batches were found for, None
+      when they ran at a fixed batch.
+  """
+  by_budget = memory_budget_bytes is not None
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, 'results.csv'), 'w', newline='') as f:
     writer = csv.DictWriter(f, fieldnames=COLUMNS)
     writer.writeheader()
     for row in rows:
       writer.writerow({key: '' if row[key] is None else row[key] for key in COLUMNS})
-  text = (
-      '\n\n'.join(
-          part
-          for part in (
-              header,
-              'Speed-up / memory saving of Linformer over the Transformer at the same n '
-              '(memory: compiled temporary + argument bytes; in brackets the saving on '
-              'temporaries alone, which a large batch approaches):',
-              format_table(rows),
-              format_details(rows),
-              format_summary(rows, matmul_gflops),
-          )
-          if part
-      )
-      + '\n'
-  )
+  parts = [
+      header,
+      *format_tables(rows, memory_budget_bytes),
+      format_details(rows, by_budget),
+      format_summary(rows, matmul_gflops),
+  ]
+  text = '\n\n'.join(part for part in parts if part) + '\n'
   with open(os.path.join(out_dir, 'table.md'), 'w') as f:
     f.write(text)
   _plot(
@@ -210,10 +297,14 @@ def write_outputs(
       'Inference time per token',
       os.path.join(out_dir, 'time_per_token.png'),
   )
+  if by_budget:
+    memory, memory_label = (lambda row: row['bytes_per_sequence']), 'bytes per sequence (MiB)'
+  else:
+    memory, memory_label = memory_bytes, 'temporary + argument memory (MiB)'
   _plot(
       rows,
-      lambda row: memory_bytes(row) and memory_bytes(row) / 2**20,
-      'temporary + argument memory (MiB)',
+      lambda row: memory(row) and memory(row) / 2**20,
+      memory_label,
       'Inference memory',
       os.path.join(out_dir, 'memory.png'),
   )

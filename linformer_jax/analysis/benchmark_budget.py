@@ -1,0 +1,219 @@
+"""One cell's compiled forward pass: its memory, its cost, the paper's max-batch method.
+
+`ForwardPass` compiles a benchmark cell's encoder for any batch; `planned_bytes`
+and `ForwardPass.cost` read XLA's memory and cost analyses of it.
+
+The Linformer paper compares models at the largest batch each fits in a fixed
+amount of memory. `compile_within_budget` finds that batch from XLA's compiled
+memory analysis alone (temporary + argument + output bytes), so the search
+compiles but never runs: no device memory is touched, and the answer is exact
+and repeatable. `bytes_per_sequence` is what one more sequence costs at that
+batch: the compiled bytes less the parameters, over the batch.
+"""
+
+import dataclasses
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from linformer_jax.model import layers
+from linformer_jax.model import models
+from linformer_jax.model.model_config import ModelConfig
+
+# Lower-cased phrases of XLA's allocation failures on CPU and GPU.
+_OUT_OF_MEMORY_MARKERS = ('resource_exhausted', 'out of memory', 'failed to allocate')
+
+
+def is_out_of_memory(error: Exception) -> bool:
+  """Whether an exception of compiling or running says memory ran out."""
+  message = str(error).lower()
+  return any(marker in message for marker in _OUT_OF_MEMORY_MARKERS)
+
+
+def cost_analysis(compiled) -> Dict[str, Optional[float]]:
+  """XLA's cost analysis: FLOPs and bytes accessed (None where not reported)."""
+  analysis = compiled.cost_analysis()
+  if isinstance(analysis, (list, tuple)):
+    analysis = analysis[0] if analysis else None
+  analysis = analysis or {}
+  return {
+      column: float(analysis[key]) if key in analysis else None
+      for column, key in (('flops', 'flops'), ('bytes_accessed', 'bytes accessed'))
+  }
+
+
+class ForwardPass:
+  """One cell's encoder as a jitted deterministic forward pass, compiled per batch.
+
+  Attributes:
+    config: the encoder's hyper-parameters; max_len is the sequence length n.
+    abstract_variables: the shapes and dtypes of its variables (no arrays).
+  """
+
+  def __init__(self, config: ModelConfig):
+    self.config = config
+    model = models.Encoder(config)
+    self.abstract_variables = nn.meta.unbox(
+        jax.eval_shape(model.init, jax.random.PRNGKey(0), self.tokens_shape(1))
+    )
+    self._forward = jax.jit(
+        lambda variables, tokens: model.apply(variables, tokens, deterministic=True)
+    )
+
+  def tokens_shape(self, batch: int) -> jax.ShapeDtypeStruct:
+    """The token ids' [batch, n] shape and dtype."""
+    return jax.ShapeDtypeStruct((batch, self.config.max_len), jnp.int32)
+
+  def compile(self, batch: int):
+    """The pass compiled for `batch` sequences, without running it."""
+    return self._forward.lower(self.abstract_variables, self.tokens_shape(batch)).compile()
+
+  def cost(self, compiled, batch: int) -> Dict[str, Optional[float]]:
+    """XLA's FLOPs and bytes accessed of the pass `compiled` at `batch`.
+
+    XLA's cost analysis counts a loop's body once, not once per trip, so a
+    pass run in inference chunks (a `jax.lax.map`) takes its FLOPs from the
+    same encoder compiled as one pass (the same arithmetic, less the last
+    chunk's padding) and reports no bytes accessed, which chunking changes.
+    """
+    config = self.config
+    if layers.inference_chunk(config, config.max_len, deterministic=True) is None:
+      return cost_analysis(compiled)
+    one_pass = ForwardPass(dataclasses.replace(config, inference_chunk=0)).compile(batch)
+    return {'flops': cost_analysis(one_pass)['flops'], 'bytes_accessed': None}
+
+
+def planned_bytes(compiled) -> Dict[str, int]:
+  """XLA's compiled temporary, argument and output bytes of an executable."""
+  memory = compiled.memory_analysis()
+  return {
+      'temp_bytes': int(memory.temp_size_in_bytes),
+      'argument_bytes': int(memory.argument_size_in_bytes),
+      'output_bytes': int(memory.output_size_in_bytes),
+  }
+
+
+def budgeted_bytes(planned: Dict[str, int]) -> int:
+  """The bytes a memory budget counts: temporaries + arguments + outputs."""
+  return planned['temp_bytes'] + planned['argument_bytes'] + planned['output_bytes']
+
+
+def parameter_bytes(variables: Any) -> int:
+  """Bytes of a pytree of arrays or `jax.ShapeDtypeStruct`s."""
+  return sum(
+      int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize
+      for leaf in jax.tree_util.tree_leaves(variables)
+  )
+
+
+def bytes_per_sequence(planned: Dict[str, int], parameters: int, batch: int) -> float:
+  """Budgeted bytes less the parameters' bytes, per sequence of the batch."""
+  return (budgeted_bytes(planned) - parameters) / batch
+
+
+def largest_fitting_batch(fits: Callable[[int], bool], max_batch: int) -> Optional[int]:
+  """The largest batch in [1, max_batch] for which `fits` holds; None if 1 does not.
+
+  Doubles from 1 until a batch misses (or max_batch fits), then bisects
+  between the last batch that fit and the first that missed: about
+  2 log2(answer) calls. Assumes that a batch fits whenever a larger one does.
+  """
+  if not fits(1):
+    return None
+  fitting, missing = 1, None
+  while missing is None and fitting < max_batch:
+    candidate = min(2 * fitting, max_batch)
+    if fits(candidate):
+      fitting = candidate
+    else:
+      missing = candidate
+  while missing is not None and missing - fitting > 1:
+    middle = (fitting + missing) // 2
+    if fits(middle):
+      fitting = middle
+    else:
+      missing = middle
+  return fitting
+
+
+def search_budget_batch(
+    compile_at: Callable[[int], Any], budget_bytes: float, max_batch: int
+) -> Tuple[Optional[int], Any]:
+  """The largest batch whose compiled forward pass fits `budget_bytes`.
+
+  Args:
+    compile_at: batch -> the compiled forward pass at that batch, or None
+      where compiling it ran out of memory (which counts as not fitting).
+    budget_bytes: the most temporary + argument + output bytes allowed.
+    max_batch: the largest batch tried.
+
+  Returns:
+    (batch, compiled): the batch found and its executable; (None, batch 1's
+    executable or None) when batch 1 does not fit.
+  """
+  kept = {'batch_one': None, 'largest_fitting': None}
+
+  def fits(batch: int) -> bool:
+    compiled = compile_at(batch)
+    if batch == 1:
+      kept['batch_one'] = compiled
+    if compiled is None or budgeted_bytes(planned_bytes(compiled)) > budget_bytes:
+      return False
+    # Each batch that fits is larger than the last that did: the last kept is
+    # the answer's.
+    kept['largest_fitting'] = compiled
+    return True
+
+  batch = largest_fitting_batch(fits, max_batch)
+  return batch, kept['batch_one' if batch is None else 'largest_fitting']
+
+
+def compile_within_budget(
+    forward: ForwardPass, budget_bytes: float, max_batch: int
+) -> Tuple[Any, Dict[str, Any]]:
+  """The pass compiled at the largest batch within the budget, and the row's fields.
+
+  Args:
+    forward: the cell's forward pass.
+    budget_bytes: the most temporary + argument + output bytes allowed.
+    max_batch: the largest batch tried.
+
+  Returns:
+    (compiled, fields): the executable at the batch found, and the fields of
+    a benchmark row it sets: batch, budget_batch, the compiled bytes,
+    bytes_per_sequence and a note where the search was capped. Where batch 1
+    does not fit, compiled is None and the fields hold batch 1's bytes (if
+    it compiled) and a note saying why the cell is skipped.
+  """
+
+  def compile_at(batch: int):
+    try:
+      return forward.compile(batch)
+    except Exception as error:  # pylint: disable=broad-except
+      if not is_out_of_memory(error):
+        raise
+      return None
+
+  batch, compiled = search_budget_batch(compile_at, budget_bytes, max_batch)
+  budget = f'budget {budget_bytes / 2**30:.2f} GiB'
+  if batch is None:
+    if compiled is None:
+      return None, {'batch': 1, 'note': 'cell skipped: batch 1 ran out of memory compiling'}
+    planned = planned_bytes(compiled)
+    needs = f'{budgeted_bytes(planned) / 2**30:.2f} GiB (temp + arguments + outputs)'
+    return None, {'batch': 1, **planned, 'note': f'cell skipped: batch 1 needs {needs} > {budget}'}
+  planned = planned_bytes(compiled)
+  fields = {
+      'batch': batch,
+      'budget_batch': batch,
+      **planned,
+      'bytes_per_sequence': bytes_per_sequence(
+          planned, parameter_bytes(forward.abstract_variables), batch
+      ),
+  }
+  if batch == max_batch:
+    fields['note'] = f'{budget} not reached: the batch is capped at --max_batch={max_batch}'
+  return compiled, fields

@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 VENV_PYTHON := $(VENV)/bin/python
 
-.PHONY: train test test-fast lint format venv
+.PHONY: train test test-fast lint format venv torch-baseline
 
 venv: $(VENV)/.installed
 
@@ -40,3 +40,10 @@ lint: venv
 format: venv
 	$(VENV)/bin/ruff check --fix --exit-zero --quiet .
 	$(VENV)/bin/pyink --quiet .
+
+# The PyTorch baseline of `python -m linformer_jax.pytorch_comparison`: torch and
+# lucidrains' linformer in an environment of their own, .venv-torch; torch is
+# never a dependency of the project.
+torch-baseline:
+	$(PYTHON) -m venv .venv-torch
+	.venv-torch/bin/pip install torch linformer==0.2.3

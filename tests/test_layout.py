@@ -26,6 +26,7 @@ COMMANDS = (
     'pooling_probe',
     'generate',
     'causal_benchmark',
+    'pytorch_comparison',
 )
 
 

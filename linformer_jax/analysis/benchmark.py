@@ -59,6 +59,7 @@ import numpy as np
 import optax
 
 from linformer_jax.analysis import benchmark_report
+from linformer_jax.analysis import flag_checks
 from linformer_jax.analysis.benchmark_budget import ForwardPass
 from linformer_jax.analysis.benchmark_budget import compile_within_budget
 from linformer_jax.analysis.benchmark_budget import cost_analysis  # noqa: F401 (causal_benchmark)
@@ -134,20 +135,8 @@ class BenchmarkSettings:
     object.__setattr__(self, 'seq_lens', tuple(self.seq_lens))
     object.__setattr__(self, 'projected_lens', tuple(self.projected_lens))
     for name in ('seq_lens', 'projected_lens'):
-      values = getattr(self, name)
-      if not values or any(v < 1 for v in values):
-        raise ConfigError(
-            f'--{name}={",".join(map(str, values))} is not allowed: '
-            'give one or more positive integers.'
-        )
-    for name in _POSITIVE_SETTINGS:
-      if getattr(self, name) < 1:
-        raise ConfigError(f'--{name}={getattr(self, name)} is not allowed: use a positive integer.')
-    if self.hidden_dim % self.num_heads:
-      raise ConfigError(
-          f'--hidden_dim={self.hidden_dim} is not allowed: it must '
-          f'be divisible by --num_heads={self.num_heads}.'
-      )
+      flag_checks.require_lengths(name, getattr(self, name))
+    flag_checks.require_model_dims(self, _POSITIVE_SETTINGS)
     if min(self.projected_lens) >= max(self.seq_lens):
       raise ConfigError(
           f'--projected_lens={",".join(map(str, self.projected_lens))} leaves no '

@@ -44,8 +44,8 @@ from matplotlib.figure import Figure
 import numpy as np
 
 from linformer_jax.analysis import benchmark
+from linformer_jax.analysis import flag_checks
 from linformer_jax.analysis.benchmark_report import memory_bytes
-from linformer_jax.errors import ConfigError
 from linformer_jax.model import generation
 from linformer_jax.model import models
 from linformer_jax.model.layers import CACHE
@@ -63,13 +63,6 @@ COLUMNS = tuple(
 # "Flat within 25%": the Linformer's ms/token at the largest C over that at the smallest.
 GROWTH_GOAL = 1.25
 _POSITIVE = ('num_layers', 'hidden_dim', 'num_heads', 'mlp_dim', 'batch', 'repeats', 'block_len')
-
-
-def _require(ok: bool, flag: str, value: Any, advice: str) -> None:
-  """Raises a ConfigError naming the flag unless ok."""
-  if not ok:
-    shown = ','.join(map(str, value)) if isinstance(value, tuple) else value
-    raise ConfigError(f'--{flag}={shown} is not allowed: {advice}.')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,28 +96,31 @@ class CausalBenchmarkSettings:
       object.__setattr__(self, name, tuple(getattr(self, name)))
     for name in ('contexts', 'seq_lens'):
       lengths = getattr(self, name)
-      _require(all(n >= 1 for n in lengths), name, lengths, 'give positive integers')
+      flag_checks.require(all(n >= 1 for n in lengths), name, lengths, 'give positive integers')
     blocks = self.linformer_query_blocks
     advice = 'give integers >= 0 (0: all query blocks at once)'
-    _require(blocks and min(blocks) >= 0, 'linformer_query_blocks', blocks, advice)
-    for name in _POSITIVE:
-      _require(getattr(self, name) >= 1, name, getattr(self, name), 'use a positive integer')
-    advice = f'it must be divisible by --num_heads={self.num_heads}'
-    _require(self.hidden_dim % self.num_heads == 0, 'hidden_dim', self.hidden_dim, advice)
+    flag_checks.require(blocks and min(blocks) >= 0, 'linformer_query_blocks', blocks, advice)
+    flag_checks.require_model_dims(self, _POSITIVE)
     advice = f'use 1 <= slots <= --block_len={self.block_len}'
-    _require(1 <= self.slots <= self.block_len, 'slots', self.slots, advice)
+    flag_checks.require(1 <= self.slots <= self.block_len, 'slots', self.slots, advice)
     ok = self.projection not in WINDOWED_PROJECTIONS or self.block_len % self.slots == 0
     advice = f'--projection={self.projection} needs it to divide --block_len={self.block_len}'
-    _require(ok, 'slots', self.slots, advice)
-    _require(self.sharing in SHARING_MODES, 'sharing', self.sharing, f'use {SHARING_MODES}')
+    flag_checks.require(ok, 'slots', self.slots, advice)
+    flag_checks.require(
+        self.sharing in SHARING_MODES, 'sharing', self.sharing, f'use {SHARING_MODES}'
+    )
     advice = f'use {PROJECTION_TYPES}'
-    _require(self.projection in PROJECTION_TYPES, 'projection', self.projection, advice)
+    flag_checks.require(self.projection in PROJECTION_TYPES, 'projection', self.projection, advice)
     for name in ('contexts', 'seq_lens'):
       lengths = getattr(self, name)
       advice = f'no Linformer cell is left: --block_len={self.block_len} divides none of them'
-      _require(not lengths or min(n % self.block_len for n in lengths) == 0, name, lengths, advice)
+      flag_checks.require(
+          not lengths or min(n % self.block_len for n in lengths) == 0, name, lengths, advice
+      )
     limit_gb = self.memory_limit_bytes / 2**30
-    _require(self.memory_limit_bytes > 0, 'memory_limit_gb', limit_gb, 'use a positive size')
+    flag_checks.require(
+        self.memory_limit_bytes > 0, 'memory_limit_gb', limit_gb, 'use a positive size'
+    )
 
   def model_config(self, attention: str, max_len: int, query_blocks_per_step: int = 0):
     """The causal language model of one cell; r is unused (set to max_len) for 'full'."""

@@ -44,6 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from linformer_jax.analysis import flag_checks
 from linformer_jax.analysis.benchmark import VOCAB_SIZE
 from linformer_jax.analysis.benchmark import random_variables
 from linformer_jax.analysis.benchmark import time_ms
@@ -127,19 +128,8 @@ class ComparisonSettings:
   def __post_init__(self):
     object.__setattr__(self, 'seq_lens', tuple(self.seq_lens))
     object.__setattr__(self, 'modes', tuple(self.modes))
-    if not self.seq_lens or min(self.seq_lens) < 1:
-      raise ConfigError(
-          f'--seq_lens={",".join(map(str, self.seq_lens))} is not allowed: '
-          'give one or more positive integers.'
-      )
-    for name in _POSITIVE_SETTINGS:
-      if getattr(self, name) < 1:
-        raise ConfigError(f'--{name}={getattr(self, name)} is not allowed: use a positive integer.')
-    if self.hidden_dim % self.num_heads:
-      raise ConfigError(
-          f'--hidden_dim={self.hidden_dim} is not allowed: it must '
-          f'be divisible by --num_heads={self.num_heads}.'
-      )
+    flag_checks.require_lengths('seq_lens', self.seq_lens)
+    flag_checks.require_model_dims(self, _POSITIVE_SETTINGS)
     if not self.modes or set(self.modes) - set(MODES) or len(set(self.modes)) != len(self.modes):
       raise ConfigError(
           f'--modes={",".join(self.modes)} is not allowed: give one or more of '

@@ -6,23 +6,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from test_models import SMALL  # the tiny model of the model-family tests
 
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import layers
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.training import run_config
-
-SMALL = dict(
-    vocab_size=40,
-    max_len=32,
-    num_layers=2,
-    num_heads=4,
-    hidden_dim=16,
-    mlp_dim=32,
-    projected_len=8,
-    dropout_rate=0.0,
-)
 
 
 def _logits(config: ModelConfig, variables, tokens, mask, deterministic=True):

@@ -31,9 +31,14 @@ PORT_TAKEN = 'Failed to add port to server'
 PORT_ATTEMPTS = 3
 
 
-def finish(process, timeout=400):
-  output, _ = process.communicate(timeout=timeout)
-  assert process.returncode == 0, output[-4000:]
+def finish(process, log, timeout=400):
+  try:
+    process.wait(timeout=timeout)
+  finally:
+    if process.poll() is None:
+      process.kill()
+      process.wait()
+  assert process.returncode == 0, log.read_text()[-4000:]
 
 
 def load(root, name):
@@ -81,20 +86,24 @@ def train_as_two_processes(run_python, root):
 
 @pytest.fixture(scope='module')
 def runs(tmp_path_factory, run_python):
+  """Every worker job, side by side where one does not need another's output:
+  most of their time is single-threaded compilation, so two cores run them in
+  about half the time."""
   root = tmp_path_factory.mktemp('sharding')
-  finish(
-      run_python(
-          WORKER,
-          8,
-          root,
-          *[f'train:{d},{m}' for d, m in MESHES],
-          'restore:mesh_4_2:2,4',
-          'merged:2',
-          wait=False,
-      )
-  )
-  finish(run_python(WORKER, 1, root, 'train:1,1', 'restore:mesh_4_2:1,1', wait=False))
-  train_as_two_processes(run_python, root)
+
+  def start(name, devices, *jobs):
+    log = root / f'{name}.log'
+    return run_python(WORKER, devices, root, *jobs, wait=False, log=log), log
+
+  meshes = [f'train:{d},{m}' for d, m in MESHES]
+  eight = start('eight_devices', 8, *meshes, 'restore:mesh_4_2:2,4', 'merged:2')
+  one = start('one_device', 1, 'train:1,1')
+  try:
+    train_as_two_processes(run_python, root)
+  finally:
+    finish(*eight)
+    finish(*one)
+  finish(*start('restore_onto_one_device', 1, 'restore:mesh_4_2:1,1'))
   return root
 
 

@@ -16,6 +16,14 @@ which attends to every token at any length:
 (a Transformer variant adds --config.model.attention=full). The 256-token rows
 are the imdb_pooling sweep's `mean` variants.
 
+The `-long` variants test whether the gap is a slower fine-tuning: the
+64-token rows fine-tuned for 4,000 steps (6.4 epochs) instead of 1,000, with
+the same 6% warmup:
+
+  python -m linformer_jax.sweep --sweep configs/sweeps/imdb_length.py \
+      --workdir runs/parity/imdb_length \
+      --only=linformer-len64-long-s0,transformer-len64-long-s0
+
 `linformer-k128-s0` tests the remedy at full length: 2 tokens per slot, from
 an encoder pretrained alike with k = 128 (first, then run --only=linformer-k128-s0):
 
@@ -30,6 +38,7 @@ from linformer_jax.sweep import Variant
 
 ROW_LENGTHS = (64, 128)  # tokens per review row (n stays 256)
 SEEDS = (0,)
+LONG_STEPS = 4000  # the `-long` variants: 64-token rows fine-tuned 4x longer
 
 
 def get_sweep() -> Sweep:
@@ -45,6 +54,14 @@ def get_sweep() -> Sweep:
             'seed': seed,
         }
         variants.append(Variant(f'{model}-len{length}-s{seed}', overrides))
+        if length == min(ROW_LENGTHS):
+          longer = dict(
+              overrides,
+              total_steps=LONG_STEPS,
+              warmup_steps=LONG_STEPS * 6 // 100,
+              eval_every=LONG_STEPS // 8,
+          )
+          variants.append(Variant(f'{model}-len{length}-long-s{seed}', longer))
     wider = {
         'init_from': 'runs/parity/pretrain_linformer_k128',  # configs/gutenberg.py, k = 128
         'model.projected_len': 128,

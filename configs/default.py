@@ -78,6 +78,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.pre_layer_norm = False  # pre-LN instead of RoBERTa's post-LN
   config.model.dtype = 'float32'  # compute dtype: 'float32' or 'bfloat16'
   config.model.num_segments = 0  # segment embeddings (0: none, as RoBERTa; 2 for sentence pairs)
+  config.model.layer_norm_epsilon = 1e-5  # added to the variance in layer norms (BERT: 1e-12)
   config.model.pooling = 'first'  # classifier input: 'first' token, 'mean' or learned 'attention'
   config.model.causal = False  # left-to-right attention (task causal_lm): configs/causal_lm.py
   config.model.block_len = 64  # causal Linformer: b, tokens per block (divides max_len)

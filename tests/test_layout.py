@@ -27,6 +27,7 @@ COMMANDS = (
     'generate',
     'causal_benchmark',
     'pytorch_comparison',
+    'import_checkpoint',
 )
 
 

@@ -12,7 +12,8 @@
            `linformer_jax.data.listops` from config.data.listops.
 
 Texts are tokenized by the run's tokenizer: the pretrained run's SentencePiece
-model (copied from config.init_from), one trained on the training texts, or
+model or tokenizer.json (copied from config.init_from), one trained on the
+training texts, or
 bytes (`tokenizer='byte'`, the LRA's byte-level text task), and laid out by
 `linformer_jax.data.encoding` in rows of n = config.data.seq_len tokens
 (model.max_len when 0). A shorter n than max_len gives the same outputs for
@@ -305,16 +306,18 @@ def _listops_splits(config, seq_len: int) -> Dict[str, EncodedSplit]:
 def _tokenizer(
     config, workdir: str, train_examples: Examples
 ) -> ContextManager[tokenizer_lib.Tokenizer]:
-  """The pretrained run's SentencePiece model when fine-tuning, else the
-  config's; a new one is kept in the workdir only if the `with` block succeeds."""
+  """The pretrained run's tokenizer file (SentencePiece model or tokenizer.json)
+  when fine-tuning, else the config's; a new one is kept in the workdir only if
+  the `with` block succeeds."""
   data = config.data
   pretrained = None
-  if data.tokenizer == 'sentencepiece' and config.init_from:
-    pretrained = pathlib.Path(config.init_from) / tokenizer_lib.MODEL_FILENAME
-    target = pathlib.Path(workdir) / tokenizer_lib.MODEL_FILENAME
+  filename = tokenizer_lib.FILENAMES.get(data.tokenizer)
+  if filename and config.init_from:
+    pretrained = pathlib.Path(config.init_from) / filename
+    target = pathlib.Path(workdir) / filename
     if not target.exists() and not pretrained.exists():
       raise ConfigError(
-          f'config.init_from={config.init_from!r} has no {tokenizer_lib.MODEL_FILENAME}; point '
+          f'config.init_from={config.init_from!r} has no {filename}; point '
           'it at a pretraining run, or set config.data.tokenizer=byte.'
       )
   return tokenizer_lib.workdir_tokenizer(

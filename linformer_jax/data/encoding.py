@@ -1,7 +1,8 @@
 """Token ids of classification examples: one text or a pair, cut to fit and padded.
 
-One text becomes `[bos] text [eos]`; a pair `[bos] first [eos] [eos] second
-[eos]` (RoBERTa's separator) with segment 0 up to the first eos and 1 after it.
+One text becomes `[bos] text [eos]`; a pair `[bos] first SEP second [eos]`,
+SEP being the tokenizer's `pair_separator` (RoBERTa's `[eos] [eos]`, BERT's
+`[eos]`), with segment 0 up to the first eos and 1 after it.
 Texts longer than the sequence are cut to fit: truncation='head' keeps their
 beginning, 'head_tail' their first and last halves (the longer text of a pair
 loses tokens first).
@@ -50,11 +51,15 @@ def encode_texts(
         f'config.data.text_columns names {len(texts)} columns; use 1 '
         '(single texts) or 2 (pairs).'
     )
+  separator = list(tokenizer.pair_separator)
   first, second = _fit_pair(
-      tokenizer.encode(texts[0]), tokenizer.encode(texts[1]), seq_len - 4, truncation
+      tokenizer.encode(texts[0]),
+      tokenizer.encode(texts[1]),
+      seq_len - 2 - len(separator),
+      truncation,
   )
-  ids = [bos] + first + [eos, eos] + second + [eos]
-  return ids, [0] * (len(first) + 2) + [1] * (len(second) + 2)
+  ids = [bos] + first + separator + second + [eos]
+  return ids, [0] * (len(first) + 2) + [1] * (len(second) + len(separator))
 
 
 def _pad_rows(rows: Sequence[List[int]], seq_len: int, pad_id: int) -> np.ndarray:

@@ -20,6 +20,7 @@ Every batch is a dict of numpy arrays of shape [batch, seq_len]:
 
 import contextlib
 import math
+import pathlib
 import sys
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Union
 
@@ -314,9 +315,23 @@ def _run_tokenizer(
         'and config.data.source.'
     )
   with tokenizer_lib.workdir_tokenizer(
-      data, workdir, lambda: units.sample_documents(data, data.train_split, sample)
+      data,
+      workdir,
+      lambda: units.sample_documents(data, data.train_split, sample),
+      pretrained_model=_pretrained_tokenizer(config),
   ) as tokenizer:
     yield tokenizer
+
+
+def _pretrained_tokenizer(config) -> Optional[str]:
+  """The tokenizer file of run config.init_from, if it has one of the
+  configured kind: a run that starts from another's parameters reads text
+  with the same token ids."""
+  filename = tokenizer_lib.FILENAMES.get(config.data.tokenizer)
+  if not filename or not config.get('init_from'):
+    return None
+  path = pathlib.Path(config.init_from) / filename
+  return str(path) if path.exists() else None
 
 
 def prepare_splits(

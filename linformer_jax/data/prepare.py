@@ -44,11 +44,13 @@ _WORKER_TOKENIZER: Optional[tokenizer_lib.Tokenizer] = None
 def _start_worker(tokenizer_spec: Tuple[str, str]) -> None:
   global _WORKER_TOKENIZER
   kind, path = tokenizer_spec
-  # One thread each: the pool's processes are the parallelism.
+  # One thread each: the pool's processes are the parallelism (the tokenizers
+  # library reads its thread count when it first encodes).
+  os.environ['RAYON_NUM_THREADS'] = '1'
   _WORKER_TOKENIZER = (
       tokenizer_lib.ByteTokenizer()
       if kind == 'byte'
-      else tokenizer_lib.SentencePieceTokenizer(path, threads=1)
+      else tokenizer_lib.load_file(kind, path, threads=1)
   )
 
 
@@ -68,6 +70,8 @@ def tokenize_unit(
 def _tokenizer_spec(tokenizer: tokenizer_lib.Tokenizer) -> Tuple[str, str]:
   if isinstance(tokenizer, tokenizer_lib.ByteTokenizer):
     return ('byte', '')
+  if isinstance(tokenizer, tokenizer_lib.HuggingFaceTokenizer):
+    return ('huggingface', tokenizer.model_path)
   return ('sentencepiece', tokenizer.model_path)
 
 

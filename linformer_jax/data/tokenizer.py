@@ -1,10 +1,11 @@
-"""Tokenizers: a trained SentencePiece model, or raw UTF-8 bytes.
+"""Tokenizers: a trained SentencePiece model, raw UTF-8 bytes, or a Hugging Face
+`tokenizer.json` (an imported checkpoint's own: byte-level BPE, WordPiece, ...).
 
-Both expose the ids the masked-LM pipeline needs: `pad_id` (0 in both), `bos_id`
-(the first token of every sequence, RoBERTa's <s>, used as CLS), `eos_id`
-(separator between documents and last token of a sequence, RoBERTa's </s>)
+All expose the ids the masked-LM pipeline needs: `pad_id`, `bos_id` (the first
+token of every sequence, RoBERTa's <s>, BERT's [CLS]), `eos_id` (separator
+between documents and last token of a sequence, RoBERTa's </s>, BERT's [SEP])
 and `mask_id`. `special_ids` are never masked and never drawn as random
-replacements.
+replacements. Nothing downstream assumes an id: each comes from the tokenizer.
 """
 
 import abc
@@ -18,11 +19,23 @@ from typing import Any, Callable, Iterable, Iterator, List, Mapping, Optional, S
 
 import numpy as np
 import sentencepiece as spm
+import tokenizers
 
 from linformer_jax.errors import ConfigError
 
-TOKENIZERS = ('sentencepiece', 'byte')
+TOKENIZERS = ('sentencepiece', 'byte', 'huggingface')
 MODEL_FILENAME = 'tokenizer.model'
+HUGGINGFACE_FILENAME = 'tokenizer.json'
+# The file a run keeps its tokenizer in, per config.data.tokenizer.
+FILENAMES = {'sentencepiece': MODEL_FILENAME, 'huggingface': HUGGINGFACE_FILENAME}
+# The tokens of RoBERTa's and BERT's vocabularies that play each role.
+HUGGINGFACE_ROLES = {
+    'pad_id': ('<pad>', '[PAD]'),
+    'bos_id': ('<s>', '[CLS]'),
+    'eos_id': ('</s>', '[SEP]'),
+    'mask_id': ('<mask>', '[MASK]'),
+    'unk_id': ('<unk>', '[UNK]'),
+}
 MASK_PIECE = '<mask>'
 # Sentences SentencePiece samples for training: enough for a stable vocabulary,
 # few enough that training takes seconds.
@@ -59,6 +72,11 @@ class Tokenizer(abc.ABC):
   def special_ids(self) -> Tuple[int, ...]:
     """Ids that are not text: never masked nor used as random replacements."""
     return tuple(sorted({self.pad_id, self.bos_id, self.eos_id, self.mask_id}))
+
+  @property
+  def pair_separator(self) -> Tuple[int, ...]:
+    """The ids between the two texts of a pair: RoBERTa's </s></s>."""
+    return (self.eos_id, self.eos_id)
 
   @property
   def fingerprint(self) -> str:
@@ -162,6 +180,79 @@ class SentencePieceTokenizer(Tokenizer):
     return cls(str(path))
 
 
+class HuggingFaceTokenizer(Tokenizer):
+  """A Hugging Face `tokenizer.json`, run by the `tokenizers` library.
+
+  The roles come from the vocabulary's special tokens, RoBERTa's (<s>, </s>,
+  <pad>, <mask>, <unk>) or BERT's ([CLS], [SEP], [PAD], [MASK], [UNK]); a
+  file with neither of a role's tokens, or both as special tokens, is refused
+  (<unk> may be missing: byte-level BPE needs none). The file's own special
+  tokens are special here too. Pairs are separated as its
+  post-processor separates them (RoBERTa </s></s>, BERT [SEP]).
+  """
+
+  def __init__(self, model_path: str):
+    self.model_path = str(model_path)
+    model_bytes = pathlib.Path(model_path).read_bytes()
+    self.sha256 = hashlib.sha256(model_bytes).hexdigest()
+    try:
+      self._tokenizer = tokenizers.Tokenizer.from_str(model_bytes.decode('utf-8'))
+    except Exception as error:  # pylint: disable=broad-except  # the library raises bare Exception
+      raise ConfigError(
+          f'{model_path} is not a tokenizer.json the tokenizers library can read ({error}).'
+      ) from None
+    self.vocab_size = self._tokenizer.get_vocab_size(with_added_tokens=True)
+    added = self._tokenizer.get_added_tokens_decoder()
+    self._own_special_ids = {i for i, token in added.items() if token.special}
+    for role, candidates in HUGGINGFACE_ROLES.items():
+      found = [t for t in candidates if self.token_id(t) is not None]
+      if len(found) > 1:  # e.g. '[CLS]' as plain text in a RoBERTa vocabulary
+        found = [t for t in found if self.token_id(t) in self._own_special_ids]
+      if len(found) != 1 and role != 'unk_id':
+        raise ConfigError(
+            f'{model_path} must hold exactly one of the tokens {" or ".join(candidates)} '
+            f'(found {len(found)}); it is not a RoBERTa or BERT tokenizer.'
+        )
+      setattr(self, role, self.token_id(found[0]) if len(found) == 1 else None)
+    # A pair template adds bos, eos and the separator; without one, RoBERTa's.
+    processor = self._tokenizer.post_processor
+    separators = processor.num_special_tokens_to_add(True) - 2 if processor else 0
+    self._pair_separator = (self.eos_id,) * (separators if separators > 0 else 2)
+
+  @property
+  def special_ids(self) -> Tuple[int, ...]:
+    ids = set(super().special_ids) | self._own_special_ids
+    return tuple(sorted(ids | ({self.unk_id} if self.unk_id is not None else set())))
+
+  @property
+  def pair_separator(self) -> Tuple[int, ...]:
+    return self._pair_separator
+
+  def token_id(self, token: str) -> Optional[int]:
+    """The id of a token of the vocabulary, None if it has none."""
+    return self._tokenizer.token_to_id(token)
+
+  def encode(self, text: str) -> List[int]:
+    return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+  def encode_all(self, texts: Sequence[str]) -> List[List[int]]:
+    return [e.ids for e in self._tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+
+  def decode(self, ids: Iterable[int]) -> str:
+    return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
+
+  def __repr__(self) -> str:
+    return f'HuggingFaceTokenizer(vocab_size={self.vocab_size}, sha={self.sha256[:16]})'
+
+
+def load_file(kind: str, model_path: str, threads: Optional[int] = None) -> Tokenizer:
+  """The tokenizer of kind `kind` ('sentencepiece' or 'huggingface') saved at
+  `model_path`; `threads` for SentencePiece's `encode_all`."""
+  if kind == 'huggingface':
+    return HuggingFaceTokenizer(model_path)
+  return SentencePieceTokenizer(model_path, threads=threads)
+
+
 def training_sentences(documents: Iterable[str]) -> Iterator[str]:
   """Lines of the documents, long ones cut at spaces, for SentencePiece."""
   for document in documents:
@@ -178,15 +269,15 @@ def training_sentences(documents: Iterable[str]) -> Iterator[str]:
 
 def vocab_size_of(data_config: Mapping[str, Any]) -> int:
   """The vocabulary size of the tokenizer `workdir_tokenizer` gives, known
-  before it is trained: a SentencePiece model has exactly
-  config.data.vocab_size pieces (loading or training one checks it)."""
+  before it is trained: a SentencePiece model or a tokenizer.json has exactly
+  config.data.vocab_size tokens (loading or training one checks it)."""
   if data_config['tokenizer'] == 'byte':
     return ByteTokenizer.vocab_size
   return data_config['vocab_size']
 
 
-def _load_checked(model_path: pathlib.Path, vocab_size: int, advice: str) -> SentencePieceTokenizer:
-  tokenizer = SentencePieceTokenizer(str(model_path))
+def _load_checked(kind: str, model_path: pathlib.Path, vocab_size: int, advice: str) -> Tokenizer:
+  tokenizer = load_file(kind, str(model_path))
   if tokenizer.vocab_size != vocab_size:
     raise ConfigError(
         f'config.data.vocab_size={vocab_size} differs from the vocabulary of '
@@ -198,18 +289,18 @@ def _load_checked(model_path: pathlib.Path, vocab_size: int, advice: str) -> Sen
 
 def run_tokenizer(data_config: Mapping[str, Any], workdir: str) -> Tokenizer:
   """The tokenizer a finished run was trained with: bytes, or its
-  WORKDIR/tokenizer.model (never trained here)."""
+  WORKDIR/tokenizer.model or tokenizer.json (never trained here)."""
   kind = data_config['tokenizer']
   if kind == 'byte':
     return ByteTokenizer()
-  if kind != 'sentencepiece':
+  if kind not in FILENAMES:
     raise ConfigError(
-        f"config.data.tokenizer={kind!r} has no text to encode; use 'sentencepiece' or 'byte'."
+        f'config.data.tokenizer={kind!r} has no text to encode; use one of {TOKENIZERS}.'
     )
-  model_path = pathlib.Path(workdir) / MODEL_FILENAME
+  model_path = pathlib.Path(workdir) / FILENAMES[kind]
   if not model_path.exists():
-    raise ConfigError(f'{workdir} has no {MODEL_FILENAME}; point --workdir at a trained run.')
-  return _load_checked(model_path, data_config['vocab_size'], "use the run's own config")
+    raise ConfigError(f'{workdir} has no {FILENAMES[kind]}; point --workdir at a trained run.')
+  return _load_checked(kind, model_path, data_config['vocab_size'], "use the run's own config")
 
 
 @contextlib.contextmanager
@@ -222,46 +313,59 @@ def workdir_tokenizer(
 ) -> Iterator[Tokenizer]:
   """The tokenizer `config.data.tokenizer` names, for the body of a `with`.
 
-  WORKDIR/tokenizer.model is loaded when it exists, so token ids never change
-  within a run. Otherwise a new SentencePiece model (a copy of
-  `pretrained_model`, or one trained on `train_documents_fn()`) is staged under
-  a temporary name next to it and renamed to tokenizer.model only when the
-  block ends without an error: a run that fails on its data leaves no
-  tokenizer that a later run, maybe on other data, would reuse. (Training is
-  seeded, so a run killed before the rename trains the same model again.)
+  WORKDIR/tokenizer.model (or tokenizer.json) is loaded when it exists, so
+  token ids never change within a run. Otherwise a new one (a copy of
+  `pretrained_model`, or a SentencePiece model trained on
+  `train_documents_fn()`) is staged under a temporary name next to it and
+  renamed into place only when the block ends without an error: a run that
+  fails on its data leaves no tokenizer that a later run, maybe on other data,
+  would reuse. (Training is seeded, so a run killed before the rename trains
+  the same model again.) A tokenizer.json is never trained: it comes with an
+  imported checkpoint (`linformer_jax.import_checkpoint`).
 
   Args:
     data_config: `config.data`; reads `tokenizer` and `vocab_size`.
     workdir: the run's directory; created for the staged model if missing, and
       removed again (when empty) if the block fails.
     train_documents_fn: returns the training documents; only called to train.
-    pretrained_model: a tokenizer.model to copy instead of training one.
+    pretrained_model: a tokenizer file of the configured kind to copy instead
+      of training one.
 
   Yields:
-    The tokenizer; a staged model's `model_path` moves to WORKDIR/tokenizer.model
-    on success.
+    The tokenizer; a staged model's `model_path` moves to WORKDIR/FILENAME on
+    success.
   """
   kind = data_config['tokenizer']
   if kind == 'byte':
     yield ByteTokenizer()
     return
-  if kind != 'sentencepiece':
+  if kind not in FILENAMES:
     raise ConfigError(f'config.data.tokenizer={kind!r} is not allowed; use one of {TOKENIZERS}.')
   vocab_size = data_config['vocab_size']
   if not isinstance(vocab_size, int) or vocab_size < 8:
     raise ConfigError(
         f'config.data.vocab_size={vocab_size!r} is not allowed; use an int >= 8 (e.g. 8000).'
     )
-  model_path = pathlib.Path(workdir) / MODEL_FILENAME
+  filename = FILENAMES[kind]
+  model_path = pathlib.Path(workdir) / filename
   if model_path.exists():
-    yield _load_checked(model_path, vocab_size, 'use a new workdir')
+    yield _load_checked(kind, model_path, vocab_size, 'use a new workdir')
     return
+  if kind == 'huggingface' and not pretrained_model:
+    raise ConfigError(
+        f"config.data.tokenizer='huggingface' reads {model_path}, which does not exist; import "
+        'a checkpoint there (python -m linformer_jax.import_checkpoint), or set '
+        'config.init_from to a run that has one.'
+    )
   created = not model_path.parent.exists()
-  staged = model_path.with_name(f'{MODEL_FILENAME}.staged{os.getpid()}')
+  staged = model_path.with_name(f'{filename}.staged{os.getpid()}')
   try:
     if pretrained_model:
       tokenizer = _load_checked(
-          pathlib.Path(pretrained_model), vocab_size, 'fine-tune from a run of that vocabulary'
+          kind,
+          pathlib.Path(pretrained_model),
+          vocab_size,
+          'fine-tune from a run of that vocabulary',
       )
       staged.parent.mkdir(parents=True, exist_ok=True)
       shutil.copyfile(pretrained_model, staged)

@@ -72,10 +72,11 @@ def dense(
   )
 
 
-def layer_norm(name: str, dtype) -> nn.LayerNorm:
+def layer_norm(name: str, cfg: ModelConfig) -> nn.LayerNorm:
+  """A layer norm of the model's epsilon and compute dtype, float32 parameters."""
   return nn.LayerNorm(
-      epsilon=1e-5,
-      dtype=dtype,
+      epsilon=cfg.layer_norm_epsilon,
+      dtype=cfg.compute_dtype,
       param_dtype=jnp.float32,
       name=name,
       scale_init=partitioned(nn.initializers.ones, (axes.EMBED,)),
@@ -389,11 +390,10 @@ class EncoderLayer(nn.Module):
   @nn.compact
   def __call__(self, x, padding_mask, shared_projection, deterministic, decode_position=None):
     cfg = self.config
-    dtype = cfg.compute_dtype
     attend = SelfAttention(cfg, self.layer, name='attention')
     feed_forward = FeedForward(cfg, name='mlp')
-    attention_norm = layer_norm('attention_norm', dtype)
-    mlp_norm = layer_norm('mlp_norm', dtype)
+    attention_norm = layer_norm('attention_norm', cfg)
+    mlp_norm = layer_norm('mlp_norm', cfg)
     context = (shared_projection, deterministic, decode_position)
     chunk = inference_chunk(cfg, x.shape[1], deterministic)
     if cfg.pre_layer_norm:

@@ -49,6 +49,7 @@ class ModelConfig:
   pre_layer_norm: bool = False
   dtype: str = 'float32'
   num_segments: int = 0
+  layer_norm_epsilon: float = 1e-5
   pooling: str = 'first'
   causal: bool = False
   block_len: int = 64
@@ -122,6 +123,11 @@ class ModelConfig:
           self.num_segments,
           'use 0 (no segment embedding, as RoBERTa) or the number '
           'of segments, e.g. 2 for sentence pairs',
+      )
+    epsilon = self.layer_norm_epsilon
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0 < epsilon < 1:
+      raise _field_error(
+          'layer_norm_epsilon', epsilon, 'use a value in (0, 1): 1e-5 (RoBERTa), 1e-12 (BERT)'
       )
     if self.attention_kernel not in ATTENTION_KERNELS:
       raise _field_error(

@@ -62,7 +62,7 @@ class Encoder(nn.Module):
           (cfg.num_segments, cfg.hidden_dim),
           jnp.float32,
       )
-    self.embedding_norm = layer_norm('embedding_norm', cfg.compute_dtype)
+    self.embedding_norm = layer_norm('embedding_norm', cfg)
     self.dropout = nn.Dropout(cfg.dropout_rate)
     if cfg.attention == 'linformer' and cfg.sharing == 'layerwise':
       self.shared_projection = SequenceProjection(
@@ -70,7 +70,7 @@ class Encoder(nn.Module):
       )
     self.layers = [EncoderLayer(cfg, i) for i in range(cfg.num_layers)]
     if cfg.pre_layer_norm:
-      self.final_norm = layer_norm('final_norm', cfg.compute_dtype)
+      self.final_norm = layer_norm('final_norm', cfg)
 
   def __call__(
       self,
@@ -87,8 +87,9 @@ class Encoder(nn.Module):
       tokens: int token ids, length at most max_len.
       padding_mask: optional [batch, length] boolean, True for real tokens.
       segments: optional [batch, length] int segment ids (0 = first sentence);
-        used when config.num_segments > 0 (all 0 when not given), ignored
-        otherwise (RoBERTa tells sentences apart by the separator alone).
+        used when config.num_segments > 1 (all 0 when not given), ignored
+        otherwise (RoBERTa tells sentences apart by the separator alone; its
+        one token-type embedding, num_segments=1, is added to every token).
       deterministic: disables dropout (evaluation).
       decode_position: decoding (causal models only): tokens is [batch, 1],
         the token at this int32 position (shared by the batch), and the
@@ -108,7 +109,9 @@ class Encoder(nn.Module):
     else:
       positions = jax.lax.dynamic_slice_in_dim(self.position_embedding, decode_position, 1)[None]
     x = x + positions.astype(x.dtype)
-    if cfg.num_segments:
+    if cfg.num_segments == 1:  # RoBERTa's one token type: the same row for every token
+      x = x + self.segment_embedding[0].astype(x.dtype)
+    elif cfg.num_segments:
       if segments is None:
         segments = jnp.zeros_like(tokens)
       x = x + jnp.take(self.segment_embedding, segments, axis=0).astype(x.dtype)
@@ -133,22 +136,25 @@ class MaskedLanguageModel(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, tokens, padding_mask=None, *, deterministic=True, positions=None):
+  def __call__(
+      self, tokens, padding_mask=None, *, deterministic=True, positions=None, segments=None
+  ):
     """Returns float32 logits [batch, length, vocab_size].
 
     With `positions` ([batch, num_predictions] int), only the logits at those
     positions are computed, [batch, num_predictions, vocab_size]: training
     predicts ~15% of the tokens, and the vocabulary projection is the largest
-    matrix multiply of a small model.
+    matrix multiply of a small model. `segments` are passed to the encoder
+    (token types of a checkpoint trained with them; all 0 when None).
     """
     cfg = self.config
     dtype = cfg.compute_dtype
     encoder = Encoder(cfg, name='encoder')
-    h = encoder(tokens, padding_mask, deterministic=deterministic)
+    h = encoder(tokens, padding_mask, segments=segments, deterministic=deterministic)
     if positions is not None:
       h = jnp.take_along_axis(h, positions[:, :, None], axis=1)
     h = dense(cfg.hidden_dim, (axes.EMBED,), (axes.EMBED_OUT,), name='mlm_dense', dtype=dtype)(h)
-    h = layer_norm('mlm_norm', dtype)(nn.gelu(h, approximate=False))
+    h = layer_norm('mlm_norm', cfg)(nn.gelu(h, approximate=False))
     logits = encoder.logits_from_embedding(h)
     bias = self.param(
         'mlm_bias',

@@ -32,6 +32,7 @@ ENCODER_FIELDS = (
     'sharing',
     'projection',
     'pre_layer_norm',
+    'layer_norm_epsilon',
 )
 
 
@@ -57,6 +58,13 @@ def check_pretrained_encoder(config: ml_collections.ConfigDict) -> Dict[str, Any
         f'config.init_from={config.init_from!r} was trained with '
         f'model.{field}={old!r}, this config has {new!r}; set '
         f'--config.model.{field}={old!r} to fine-tune it.'
+    )
+  segments = saved['model'].get('num_segments', 0)
+  if segments and segments != config.model.num_segments:
+    raise ConfigError(
+        f'config.init_from={config.init_from!r} has {segments} segment embedding(s), this '
+        f'config {config.model.num_segments}; set --config.model.num_segments={segments} to '
+        'fine-tune it.'
     )
   difference = run_config.first_difference(
       saved.get('data', {}),

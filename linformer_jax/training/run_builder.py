@@ -163,8 +163,9 @@ def check_same_tokenizer(data_state: Mapping[str, Any], data: Any, workdir: str)
 
   Args:
     data_state: a checkpoint's data state; its 'tokenizer_sha256' (absent in
-      older checkpoints, which pass) is the sha256 of the tokenizer.model it
-      was trained with, None for one without (bytes, ListOps).
+      older checkpoints, which pass) is the sha256 of the tokenizer file
+      (tokenizer.model or tokenizer.json) it was trained with, None for one
+      without (bytes, ListOps).
     data: the run's data, whose `tokenizer_sha256` is the current one's.
     workdir: the run's directory, for the message.
 
@@ -176,7 +177,10 @@ def check_same_tokenizer(data_state: Mapping[str, Any], data: Any, workdir: str)
   saved, current = data_state['tokenizer_sha256'], data.tokenizer_sha256
   if saved == current:
     return
-  path = os.path.join(workdir, tokenizer_lib.MODEL_FILENAME)
+  tokenizer = getattr(data, 'tokenizer', None)
+  path = getattr(tokenizer, 'model_path', None) or os.path.join(
+      workdir, tokenizer_lib.MODEL_FILENAME
+  )
   if saved is None or current is None:
     used, uses = ('without', 'with') if saved is None else ('with', 'without')
     raise ConfigError(
@@ -287,7 +291,7 @@ def load_for_inference(
   step, data_state = _newest_step(config, workdir)
   tokenizer = tokenizer_lib.run_tokenizer(config.data, workdir)
   if isinstance(data_state, dict):
-    fingerprint = types.SimpleNamespace(tokenizer_sha256=tokenizer.sha256)
+    fingerprint = types.SimpleNamespace(tokenizer=tokenizer, tokenizer_sha256=tokenizer.sha256)
     check_same_tokenizer(data_state, fingerprint, workdir)
   variables = _restore_variables(workdir, parts.abstract_variables(), step)
   return parts, step, variables, tokenizer

@@ -129,7 +129,9 @@ class Run:
     if latest is not None:
       step, state, data_state, _ = self.store.restore(latest, abstract_state=self.abstract_state)
       run_builder.check_same_tokenizer(data_state, self.data, self.workdir)
-      self.data.train_iterator.set_state(_this_process_state(data_state))
+      # None: an imported checkpoint (`import_checkpoint`), which no data has reached yet.
+      if data_state.get('process_states') is not None:
+        self.data.train_iterator.set_state(_this_process_state(data_state))
       report(f'Resumed from the checkpoint of step {step} in {self.workdir}.')
       return state
     # Created already split over the mesh: no device ever holds all of it.

@@ -1,0 +1,36 @@
+"""Imports a Hugging Face RoBERTa or BERT checkpoint as a run of this project.
+
+  python -m linformer_jax.import_checkpoint --from /path/to/roberta-base \
+      --workdir runs/roberta --config configs/imported.py
+
+--from is a folder in the Hugging Face layout (config.json, model.safetensors,
+tokenizer.json), or a hub name when the hub can be reached. The run holds the
+checkpoint at step 0 and its tokenizer; `--config.model.attention=linformer`
+adds E/F to the imported weights. It prints what it took and the flags of the
+commands that use the run (docs/checkpoint_import.md). A folder that cannot
+be imported ends with a one-line error and exit code 2, nothing written.
+"""
+
+from absl import flags
+
+from linformer_jax import cli
+from linformer_jax.training import hf_import
+
+cli.define_config_flags()
+_FROM = flags.DEFINE_string(
+    'from', None, 'The checkpoint: a Hugging Face folder, or a hub name (needs network).'
+)
+flags.mark_flag_as_required('from')
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  if len(argv) > 1:
+    cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
+  config, summary = hf_import.import_checkpoint(_FROM.value, FLAGS.workdir, FLAGS.config)
+  for line in hf_import.describe(summary, config.to_dict(), FLAGS.workdir):
+    print(line, flush=True)
+
+
+if __name__ == '__main__':
+  cli.run(main)

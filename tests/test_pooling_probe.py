@@ -81,8 +81,10 @@ def test_the_report_has_probes_and_attention_per_layer(pretrained, tmp_path, att
     if attention == 'full':
       assert row['s_token_weight_sum'] == pytest.approx(1.0)
       assert row['s_negative_token_weight_share'] == 0.0
+      assert row['real_tokens_per_slot'] is None
     else:
       assert math.isfinite(row['s_token_weight_sum'])
+      assert 1.0 <= row['real_tokens_per_slot'] <= report['mean_real_tokens'] + 1e-6
   # One word decides the label: the mean of the tokens reads it.
   assert max(row['probe_mean'] for row in report['layers']) >= 0.9
 
@@ -114,3 +116,19 @@ def test_token_weights_are_p_for_full_attention_and_p_f_for_linformer():
   )
   full = rng.dirichlet(np.ones(6), size=(2, 3))
   np.testing.assert_allclose(pooling_probe.token_weights(full, None, mask), full * mask[:, None])
+
+
+def test_tokens_per_slot_counts_the_real_positions_a_slot_mixes():
+  mask = np.array([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], bool)
+  copies = np.zeros((6, 3))
+  copies[[0, 2, 5], [0, 1, 2]] = 2.0  # each slot copies one position
+  averages = np.ones((6, 3))  # each slot averages every position
+  np.testing.assert_allclose(pooling_probe.slot_positions(copies, mask), [2 / 3, 1.0])
+  np.testing.assert_allclose(pooling_probe.slot_positions(averages, mask), [4.0, 6.0])
+  per_head = np.stack([copies, averages])  # [heads, n, k]: the mean over heads
+  np.testing.assert_allclose(pooling_probe.slot_positions(per_head, mask), [(2 / 3 + 4) / 2, 3.5])
+  noise = np.random.default_rng(0).normal(size=(3000, 200))
+  assert pooling_probe.slot_positions(noise, np.ones((1, 3000), bool))[0] == pytest.approx(
+      1000, rel=0.05
+  )
+  assert np.isnan(pooling_probe.slot_positions(None, mask)).all()

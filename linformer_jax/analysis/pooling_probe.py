@@ -15,7 +15,12 @@ layer:
 * **the `<s>` output's token weights**: how much of each real token's value
   vector the `<s>` output holds (P itself for full attention; P F for a
   Linformer's matrix projection F), as their sum and the share of their mass
-  that is negative. A mean has weights 1/length: sum 1, none negative.
+  that is negative. A mean has weights 1/length: sum 1, none negative;
+* **how many real tokens each compressed slot mixes** (Linformer with a matrix
+  F): the participation ratio (sum_j F[j, i]^2)^2 / sum_j F[j, i]^4 of slot
+  i's weights over the real positions j, averaged over slots, heads and
+  examples. A slot that copies one token has 1; one that averages L tokens
+  equally has L; a column of Gaussian noise has about L / 3.
 
 If `first` probes fall behind `mean` probes for Linformer but not for the
 Transformer, and the Linformer `<s>` spreads its attention over its slots,
@@ -50,6 +55,7 @@ class Features:
   largest: List[np.ndarray]  # per layer [examples]: largest <s> weight, mean over heads
   weight_sum: List[np.ndarray]  # per layer [examples]: sum of <s>'s token weights
   negative_share: List[np.ndarray]  # per layer [examples]: their negative share
+  slot_positions: List[np.ndarray]  # per layer [examples]: real tokens per slot (NaN: no F)
 
 
 def _capture(module: Any, method_name: str) -> bool:
@@ -95,6 +101,20 @@ def token_weights(p_first: np.ndarray, value_matrix: Optional[Any], mask: np.nda
   return w * mask[:, None, :]
 
 
+def slot_positions(value_matrix: Optional[Any], mask: np.ndarray) -> np.ndarray:
+  """How many real tokens each slot of F mixes, per example [batch]: the
+  participation ratio of each slot's weights over the example's real
+  positions, averaged over slots (and heads); NaN without a matrix F."""
+  mask = np.asarray(mask, np.float64)
+  if value_matrix is None:
+    return np.full(mask.shape[0], np.nan)
+  f = np.asarray(value_matrix, np.float64)
+  f = f[None] if f.ndim == 2 else f  # [heads, n, k]
+  squares = f[:, None, : mask.shape[1]] ** 2 * mask[None, :, :, None]  # [heads, batch, len, k]
+  ratio = squares.sum(2) ** 2 / np.maximum((squares**2).sum(2), 1e-300)
+  return ratio.mean(axis=(0, 2))
+
+
 def _encoder_step(config):
   encoder = models.Encoder(config, name='encoder')
 
@@ -119,7 +139,15 @@ def _encoder_step(config):
   return jax.jit(step)
 
 
-_PER_LAYER = ('first', 'mean', 'entropy', 'largest', 'weight_sum', 'negative_share')
+_PER_LAYER = (
+    'first',
+    'mean',
+    'entropy',
+    'largest',
+    'weight_sum',
+    'negative_share',
+    'slot_positions',
+)
 
 
 def _pooled_features(step, variables, batches, config) -> Features:
@@ -144,6 +172,7 @@ def _pooled_features(step, variables, batches, config) -> Features:
           'largest': p.max(-1).mean(-1),
           'weight_sum': w.sum(-1).mean(-1),
           'negative_share': negative.mean(-1),
+          'slot_positions': slot_positions(values[layer], np.asarray(batch['padding_mask'])),
       }
       for name, value in found.items():
         parts[name][layer].append(value[real])
@@ -243,6 +272,8 @@ def probe(config: ml_collections.ConfigDict, workdir: str, *, train_batches: int
     row['s_largest_weight'] = float(evaluation.largest[layer].mean())
     row['s_token_weight_sum'] = float(evaluation.weight_sum[layer].mean())
     row['s_negative_token_weight_share'] = float(evaluation.negative_share[layer].mean())
+    slots = evaluation.slot_positions[layer]
+    row['real_tokens_per_slot'] = None if np.isnan(slots).all() else float(slots.mean())
     layers.append(row)
   counts = np.bincount(evaluation.labels, minlength=num_classes)
   real_tokens = float(np.mean([b['padding_mask'].sum(1).mean() for b in data.eval_batches]))
@@ -270,5 +301,10 @@ def summary_lines(report: Dict[str, Any]) -> List[str]:
         f"({row['s_effective_keys']:.1f} effective keys, largest weight "
         f"{row['s_largest_weight']:.2f}); its token weights sum to "
         f"{row['s_token_weight_sum']:.3f}, {row['s_negative_token_weight_share']:.0%} negative"
+        + (
+            ''
+            if row.get('real_tokens_per_slot') is None
+            else f"; each slot mixes {row['real_tokens_per_slot']:.1f} real tokens"
+        )
     )
   return lines

@@ -29,6 +29,13 @@ an encoder pretrained alike with k = 128 (first, then run --only=linformer-k128-
 
   python -m linformer_jax.train --config configs/gutenberg.py \
       --workdir runs/parity/pretrain_linformer_k128 --config.model.projected_len=128
+
+`linformer-local-s0` tests the mechanism at full length: an encoder pretrained
+alike with a local projection, each slot the mean of n / k = 4 adjacent tokens,
+instead of a learned E whose slots each mix about a third of the row:
+
+  python -m linformer_jax.train --config configs/gutenberg.py \
+      --workdir runs/parity/pretrain_linformer_local --config.model.projection=mean
 """
 
 from configs.sweeps import imdb_pooling
@@ -69,6 +76,13 @@ def get_sweep() -> Sweep:
         'seed': seed,
     }
     variants.append(Variant(f'linformer-k128-s{seed}', wider))
+    local = {
+        'init_from': 'runs/parity/pretrain_linformer_local',  # configs/gutenberg.py, mean
+        'model.projection': 'mean',
+        'model.pooling': 'mean',
+        'seed': seed,
+    }
+    variants.append(Variant(f'linformer-local-s{seed}', local))
   return Sweep(
       title='IMDB validation accuracy by row length (mean pooling)',
       base=imdb_pooling.get_sweep().base,

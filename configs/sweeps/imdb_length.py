@@ -45,6 +45,7 @@ from linformer_jax.sweep import Variant
 
 ROW_LENGTHS = (64, 128)  # tokens per review row (n stays 256)
 SEEDS = (0,)
+LOCAL_SEEDS = (0, 1)  # the local-projection encoder's fine-tuning seeds
 LONG_STEPS = 4000  # the `-long` variants: 64-token rows fine-tuned 4x longer
 
 
@@ -76,6 +77,7 @@ def get_sweep() -> Sweep:
         'seed': seed,
     }
     variants.append(Variant(f'linformer-k128-s{seed}', wider))
+  for seed in LOCAL_SEEDS:
     local = {
         'init_from': 'runs/parity/pretrain_linformer_local',  # configs/gutenberg.py, mean
         'model.projection': 'mean',

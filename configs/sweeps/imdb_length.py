@@ -40,6 +40,7 @@ instead of a learned E whose slots each mix about a third of the row:
 
 from configs.sweeps import imdb_pooling
 from configs.sweeps.sst2_pooling import PRETRAINED
+from configs.sweeps.sst2_pooling import encoder_overrides
 from linformer_jax.sweep import Sweep
 from linformer_jax.sweep import Variant
 
@@ -55,8 +56,7 @@ def get_sweep() -> Sweep:
     for length in ROW_LENGTHS:
       for model, init_from in PRETRAINED.items():
         overrides = {
-            'init_from': init_from,
-            'model.attention': 'linformer' if model == 'linformer' else 'full',
+            **encoder_overrides(model, init_from),
             'model.pooling': 'mean',
             'data.seq_len': length,
             'seed': seed,

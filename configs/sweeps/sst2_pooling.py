@@ -32,6 +32,14 @@ POOLINGS = ('first', 'mean', 'attention')
 SEEDS = (0, 1, 2)
 
 
+def encoder_overrides(model: str, init_from: str) -> dict:
+  """The overrides that fine-tune PRETRAINED[model] (read from init_from)."""
+  return {
+      'init_from': init_from,
+      'model.attention': 'linformer' if model == 'linformer' else 'full',
+  }
+
+
 def pooling_variants() -> list:
   """Every seed x pooling x model, seed by seed and the two models side by
   side, named MODEL-POOLING-sSEED."""
@@ -40,8 +48,7 @@ def pooling_variants() -> list:
     for pooling in POOLINGS:
       for model, init_from in PRETRAINED.items():
         overrides = {
-            'init_from': init_from,
-            'model.attention': 'linformer' if model == 'linformer' else 'full',
+            **encoder_overrides(model, init_from),
             'model.pooling': pooling,
             'seed': seed,
         }

@@ -3,6 +3,9 @@
   python -m linformer_jax.train --config configs/finetune_imdb.py --workdir runs/imdb \
       --config.init_from=runs/gutenberg
 
+or configs/finetune_imdb.py:runs/gutenberg, which also takes the encoder's model
+fields and tokenizer from the run (e.g. an imported RoBERTa's).
+
 Reviews average about 300 words, longer than n = 256 tokens: each is cut to
 its first and last n/2 - 1 tokens (`truncation='head_tail'`). Trains on
 train.tsv, selects on val.tsv (the validation split), and
@@ -12,9 +15,10 @@ train.tsv, selects on val.tsv (the validation split), and
 """
 
 from configs import classification
+from configs import from_workdir
 
 
-def get_config():
+def get_config(init_from: str = ''):
   config = classification.get_config()
   config.init_from = ''  # the pretraining run's workdir (e.g. runs/gutenberg)
   config.data.path = '../shared/data/imdb'  # folder with train.tsv, val.tsv, test.tsv
@@ -28,4 +32,4 @@ def get_config():
   config.data.label_column = 'label'
   config.data.labels = ('0', '1')  # negative, positive
   config.data.truncation = 'head_tail'  # keep the first and last halves of long reviews
-  return config
+  return from_workdir.encoder_of(config, init_from)  # configs/X.py:RUN

@@ -3,6 +3,9 @@
   python -m linformer_jax.train --config configs/finetune_qnli.py --workdir runs/qnli \
       --config.init_from=runs/gutenberg
 
+or configs/finetune_qnli.py:runs/gutenberg, which also takes the encoder's model
+fields and tokenizer from the run (e.g. an imported RoBERTa's).
+
 Pairs are encoded `[bos] question [eos] [eos] sentence [eos]` with segment ids
 0 / 1 and a segment embedding (zeros at the start, so the pretrained encoder
 is unchanged until it learns). Reads TFDS glue/qnli (prepare it with
@@ -15,9 +18,10 @@ GLUE's own QNLI TSV files work too: --config.data.source=tsv
 """
 
 from configs import classification
+from configs import from_workdir
 
 
-def get_config():
+def get_config(init_from: str = ''):
   config = classification.get_config()
   config.init_from = ''  # the pretraining run's workdir (e.g. runs/gutenberg)
   config.data.source = 'tfds'  # TFDS glue/qnli; 'tsv' for GLUE's files
@@ -28,4 +32,4 @@ def get_config():
   config.data.label_column = 'label'
   config.data.labels = ('entailment', 'not_entailment')  # TFDS labels 0 and 1
   config.model.num_segments = 2  # segment embeddings for the two texts
-  return config
+  return from_workdir.encoder_of(config, init_from)  # configs/X.py:RUN

@@ -27,8 +27,8 @@ FLAGS = flags.FLAGS
 def main(argv):
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
-  config, summary = hf_import.import_checkpoint(_FROM.value, FLAGS.workdir, FLAGS.config)
-  for line in hf_import.describe(summary, config.to_dict(), FLAGS.workdir):
+  _, summary = hf_import.import_checkpoint(_FROM.value, FLAGS.workdir, FLAGS.config)
+  for line in hf_import.describe(summary, FLAGS.workdir):
     print(line, flush=True)
 
 

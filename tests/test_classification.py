@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from configs import classification
+from configs import finetune_qnli
 from configs import tiny
 from linformer_jax.data import classification as classification_data
 from linformer_jax.data import encoding
@@ -342,6 +343,29 @@ def test_a_pretrained_run_of_another_shape_is_refused_naming_the_field(
   with pytest.raises(ConfigError, match=message):
     trainer.train_and_evaluate(config, str(tmp_path / 'run'))
   assert not os.path.exists(tmp_path / 'run' / 'checkpoints')
+
+
+def test_a_fine_tuning_config_named_by_a_run_takes_its_encoder(pretrained, tmp_path):
+  """configs/finetune_qnli.py:RUN: the pretraining run's model fields and
+  tokenizer, the task's pooling, dropout and segments; it fine-tunes as is."""
+  config = finetune_qnli.get_config(pretrained)
+  saved = tiny.get_config()
+  assert config.init_from == pretrained
+  for field in ('vocab_size', 'max_len', 'num_layers', 'hidden_dim', 'projected_len'):
+    assert config.model[field] == saved.model[field], field
+  assert (config.data.tokenizer, config.data.vocab_size) == (
+      saved.data.tokenizer,
+      saved.data.vocab_size,
+  )
+  assert (config.model.pooling, config.model.num_segments) == ('mean', 2)
+  assert config.model.dropout_rate == classification.get_config().model.dropout_rate
+  write_sentiment_tsv(tmp_path / 'data')
+  config.data.update(source='tsv', path=str(tmp_path / 'data'), text_columns=('sentence',))
+  config.data.labels = ('0', '1')
+  config.update(total_steps=2, batch_size=8, eval_batch_size=8, warmup_steps=1, eval_every=2)
+  trainer.train_and_evaluate(config, str(tmp_path / 'run'))
+  with pytest.raises(ValueError, match='must be a run folder'):
+    finetune_qnli.get_config(str(tmp_path / 'none'))
 
 
 def test_fine_tuning_from_a_folder_without_a_run_is_refused(tmp_path):

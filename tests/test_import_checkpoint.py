@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from configs import classification
+from configs import finetune_sst2
 from configs import from_workdir
 from configs import imported
 from linformer_jax.data import encoding
@@ -193,10 +193,10 @@ def test_the_imported_run_evaluates_and_starts_other_runs(imports, tmp_path):
   ]
   assert json.loads((workdir / 'import.json').read_text())['architecture'] == 'bert'
   assert summary['model_fields']['layer_norm_epsilon'] == 1e-12
-  lines = hf_import.describe(summary, config.to_dict(), str(workdir))
+  lines = hf_import.describe(summary, str(workdir))
   assert lines[0].startswith(f'Imported bert from {FIXTURES / "bert"} into {workdir} (step 0)')
   assert f'--config configs/from_workdir.py:{workdir}' in lines[-2]
-  assert '--config.model.layer_norm_epsilon=1e-12 --config.model.num_segments=2' in lines[-1]
+  assert f'--config configs/finetune_sst2.py:{workdir}' in lines[-1]
   saved = text_data(from_workdir.get_config(str(workdir)), tmp_path / 'text')
   assert saved.model.to_dict() == config.model.to_dict()
 
@@ -214,9 +214,9 @@ def test_the_imported_run_evaluates_and_starts_other_runs(imports, tmp_path):
       workdir / 'tokenizer.json'
   ).read_bytes()
 
-  finetune = classification.get_config()
-  finetune.model.update({k: v for k, v in config.model.items() if k != 'pooling'})
-  finetune.data.update(tokenizer='huggingface', vocab_size=config.data.vocab_size)
+  finetune = finetune_sst2.get_config(str(workdir))  # configs/finetune_sst2.py:RUN
+  assert finetune.model.layer_norm_epsilon == 1e-12 and finetune.model.num_segments == 2
+  assert finetune.data.tokenizer == 'huggingface' and finetune.model.pooling == 'mean'
   (tmp_path / 'tsv').mkdir()
   for split in ('train', 'dev'):
     rows = ''.join(f'the best of times\t{i % 2}\n' for i in range(8))

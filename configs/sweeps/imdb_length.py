@@ -46,7 +46,7 @@ from linformer_jax.sweep import Variant
 
 ROW_LENGTHS = (64, 128)  # tokens per review row (n stays 256)
 SEEDS = (0,)
-LOCAL_SEEDS = (0, 1)  # the local-projection encoder's fine-tuning seeds
+LOCAL_SEEDS = (0, 1, 2)  # the local-projection encoder's fine-tuning seeds
 LONG_STEPS = 4000  # the `-long` variants: 64-token rows fine-tuned 4x longer
 
 

@@ -32,7 +32,6 @@ import numpy as np
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
 from linformer_jax.model.layers import PROJECTION_NAMES
-from linformer_jax.training import fine_tuning
 from linformer_jax.training import hf_checkpoint
 from linformer_jax.training import run_builder
 from linformer_jax.training import train_steps
@@ -230,8 +229,8 @@ def import_checkpoint(
   return config, summary
 
 
-def describe(summary: Dict[str, Any], config: Dict[str, Any], workdir: str) -> List[str]:
-  """The lines the command prints about an import; `config` is the run's."""
+def describe(summary: Dict[str, Any], workdir: str) -> List[str]:
+  """The lines the command prints about an import into `workdir`."""
   fields = ', '.join(f'{k}={v}' for k, v in summary['model_fields'].items())
   lines = [
       f'Imported {summary["architecture"]} from {summary["folder"]} into {workdir} (step 0): '
@@ -250,16 +249,7 @@ def describe(summary: Dict[str, Any], config: Dict[str, Any], workdir: str) -> L
       f'Evaluate or continue training with --config configs/from_workdir.py:{workdir} '
       f'--workdir {workdir}.'
   )
-  lines.append(f'Fine-tune with {" ".join(fine_tuning_flags(config, workdir))}.')
-  return lines
-
-
-def fine_tuning_flags(config: Dict[str, Any], workdir: str) -> List[str]:
-  """The flags that make a classification config fine-tune the imported run."""
-  model, data = config['model'], config['data']
-  fields = fine_tuning.ENCODER_FIELDS + ('num_segments',)
-  return (
-      [f'--config.init_from={workdir}']
-      + [f'--config.data.{field}={data[field]}' for field in ('tokenizer', 'vocab_size')]
-      + [f'--config.model.{field}={model[field]}' for field in fields]
+  lines.append(
+      f'Fine-tune with --config configs/finetune_sst2.py:{workdir} (any configs/finetune_*.py).'
   )
+  return lines

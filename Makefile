@@ -42,8 +42,9 @@ format: venv
 	$(VENV)/bin/pyink --quiet .
 
 # The PyTorch baseline of `python -m linformer_jax.pytorch_comparison`: torch and
-# lucidrains' linformer in an environment of their own, .venv-torch; torch is
-# never a dependency of the project.
+# lucidrains' linformer in an environment of their own, .venv-torch, with the
+# transformers library of experiments/roberta_checkpoint.py and the HF test
+# fixtures' script; none of them is ever a dependency of the project.
 torch-baseline:
 	$(PYTHON) -m venv .venv-torch
-	.venv-torch/bin/pip install torch linformer==0.2.3
+	.venv-torch/bin/pip install torch linformer==0.2.3 transformers

@@ -280,5 +280,7 @@ def test_a_classification_sweep_reports_accuracy_and_the_spread_over_seeds(tmp_p
   text = (tmp_path / sweep_lib.REPORT_FILE).read_text()
   assert "| model.pooling='mean' | 2 of 2 | 0.7200 ± 0.0283 | 0.7000 | 0.7400 |" in text
   assert "| model.pooling='first' | 2 of 2 | 0.5800 ± 0.0424 | 0.5500 | 0.6100 |" in text
-  with open(tmp_path / sweep_lib.ACCURACY_FIGURE_FILE, 'rb') as f:
-    assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+  for figure in ('accuracy.png', 'accuracy_over_seeds.png'):
+    with open(tmp_path / figure, 'rb') as f:
+      assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+  assert 'accuracy_over_seeds.png' in text

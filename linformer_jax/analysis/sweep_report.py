@@ -11,6 +11,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import statistics
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -166,8 +167,57 @@ def seed_table(sweep: Any, workdir: str) -> Optional[str]:
   return '\n'.join(rows)
 
 
+def over_seeds_figure(figure: str) -> str:
+  """The name of the figure of the seed groups beside figure `figure`."""
+  stem, extension = os.path.splitext(figure)
+  return f'{stem}_over_seeds{extension}'
+
+
+def _curve(workdir: str, name: str, metric: str) -> Dict[int, float]:
+  """Step -> metric of a variant's evaluations."""
+  return {
+      m['step']: m[metric]
+      for m in read_metrics(os.path.join(workdir, name))
+      if math.isfinite(m.get(metric, math.nan))
+  }
+
+
+def _group_label(description: str, members: List[Any]) -> str:
+  """A seed group's name: its variants' common name without `-sN`, else its overrides."""
+  stems = {re.sub(r'-s\d+$', '', variant.name) for variant in members}
+  return stems.pop() if len(stems) == 1 else description
+
+
 def plot_metric(sweep: Any, workdir: str, path: str) -> None:
   """Saves the evaluation metric against steps of every variant."""
+  series = []
+  for variant in sweep.variants:
+    curve = _curve(workdir, variant.name, _judged(sweep).metric)
+    if curve:
+      steps = sorted(curve)
+      series.append((variant.name, steps, [curve[step] for step in steps], None))
+  _draw(sweep, workdir, path, series)
+
+
+def plot_over_seeds(sweep: Any, workdir: str, path: str) -> None:
+  """Saves the metric of each seed group against steps: the mean over its
+  finished seeds at the steps they share, shaded from their min to their max."""
+  series = []
+  for description, members in seed_groups(sweep):
+    curves = [_curve(workdir, v.name, _judged(sweep).metric) for v in members]
+    curves = [curve for curve in curves if curve]
+    if not curves:
+      continue
+    steps = sorted(set.intersection(*(set(curve) for curve in curves)))
+    values = [[curve[step] for curve in curves] for step in steps]
+    label = f'{_group_label(description, members)} ({len(curves)} of {len(members)} seeds)'
+    spread = ([min(v) for v in values], [max(v) for v in values]) if len(curves) > 1 else None
+    series.append((label, steps, [statistics.mean(v) for v in values], spread))
+  _draw(sweep, workdir, path, series)
+
+
+def _draw(sweep: Any, workdir: str, path: str, series: List[Tuple[str, Any, Any, Any]]) -> None:
+  """Saves curves (label, steps, values, optional (low, high) band) as a figure."""
   # The figure is drawn on its own Agg canvas, leaving pyplot's backend alone.
   from matplotlib import ticker  # pylint: disable=g-import-not-at-top
   from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
@@ -177,15 +227,10 @@ def plot_metric(sweep: Any, workdir: str, path: str) -> None:
   figure = Figure(figsize=(6.4, 4.4))
   FigureCanvasAgg(figure)
   axes = figure.add_subplot()
-  for variant in sweep.variants:
-    points = [
-        (m['step'], m[judged.metric])
-        for m in read_metrics(os.path.join(workdir, variant.name))
-        if math.isfinite(m.get(judged.metric, math.nan))
-    ]
-    if points:
-      steps, values = zip(*points)
-      axes.plot(steps, values, marker='o', markersize=3, label=variant.name)
+  for label, steps, values, band in series:
+    (line,) = axes.plot(steps, values, marker='o', markersize=3, label=label)
+    if band is not None:
+      axes.fill_between(steps, band[0], band[1], color=line.get_color(), alpha=0.2)
   if judged.log_scale:
     axes.set_yscale('log')
     # Plain numbers (250, not 2.5 x 10^2): curves often span less than a decade.
@@ -213,8 +258,13 @@ def write_report(sweep: Any, workdir: str) -> str:
       f'{judged.label} against steps: {judged.figure}.\n'
   )
   if seeds:
-    text += f'\n## Over seeds\n\n{seeds}\n'
+    text += (
+        f'\n## Over seeds\n\n{seeds}\n\nThe mean over seeds against steps, shaded from the '
+        f'lowest seed to the highest: {over_seeds_figure(judged.figure)}.\n'
+    )
   with open(os.path.join(workdir, REPORT_FILE), 'w') as f:
     f.write(text)
   plot_metric(sweep, workdir, os.path.join(workdir, judged.figure))
+  if seeds:
+    plot_over_seeds(sweep, workdir, os.path.join(workdir, over_seeds_figure(judged.figure)))
   return table

@@ -16,11 +16,18 @@ eval_test.json in the variant's folder). Each run is 1,000 steps of batch 32,
 is the full 25,000). Reviews fill all n = 256 tokens, so a run costs about
 eight times an SST-2 run of the same steps: run the default pooling first,
 e.g. --only=linformer-mean-s0,transformer-mean-s0,linformer-mean-s1,...
+
+`linformer-first-long-s0` asks whether a longer fine-tuning closes the
+first-token gap: the Linformer's `first` run of seed 0 for 3,000 steps (4.8
+epochs), with its warm-up and decay stretched alike.
 """
 
 from configs import finetune_imdb
 from configs.sweeps.sst2_pooling import pooling_variants
 from linformer_jax.sweep import Sweep
+from linformer_jax.sweep import Variant
+
+LONG_STEPS = 3000  # linformer-first-long-s0: 3x the steps (4.8 epochs)
 
 
 def get_sweep() -> Sweep:
@@ -33,5 +40,12 @@ def get_sweep() -> Sweep:
   return Sweep(
       title='IMDB validation accuracy by pooling (Gutenberg pretraining)',
       base=base,
-      variants=pooling_variants(),
+      variants=pooling_variants() + [longer_first_token_run()],
   )
+
+
+def longer_first_token_run() -> Variant:
+  """The Linformer's `first` run of seed 0, fine-tuned LONG_STEPS steps."""
+  first = next(v for v in pooling_variants() if v.name == 'linformer-first-s0')
+  longer = dict(first.overrides, total_steps=LONG_STEPS, warmup_steps=LONG_STEPS * 6 // 100)
+  return Variant('linformer-first-long-s0', longer)

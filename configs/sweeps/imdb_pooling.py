@@ -37,15 +37,16 @@ def get_sweep() -> Sweep:
   base.data.max_eval_batches = 50  # 1,600 validation reviews for the curves
   base.eval_every = 250  # val.tsv accuracy every 250 steps: the curves
   base.checkpoint_every = 250  # an interrupted variant resumes from here
+  variants = pooling_variants()
   return Sweep(
       title='IMDB validation accuracy by pooling (Gutenberg pretraining)',
       base=base,
-      variants=pooling_variants() + [longer_first_token_run()],
+      variants=variants + [longer_first_token_run(variants)],
   )
 
 
-def longer_first_token_run() -> Variant:
+def longer_first_token_run(variants: list) -> Variant:
   """The Linformer's `first` run of seed 0, fine-tuned LONG_STEPS steps."""
-  first = next(v for v in pooling_variants() if v.name == 'linformer-first-s0')
+  first = next(v for v in variants if v.name == 'linformer-first-s0')
   longer = dict(first.overrides, total_steps=LONG_STEPS, warmup_steps=LONG_STEPS * 6 // 100)
   return Variant('linformer-first-long-s0', longer)

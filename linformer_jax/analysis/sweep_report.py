@@ -190,9 +190,9 @@ def _group_label(description: str, members: List[Any]) -> str:
 
 def plot_metric(sweep: Any, workdir: str, path: str) -> None:
   """Saves the evaluation metric against steps of every variant."""
-  series = []
+  series, metric = [], _judged(sweep).metric
   for variant in sweep.variants:
-    curve = _curve(workdir, variant.name, _judged(sweep).metric)
+    curve = _curve(workdir, variant.name, metric)
     if curve:
       steps = sorted(curve)
       series.append((variant.name, steps, [curve[step] for step in steps], None))
@@ -202,9 +202,9 @@ def plot_metric(sweep: Any, workdir: str, path: str) -> None:
 def plot_over_seeds(sweep: Any, workdir: str, path: str) -> None:
   """Saves the metric of each seed group against steps: the mean over its
   finished seeds at the steps they share, shaded from their min to their max."""
-  series = []
+  series, metric = [], _judged(sweep).metric
   for description, members in seed_groups(sweep):
-    curves = [_curve(workdir, v.name, _judged(sweep).metric) for v in members]
+    curves = [_curve(workdir, v.name, metric) for v in members]
     curves = [curve for curve in curves if curve]
     if not curves:
       continue

@@ -139,6 +139,7 @@ def _attend_block_and_summaries(
     summary_k: Array,
     summary_v: Array,
     summary_mask: Array,
+    head_major: bool = False,
 ) -> Array:
   """One softmax over a block's own keys and the summaries of other blocks.
 
@@ -148,6 +149,9 @@ def _attend_block_and_summaries(
     block_mask: [batch, q_length, block], True where a query may see a key.
     summary_k, summary_v: [batch, num_slots, heads, head_dim].
     summary_mask: [batch, num_slots], True for summaries every query may see.
+    head_major: the summaries come as a decoding cache keeps them, summary_k
+      [batch, heads, head_dim, num_slots] and summary_v [batch, heads,
+      num_slots, head_dim] (see DecodeCache).
 
   Returns:
     [batch, q_length, heads, head_dim] in float32.
@@ -155,7 +159,10 @@ def _attend_block_and_summaries(
   scale = 1.0 / jnp.sqrt(jnp.float32(q.shape[-1]))
   f32 = jnp.float32
   block_logits = jnp.einsum('bqhd,bkhd->bhqk', q, block_k, preferred_element_type=f32) * scale
-  summary_logits = jnp.einsum('bqhd,bshd->bhqs', q, summary_k, preferred_element_type=f32) * scale
+  key_spec, value_spec = ('bhds', 'bhsd') if head_major else ('bshd', 'bshd')
+  summary_logits = (
+      jnp.einsum(f'bqhd,{key_spec}->bhqs', q, summary_k, preferred_element_type=f32) * scale
+  )
   block_logits = jnp.where(block_mask[:, None], block_logits, attention.MASKED_LOGIT)
   summary_logits = jnp.where(summary_mask[:, None, None], summary_logits, attention.MASKED_LOGIT)
   weights = jax.nn.softmax(jnp.concatenate([block_logits, summary_logits], axis=-1), axis=-1)
@@ -165,7 +172,7 @@ def _attend_block_and_summaries(
   block_weights = jnp.where(block_mask[:, None], weights[..., :block_len], 0.0)
   summary_weights = jnp.where(summary_mask[:, None, None], weights[..., block_len:], 0.0)
   out = jnp.einsum('bhqk,bkhd->bqhd', block_weights, block_v.astype(f32))
-  return out + jnp.einsum('bhqs,bshd->bqhd', summary_weights, summary_v.astype(f32))
+  return out + jnp.einsum(f'bhqs,{value_spec}->bqhd', summary_weights, summary_v.astype(f32))
 
 
 def causal_block_attention(
@@ -248,8 +255,10 @@ class DecodeCache(NamedTuple):
   Attributes:
     block_keys, block_values: [batch, block, heads, head_dim], the keys and
       values of the current block (entries past the current offset are stale).
-    summary_keys, summary_values: [batch, (max_len // block) * slots, heads,
-      head_dim], the summaries of finished blocks (slot s: block s // slots).
+    summary_keys: [batch, heads, head_dim, (max_len // block) * slots] and
+      summary_values: [batch, heads, (max_len // block) * slots, head_dim], the
+      summaries of finished blocks (slot s: block s // slots). Head-major, keys
+      transposed: the layout the attention matmuls read without transposing them.
     summary_mask: [batch, (max_len // block) * slots], True for slots of
       finished blocks.
   """
@@ -277,13 +286,13 @@ def init_decode_cache(
         f'block={block} must divide max_len={max_len} and slots={slots} lie in [1, block].'
     )
   block_shape = (batch, block, heads, head_dim)
-  summary_shape = (batch, max_len // block * slots, heads, head_dim)
+  num_slots = max_len // block * slots
   return DecodeCache(
       block_keys=jnp.zeros(block_shape, dtype),
       block_values=jnp.zeros(block_shape, dtype),
-      summary_keys=jnp.zeros(summary_shape, dtype),
-      summary_values=jnp.zeros(summary_shape, dtype),
-      summary_mask=jnp.zeros(summary_shape[:2], bool),
+      summary_keys=jnp.zeros((batch, heads, head_dim, num_slots), dtype),
+      summary_values=jnp.zeros((batch, heads, num_slots, head_dim), dtype),
+      summary_mask=jnp.zeros((batch, num_slots), bool),
   )
 
 
@@ -329,7 +338,7 @@ def decode_step(
         f'decode_step takes one token [batch, 1, heads, head_dim] and a cache built with '
         f'block={block}; got q_t {q_t.shape} and a cache block of {cache.block_keys.shape[1]}.'
     )
-  max_len = cache.summary_keys.shape[1] // slots * block
+  max_len = cache.summary_mask.shape[1] // slots * block
   for weight in (key_weight, value_weight):
     if projection in MATRIX_PROJECTIONS and weight.shape[-2] < max_len:
       raise ValueError(
@@ -343,10 +352,21 @@ def decode_step(
   )
   seen = jnp.broadcast_to(jnp.arange(block) <= offset, (q_t.shape[0], 1, block))
   summaries = (cache.summary_keys, cache.summary_values, cache.summary_mask)
-  out_t = _attend_block_and_summaries(q_t, block_keys, block_values, seen, *summaries)
+  out_t = _attend_block_and_summaries(
+      q_t, block_keys, block_values, seen, *summaries, head_major=True
+  )
 
-  def write_finished_block(summaries):
-    """Compresses the completed block (by its weight rows, for matrices) into its slots."""
+  # The block's r slots: compressed on its last token, else left as they are. Only these
+  # slots pass through lax.cond; the buffers are updated in place outside it (through a
+  # cond, XLA would copy every summary buffer on every token).
+  first_slot, slot_axes = block_index * slots, (3, 2, 1)  # of summary keys, values, mask
+  current = tuple(
+      jax.lax.dynamic_slice_in_dim(buffer, first_slot, slots, axis=axis)
+      for buffer, axis in zip(summaries, slot_axes)
+  )
+
+  def compress_block(_):
+    """The completed block's slots (by its weight rows, for matrices)."""
     if projection in MATRIX_PROJECTIONS:
       rows = lambda w: jax.lax.dynamic_slice_in_dim(w, block_index * block, block, axis=w.ndim - 2)
       weights = (rows(key_weight), rows(value_weight))
@@ -355,10 +375,12 @@ def decode_step(
     common = dict(block=block, slots=slots)
     new_keys, new_mask = block_summaries(block_keys, projection, weights[0], **common)
     new_values, _ = block_summaries(block_values, projection, weights[1], **common)
-    return tuple(
-        jax.lax.dynamic_update_slice_in_dim(buffer, new, block_index * slots, axis=1)
-        for buffer, new in zip(summaries, (new_keys, new_values, new_mask))
-    )
+    new = (jnp.transpose(new_keys, (0, 2, 3, 1)), jnp.transpose(new_values, (0, 2, 1, 3)), new_mask)
+    return tuple(x.astype(old.dtype) for x, old in zip(new, current))
 
-  summaries = jax.lax.cond(offset == block - 1, write_finished_block, lambda s: s, summaries)
+  window = jax.lax.cond(offset == block - 1, compress_block, lambda c: c, current)
+  summaries = tuple(
+      jax.lax.dynamic_update_slice_in_dim(buffer, new, first_slot, axis=axis)
+      for buffer, new, axis in zip(summaries, window, slot_axes)
+  )
   return out_t.astype(q_t.dtype), DecodeCache(block_keys, block_values, *summaries)

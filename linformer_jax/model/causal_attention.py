@@ -357,8 +357,8 @@ def decode_step(
   )
 
   # The block's r slots: compressed on its last token, else left as they are. Only these
-  # slots pass through lax.cond; the buffers are updated in place outside it (through a
-  # cond, XLA would copy every summary buffer on every token).
+  # slots pass through lax.cond and are written back outside it; passing the whole
+  # summary buffers through the cond made XLA copy them all on every token.
   first_slot, slot_axes = block_index * slots, (3, 2, 1)  # of summary keys, values, mask
   current = tuple(
       jax.lax.dynamic_slice_in_dim(buffer, first_slot, slots, axis=axis)

@@ -20,6 +20,11 @@ from typing import Callable, Iterator, List
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
 
+from linformer_jax import xla_cpu  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+# Before JAX starts a backend: XLA:CPU without YNNPACK fusions (see xla_cpu).
+os.environ['XLA_FLAGS'] = xla_cpu.without_library_fusions(os.environ.get('XLA_FLAGS', ''))
+
 from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position

@@ -19,7 +19,11 @@ from typing import Optional, Union
 
 import pytest
 
+from linformer_jax import xla_cpu
 from linformer_jax.data import corpus
+
+# The tests compile as the entry points do (see linformer_jax.xla_cpu).
+xla_cpu.disable_library_fusions()
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 

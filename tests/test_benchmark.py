@@ -163,6 +163,10 @@ def test_train_throughput_is_measured_when_asked():
         (dict(attention_kernel='flash'), '--attention_kernel=flash'),
         (dict(attention_kernel='cudnn'), '--attention_kernel=cudnn needs --dtype=bfloat16'),
         (dict(memory_budget_bytes=0), '--memory_budget_gb=0'),
+        (
+            dict(memory_budget_bytes=16 * 2**30, memory_limit_bytes=19.2 * 2**30),
+            r'--memory_budget_gb=16 does not fit this machine: .* use --memory_budget_gb=14.8',
+        ),
         (dict(max_batch=0), '--max_batch=0'),
     ],
 )

@@ -77,6 +77,10 @@ from linformer_jax.model.model_config import ModelConfig
 VOCAB_SIZE = 1000
 # Share of the device's (or host's) memory a cell may plan to use by default.
 DEFAULT_MEMORY_FRACTION = 0.8
+# Peak resident memory of running a budget cell over its compiled temporary +
+# argument + output bytes: at most 1.26 measured on XLA:CPU (allocator caching,
+# the output's copy), docs/benchmarks.md "XLA:CPU's library fusions".
+BUDGET_RUNTIME_FACTOR = 1.3
 # The settings that must be positive integers (each is the flag of its name).
 _POSITIVE_SETTINGS = (
     'num_layers',
@@ -151,6 +155,15 @@ class BenchmarkSettings:
       raise ConfigError(
           f'--memory_budget_gb={budget / 2**30:g} is not allowed: give a positive '
           'number of GiB, e.g. 16, or leave it unset to time a fixed --batch.'
+      )
+    if budget is not None and budget * BUDGET_RUNTIME_FACTOR > self.memory_limit_bytes:
+      limit = self.memory_limit_bytes / 2**30
+      raise ConfigError(
+          f'--memory_budget_gb={budget / 2**30:g} does not fit this machine: running a '
+          f'batch that fills it takes up to {BUDGET_RUNTIME_FACTOR:g}x the budget '
+          f'({budget * BUDGET_RUNTIME_FACTOR / 2**30:.1f} GiB), more than the memory limit of '
+          f'{limit:.1f} GiB; use --memory_budget_gb={limit / BUDGET_RUNTIME_FACTOR:.1f} or '
+          'less, or raise --memory_limit_gb.'
       )
 
   def _validate_efficient_transformer(self) -> None:

@@ -1,0 +1,39 @@
+"""The XLA:CPU setting every entry point starts with: no YNNPACK library fusions.
+
+jaxlib 0.10's XLA:CPU hands matrix products, with the element-wise work and
+reductions around them, to the YNNPACK library as opaque "ynn fusions". On
+this project's CPUs that costs memory accounting and speed (measured side by
+side in docs/benchmarks.md, "XLA:CPU's library fusions"):
+
+- a ynn fusion allocates its intermediates itself, outside XLA's buffer
+  assignment, so `compiled.memory_analysis()` does not count them. The
+  benchmark's memory columns and its memory-budget method read that analysis:
+  the naive Transformer's forward pass at n = 4096 plans 2.4 GiB and peaks
+  about 1 GiB above that;
+- YNNPACK runs a product whose right operand is transposed, as in a training
+  step's backward pass, at half the rate of the same product untransposed;
+  a training step at n = 8192 is 1.4x faster without them.
+
+`without_library_fusions(XLA_FLAGS)` adds
+`--xla_cpu_experimental_ynn_fusion_type=` (an empty list: none) unless the
+flags already set it, so a user who wants the fusions back passes the flag
+with a list, e.g. `+dot` for jaxlib's default. XLA reads XLA_FLAGS when JAX
+starts its first backend, so it must be set before any computation; other
+backends ignore CPU flags.
+"""
+
+import os
+
+LIBRARY_FUSIONS_FLAG = '--xla_cpu_experimental_ynn_fusion_type'
+
+
+def without_library_fusions(xla_flags: str) -> str:
+  """XLA_FLAGS turning YNNPACK fusions off, unless `xla_flags` already chooses."""
+  if LIBRARY_FUSIONS_FLAG in xla_flags:
+    return xla_flags
+  return f'{xla_flags} {LIBRARY_FUSIONS_FLAG}='.strip()
+
+
+def disable_library_fusions() -> None:
+  """Turns XLA:CPU's YNNPACK fusions off for this process, unless XLA_FLAGS chooses."""
+  os.environ['XLA_FLAGS'] = without_library_fusions(os.environ.get('XLA_FLAGS', ''))

@@ -5,7 +5,9 @@
 
 Against the memory-efficient Transformer too (queries and MLP 512 positions
 at a time, jax.nn.dot_product_attention's XLA kernel), and with the paper's
-method: every cell at the largest batch whose compiled memory fits 16 GiB:
+method: every cell at the largest batch whose compiled memory fits 16 GiB (a
+budget the machine can run: at most --memory_limit_gb / 1.5, as a budget run
+peaks at about 1.5 times its budget):
 
   python -m linformer_jax.benchmark --out=/tmp/bench_out \
       --seq_lens=512,1024,2048,4096 --projected_lens=128,256 --repeats=3 \
@@ -83,7 +85,8 @@ _MEMORY_BUDGET_GB = flags.DEFINE_float(
     'memory_budget_gb',
     None,
     "The paper's method: run every cell at the largest batch whose compiled "
-    'temporary + argument + output bytes fit this many GiB, instead of --batch.',
+    'temporary + argument + output bytes fit this many GiB, instead of --batch; '
+    'at most --memory_limit_gb / 1.5 (a budget run peaks at about 1.5 times it).',
 )
 _MAX_BATCH = flags.DEFINE_integer(
     'max_batch', 4096, 'The largest batch the --memory_budget_gb search tries.'

@@ -165,7 +165,7 @@ def test_train_throughput_is_measured_when_asked():
         (dict(memory_budget_bytes=0), '--memory_budget_gb=0'),
         (
             dict(memory_budget_bytes=16 * 2**30, memory_limit_bytes=19.2 * 2**30),
-            r'--memory_budget_gb=16 does not fit this machine: .* use --memory_budget_gb=14.8',
+            r'--memory_budget_gb=16 does not fit this machine: .* use --memory_budget_gb=12.8',
         ),
         (dict(max_batch=0), '--max_batch=0'),
     ],

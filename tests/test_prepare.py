@@ -14,6 +14,8 @@ that says what to change; and memory that does not grow with the corpus.
 import collections
 import json
 import textwrap
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -467,3 +469,35 @@ def test_a_missing_path_or_unprepared_folder_is_refused(tmp_path):
   (empty / shards.manifest_name(0, 1)).write_text('{"version": 1, "comp')
   with pytest.raises(ConfigError, match='is not a valid manifest.*prepare the data again'):
     shards.PreparedSplit(empty, {})
+
+
+def test_two_runs_preparing_one_split_at_once_wait_for_each_other(tmp_path, text_data, monkeypatch):
+  """Two runs sharing a cache reach the same unprepared split together: one
+  prepares, the other waits and reads the same rows."""
+  started = threading.Barrier(2)
+
+  def slow_tokenize(unit, tokenizer=None):
+    time.sleep(0.02)  # both preparations would be mid-shard at once
+    return _TOKENIZE_UNIT(unit, tokenizer)
+
+  monkeypatch.setattr(prepare, 'tokenize_unit', slow_tokenize)
+  monkeypatch.setattr(prepare, 'workers_of', lambda data_config: 0)  # tokenize here
+  results, errors = [], []
+
+  def run():
+    started.wait()
+    try:
+      results.append(prepare.prepared_split(text_data, 'train', tokenizer=BYTES, seq_len=SEQ_LEN))
+    except Exception as error:  # pylint: disable=broad-except
+      errors.append(error)
+
+  threads = [threading.Thread(target=run) for _ in range(2)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  assert not errors, errors
+  signature = prepare.split_signature(text_data, 'train', BYTES, SEQ_LEN)
+  first, second = (read_rows(split.folder, signature) for split in results)
+  np.testing.assert_array_equal(first, second)
+  assert len(first) == results[0].sequences > 0

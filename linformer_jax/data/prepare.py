@@ -15,6 +15,7 @@ carried into the next row, so a killed preparation resumes there. Several
 hosts can prepare one split together: part I of N takes units I, I+N, ...
 """
 
+import fcntl
 import hashlib
 import json
 import multiprocessing
@@ -345,16 +346,23 @@ def prepared_split(
   signature = split_signature(data_config, split, tokenizer, seq_len)
   folder = split_folder(data_config, split, signature)
   if prepare:
-    prepare_part(
-        data_config,
-        split,
-        folder,
-        tokenizer=tokenizer,
-        seq_len=seq_len,
-        signature=signature,
-        workers=workers_of(data_config),
-        sequences_per_shard=data_config.get('sequences_per_shard', 8192),
-        part_index=part_index,
-        part_count=part_count,
-    )
+    # Two runs sharing a cache (a sweep's runs, a test's reference and sharded
+    # runs) may reach an unprepared part at once: the second waits for the
+    # first, then finds its manifest complete.
+    folder.mkdir(parents=True, exist_ok=True)
+    lock_path = folder / shards.manifest_name(part_index, part_count).replace('.json', '.lock')
+    with open(lock_path, 'a') as lock:
+      fcntl.flock(lock, fcntl.LOCK_EX)
+      prepare_part(
+          data_config,
+          split,
+          folder,
+          tokenizer=tokenizer,
+          seq_len=seq_len,
+          signature=signature,
+          workers=workers_of(data_config),
+          sequences_per_shard=data_config.get('sequences_per_shard', 8192),
+          part_index=part_index,
+          part_count=part_count,
+      )
   return shards.PreparedSplit(folder, signature)

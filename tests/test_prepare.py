@@ -12,6 +12,7 @@ that says what to change; and memory that does not grow with the corpus.
 """
 
 import collections
+import concurrent.futures
 import json
 import textwrap
 import threading
@@ -480,23 +481,15 @@ def test_two_runs_preparing_one_split_at_once_wait_for_each_other(tmp_path, text
     time.sleep(0.02)  # both preparations would be mid-shard at once
     return _TOKENIZE_UNIT(unit, tokenizer)
 
-  monkeypatch.setattr(prepare, 'tokenize_unit', slow_tokenize)
-  monkeypatch.setattr(prepare, 'workers_of', lambda data_config: 0)  # tokenize here
-  results, errors = [], []
-
   def run():
     started.wait()
-    try:
-      results.append(prepare.prepared_split(text_data, 'train', tokenizer=BYTES, seq_len=SEQ_LEN))
-    except Exception as error:  # pylint: disable=broad-except
-      errors.append(error)
+    return prepare.prepared_split(text_data, 'train', tokenizer=BYTES, seq_len=SEQ_LEN)
 
-  threads = [threading.Thread(target=run) for _ in range(2)]
-  for thread in threads:
-    thread.start()
-  for thread in threads:
-    thread.join()
-  assert not errors, errors
+  monkeypatch.setattr(prepare, 'tokenize_unit', slow_tokenize)
+  monkeypatch.setattr(prepare, 'workers_of', lambda data_config: 0)  # tokenize here
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    futures = [pool.submit(run) for _ in range(2)]
+  results = [future.result() for future in futures]  # raises either run's error
   signature = prepare.split_signature(text_data, 'train', BYTES, SEQ_LEN)
   first, second = (read_rows(split.folder, signature) for split in results)
   np.testing.assert_array_equal(first, second)

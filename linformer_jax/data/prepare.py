@@ -15,6 +15,7 @@ carried into the next row, so a killed preparation resumes there. Several
 hosts can prepare one split together: part I of N takes units I, I+N, ...
 """
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -331,6 +332,26 @@ def sequences_per_shard_of(data_config: Mapping[str, Any]) -> int:
   return value
 
 
+@contextlib.contextmanager
+def _preparing(folder: pathlib.Path, part_index: int, part_count: int) -> Iterator[None]:
+  """Holds the part's lock file unless its manifest is complete already.
+
+  Two runs sharing a cache (a sweep's runs, a test's reference and sharded
+  runs) may reach an unprepared part at once: the second waits for the first,
+  then finds the part complete. A complete part needs no lock, so a read-only
+  prepared folder still reads.
+  """
+  manifest = shards.read_manifest(folder / shards.manifest_name(part_index, part_count))
+  if manifest is not None and manifest.get('complete'):
+    yield
+    return
+  folder.mkdir(parents=True, exist_ok=True)
+  lock_path = folder / shards.manifest_name(part_index, part_count).replace('.json', '.lock')
+  with open(lock_path, 'a') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    yield
+
+
 def prepared_split(
     data_config: Mapping[str, Any],
     split: str,
@@ -346,13 +367,7 @@ def prepared_split(
   signature = split_signature(data_config, split, tokenizer, seq_len)
   folder = split_folder(data_config, split, signature)
   if prepare:
-    # Two runs sharing a cache (a sweep's runs, a test's reference and sharded
-    # runs) may reach an unprepared part at once: the second waits for the
-    # first, then finds its manifest complete.
-    folder.mkdir(parents=True, exist_ok=True)
-    lock_path = folder / shards.manifest_name(part_index, part_count).replace('.json', '.lock')
-    with open(lock_path, 'a') as lock:
-      fcntl.flock(lock, fcntl.LOCK_EX)
+    with _preparing(folder, part_index, part_count):
       prepare_part(
           data_config,
           split,

@@ -362,18 +362,19 @@ def _prepare_parts(
   for split in dict.fromkeys((config.data.train_split, config.data.eval_split)):
     signature = prepare.split_signature(config.data, split, tokenizer, seq_len)
     folder = prepare.split_folder(config.data, split, signature)
-    manifest = prepare.prepare_part(
-        config.data,
-        split,
-        folder,
-        tokenizer=tokenizer,
-        seq_len=seq_len,
-        signature=signature,
-        workers=prepare.workers_of(config.data),
-        sequences_per_shard=prepare.sequences_per_shard_of(config.data),
-        part_index=part_index,
-        part_count=part_count,
-    )
+    with prepare.preparing(folder, part_index, part_count):
+      manifest = prepare.prepare_part(
+          config.data,
+          split,
+          folder,
+          tokenizer=tokenizer,
+          seq_len=seq_len,
+          signature=signature,
+          workers=prepare.workers_of(config.data),
+          sequences_per_shard=prepare.sequences_per_shard_of(config.data),
+          part_index=part_index,
+          part_count=part_count,
+      )
     try:
       shards.PreparedSplit(folder, signature)
       all_parts = True

@@ -333,7 +333,7 @@ def sequences_per_shard_of(data_config: Mapping[str, Any]) -> int:
 
 
 @contextlib.contextmanager
-def _preparing(folder: pathlib.Path, part_index: int, part_count: int) -> Iterator[None]:
+def preparing(folder: pathlib.Path, part_index: int, part_count: int) -> Iterator[None]:
   """Holds the part's lock file unless its manifest is complete already.
 
   Two runs sharing a cache (a sweep's runs, a test's reference and sharded
@@ -367,7 +367,7 @@ def prepared_split(
   signature = split_signature(data_config, split, tokenizer, seq_len)
   folder = split_folder(data_config, split, signature)
   if prepare:
-    with _preparing(folder, part_index, part_count):
+    with preparing(folder, part_index, part_count):
       prepare_part(
           data_config,
           split,

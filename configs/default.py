@@ -35,6 +35,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.checkpoint_every = 500  # steps between checkpoints (and at the end)
   config.keep_checkpoints = 2  # newest checkpoints kept in WORKDIR/checkpoints
   config.init_from = ''  # another run's workdir to take parameters from ('' = none)
+  # Python files (or module names) imported first: your own registered projections,
+  # attention kinds, data sources or tasks (docs/extending.md).
+  config.extensions = ()
   config.mesh_shape = (-1, 1)  # devices along ('data', 'model'); -1 = all remaining
   # Logical parameter axes -> mesh axes (None = replicated); see linformer_jax/training/sharding.py.
   config.axis_rules = (('batch', 'data'), ('heads', 'model'), ('mlp', 'model'), ('vocab', 'model'))

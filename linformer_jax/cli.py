@@ -33,6 +33,7 @@ from ml_collections import config_flags  # pylint: disable=g-import-not-at-top,w
 
 from linformer_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.errors import free_space_of  # pylint: disable=g-import-not-at-top,wrong-import-position
+from linformer_jax.registry import import_extensions  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.training import multihost  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 USAGE_ERROR_EXIT_CODE = 2
@@ -192,6 +193,9 @@ def run(main: Callable[[List[str]], None]) -> None:
     if not flags.FLAGS['verbosity'].present:
       logging.set_verbosity(logging.WARNING)
     try:
+      if 'config' in flags.FLAGS and flags.FLAGS.config is not None:
+        # The user's own parts register themselves before the config is checked.
+        import_extensions(flags.FLAGS.config.get('extensions'))
       main(argv)
     except ConfigError as error:
       fail(error)

@@ -1,0 +1,156 @@
+"""The README and docs/ stay true to the tree: the module map names every
+module, docs/training.md documents every config field, every command and
+`--config.` field the pages mention exists, and the README states no figure
+that no command regenerates (test counts, suite times)."""
+
+import ast
+import importlib
+import pathlib
+import re
+
+import ml_collections
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = REPO / 'linformer_jax'
+PAGES = [REPO / 'README.md', *sorted((REPO / 'docs').glob('*.md'))]
+# Config fields holding a mapping whose keys are data (split -> files), not fields.
+MAPPING_FIELDS = ('data.split_files',)
+COMMAND = re.compile(r'python -m linformer_jax\.([a-z_]+)((?:[^`\n]|\\\n)*)')
+
+
+def _fenced_blocks(text):
+  return re.findall(r'```[^\n]*\n(.*?)```', text, flags=re.S)
+
+
+def _module_map():
+  """The README's "Where things live" code block."""
+  section = (REPO / 'README.md').read_text().split('## Where things live', 1)[1]
+  return _fenced_blocks(section)[0]
+
+
+def _mapped_modules(block):
+  """The package paths (relative to linformer_jax/) the map names. A line whose
+  first entry ends in '/' opens a folder for the lines indented below it; a
+  bare `name.py` is in the open folder (or the package root), and
+  `folder/a.py, b.py` names folder/b.py too."""
+  named, folder_at = set(), []  # folder_at: (indent, folder) of open folders
+  for line in block.splitlines():
+    if not line.strip() or line.strip().startswith('linformer_jax/'):
+      continue
+    indent = len(line) - len(line.lstrip())
+    folder_at = [(i, f) for i, f in folder_at if i < indent]
+    first = line.split()[0]
+    if first.endswith('/') and not first.endswith('.py'):
+      parent = folder_at[-1][1] if folder_at else ''
+      folder_at.append((indent, parent + first))
+      continue
+    folder = folder_at[-1][1] if folder_at else ''
+    for entry in re.findall(r'[\w/]+\.py', line):
+      if '/' in entry:
+        folder = folder + entry.rsplit('/', 1)[0] + '/'
+        entry = entry.rsplit('/', 1)[1]
+      named.add(folder + entry)
+  return named
+
+
+def _modules():
+  """Every module of the package, as a path below linformer_jax/; an
+  __init__.py only where it holds more than a docstring."""
+  modules = set()
+  for path in PACKAGE.rglob('*.py'):
+    if path.name == '__init__.py':
+      body = [n for n in _top_level_nodes(path) if not _is_docstring(n)]
+      if not body:
+        continue
+    modules.add(path.relative_to(PACKAGE).as_posix())
+  return modules
+
+
+def _top_level_nodes(path):
+  return ast.parse(path.read_text()).body
+
+
+def _is_docstring(node):
+  return isinstance(node, ast.Expr) and isinstance(getattr(node, 'value', None), ast.Constant)
+
+
+def _flat_fields(config, prefix=''):
+  fields = set()
+  for key, value in config.items():
+    path = prefix + key
+    if isinstance(value, ml_collections.ConfigDict) and len(value) and path not in MAPPING_FIELDS:
+      fields |= _flat_fields(value, path + '.')
+    else:
+      fields.add(path)
+  return fields
+
+
+def _config_files():
+  return sorted(
+      path
+      for path in (REPO / 'configs').glob('*.py')
+      if path.stem not in ('__init__', 'from_workdir')  # from_workdir reads a run's config.json
+  )
+
+
+@pytest.fixture(scope='module')
+def fields_by_config():
+  """Every config file's fields, as dotted paths."""
+  fields = {}
+  for path in _config_files():
+    config = importlib.import_module(f'configs.{path.stem}').get_config()
+    fields[f'configs/{path.name}'] = _flat_fields(config)
+  return fields
+
+
+def test_the_module_map_names_every_module_and_nothing_else():
+  named, modules = _mapped_modules(_module_map()), _modules()
+  assert not modules - named, f'README.md\'s "Where things live" misses {sorted(modules - named)}'
+  assert not named - modules, f'README.md\'s "Where things live" names {sorted(named - modules)}'
+
+
+def test_training_docs_document_every_config_field(fields_by_config):
+  text = (REPO / 'docs' / 'training.md').read_text()
+  text = re.sub(r'```.*?```', '', text, flags=re.S)
+  documented = set(re.findall(r'`([^`\n]+)`', text))
+  every_field = set().union(*fields_by_config.values())
+  missing = sorted(every_field - documented)
+  assert not missing, f'docs/training.md documents no {missing}; add a row to its field tables'
+
+
+def _commands():
+  """(page, command, arguments) of every `python -m linformer_jax.X` in the pages
+  and the configs' docstrings, with continued lines joined."""
+  sources = PAGES + _config_files() + sorted((REPO / 'configs' / 'sweeps').glob('*.py'))
+  for page in sources:
+    text = page.read_text().replace('\\\n', ' ')
+    for command, arguments in COMMAND.findall(text):
+      yield page.relative_to(REPO).as_posix(), command, arguments
+
+
+def test_every_command_in_the_docs_exists():
+  commands = list(_commands())
+  assert len(commands) > 50
+  for page, command, _ in commands:
+    assert (PACKAGE / f'{command}.py').is_file(), f'{page} runs linformer_jax.{command}'
+
+
+def test_every_config_field_set_in_the_docs_exists(fields_by_config):
+  every_field = set().union(*fields_by_config.values())
+  checked = 0
+  for page, command, arguments in _commands():
+    config = re.search(r'--config[= ](configs/\w+\.py)', arguments)
+    fields = fields_by_config.get(config.group(1), every_field) if config else every_field
+    for field in re.findall(r'--config\.([\w.]+)', arguments):
+      checked += 1
+      assert field in fields or any(
+          field.startswith(f + '.') for f in MAPPING_FIELDS
+      ), f'{page}: linformer_jax.{command} sets --config.{field}, which its config lacks'
+  assert checked > 20
+
+
+def test_the_readme_states_no_figure_of_the_suite():
+  readme = (REPO / 'README.md').read_text()
+  assert not re.search(r'\d[\d,]* tests\b', readme), 'the README counts the tests'
+  assert not re.search(r'make test\S*`? [^.\n]*\d+ (?:s|seconds|minutes)\b', readme)

@@ -2,6 +2,6 @@
 commands.
 
 Each module is importable from a notebook; the command of the same name at the
-top of the package only parses flags and calls it. Imports `training`, `data`,
-`model` and `linformer_jax.errors`, never the commands.
+top of the package only parses flags and calls it. Imports `training`,
+`checkpoints`, `data`, `model` and `linformer_jax.errors`, never the commands.
 """

@@ -38,10 +38,10 @@ import numpy as np
 import optax
 
 from linformer_jax.analysis import spectrum
+from linformer_jax.checkpoints.store import CheckpointStore
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import models
 from linformer_jax.training import run_builder
-from linformer_jax.training.checkpoints import CheckpointStore
 
 
 @dataclasses.dataclass

@@ -68,6 +68,7 @@ from linformer_jax.analysis.benchmark_budget import planned_bytes
 from linformer_jax.analysis.benchmark_report import EFFICIENT_TRANSFORMER
 from linformer_jax.analysis.benchmark_report import LINFORMER
 from linformer_jax.analysis.benchmark_report import TRANSFORMER
+from linformer_jax.analysis.settings_flags import setting
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import models
 from linformer_jax.model.attention import ATTENTION_KERNELS
@@ -75,6 +76,7 @@ from linformer_jax.model.model_config import ModelConfig
 
 # Small enough that the embedding and its lookup do not dominate the encoder.
 VOCAB_SIZE = 1000
+DTYPES = ('float32', 'bfloat16')
 # Share of the device's (or host's) memory a cell may plan to use by default.
 DEFAULT_MEMORY_FRACTION = 0.8
 # A budget run's peak resident memory over its budget: 12.0 GiB at 8 GiB on
@@ -93,9 +95,23 @@ _POSITIVE_SETTINGS = (
 )
 
 
+def memory_limit_of_flag(limit_gb: Optional[float]) -> float:
+  """--memory_limit_gb in bytes; unset, `default_memory_limit_bytes()`."""
+  return default_memory_limit_bytes() if limit_gb is None else limit_gb * 2**30
+
+
+def memory_budget_of_flag(budget_gb: Optional[float]) -> Optional[float]:
+  """--memory_budget_gb in bytes; unset, None (a fixed batch)."""
+  return None if budget_gb is None else budget_gb * 2**30
+
+
 @dataclasses.dataclass(frozen=True)
 class BenchmarkSettings:
   """What to measure; invalid values raise a ConfigError naming the flag.
+
+  Each field is also the command's flag of its name (`settings_flags`), but
+  memory_limit_bytes (--memory_limit_gb) and memory_budget_bytes
+  (--memory_budget_gb), which the flags give in GiB.
 
   Attributes:
     seq_lens: sequence lengths n.
@@ -108,6 +124,8 @@ class BenchmarkSettings:
     repeats: timed runs per cell, after one warm-up run.
     dtype: compute dtype, 'float32' or 'bfloat16'.
     train_throughput: also time a training step per cell.
+    matmul_sizes: sides of the square matrix products timed for the
+      matrix-multiply rate.
     memory_limit_bytes: at a fixed batch, cells planning more temporary +
       argument bytes are skipped.
     inference_chunk: positions per chunk of the efficient Transformer's and
@@ -117,30 +135,69 @@ class BenchmarkSettings:
     memory_budget_bytes: None times `batch` sequences; else each cell runs at
       the largest batch whose compiled temporary + argument + output bytes fit.
     max_batch: the largest batch the memory-budget search tries.
+    out: the folder the command writes the report into.
   """
 
-  seq_lens: Sequence[int]
-  projected_lens: Sequence[int]
-  num_layers: int = 12
-  hidden_dim: int = 768
-  num_heads: int = 12
-  mlp_dim: int = 3072
-  batch: int = 1
-  repeats: int = 10
-  dtype: str = 'float32'
-  train_throughput: bool = False
-  memory_limit_bytes: float = float('inf')
-  inference_chunk: int = 0
-  attention_kernel: str = 'einsum'
-  memory_budget_bytes: Optional[float] = None
-  max_batch: int = 4096
+  seq_lens: Sequence[int] = setting(tuple(2**p for p in range(9, 17)), 'Sequence lengths n.')
+  projected_lens: Sequence[int] = setting(
+      (128, 256, 512, 1024, 2048), "Linformer's projected lengths k; only k < n are measured."
+  )
+  num_layers: int = setting(12, 'Encoder layers.')
+  hidden_dim: int = setting(768, 'Model width.')
+  num_heads: int = setting(12, 'Attention heads.')
+  mlp_dim: int = setting(3072, 'Feed-forward hidden width.')
+  batch: int = setting(1, 'Sequences per forward pass; ignored with --memory_budget_gb.')
+  repeats: int = setting(10, 'Timed runs per cell.')
+  dtype: str = setting('float32', 'Compute dtype.', choices=DTYPES)
+  train_throughput: bool = setting(False, 'Also time an MLM training step per cell.')
+  matmul_sizes: Sequence[int] = setting(
+      (1024, 2048, 4096),
+      'Sides of the square jnp.dots timed for the matmul rate (the best counts).',
+  )
+  memory_limit_bytes: float = setting(
+      float('inf'),
+      'At a fixed --batch, skip cells planning more temporary + argument '
+      'GiB; default 80% of the device memory JAX may use (of the host RAM on '
+      'CPU). With --memory_budget_gb it only guards --train_throughput.',
+      flag='memory_limit_gb',
+      flag_default=None,
+      from_flag=memory_limit_of_flag,
+  )
+  inference_chunk: int = setting(
+      0,
+      'Positions per chunk of the queries and MLP of Linformer and of an added '
+      "memory-efficient Transformer ('transformer-efficient'); 0 runs one pass.",
+  )
+  attention_kernel: str = setting(
+      'einsum',
+      'Attention of the memory-efficient Transformer, added at every n unless '
+      'einsum with --inference_chunk=0: einsum, or jax.nn.dot_product_attention '
+      'with its xla or cudnn (NVIDIA GPU, bfloat16) implementation.',
+      choices=ATTENTION_KERNELS,
+  )
+  memory_budget_bytes: Optional[float] = setting(
+      None,
+      "The paper's method: run every cell at the largest batch whose compiled "
+      'temporary + argument + output bytes fit this many GiB, instead of --batch; '
+      'at most --memory_limit_gb / 1.5 (a budget run peaks at about 1.5 times it).',
+      flag='memory_budget_gb',
+      from_flag=memory_budget_of_flag,
+  )
+  max_batch: int = setting(4096, 'The largest batch the --memory_budget_gb search tries.')
+  out: Optional[str] = setting(
+      None, 'Directory for results.csv, table.md and the plots.', required=True
+  )
 
   def __post_init__(self):
     object.__setattr__(self, 'seq_lens', tuple(self.seq_lens))
     object.__setattr__(self, 'projected_lens', tuple(self.projected_lens))
+    object.__setattr__(self, 'matmul_sizes', tuple(self.matmul_sizes))
     for name in ('seq_lens', 'projected_lens'):
       flag_checks.require_lengths(name, getattr(self, name))
     flag_checks.require_model_dims(self, _POSITIVE_SETTINGS)
+    advice = 'give positive matrix sides, e.g. 1024,2048,4096'
+    ok = bool(self.matmul_sizes) and min(self.matmul_sizes) >= 1
+    flag_checks.require(ok, 'matmul_sizes', self.matmul_sizes, advice)
     if min(self.projected_lens) >= max(self.seq_lens):
       raise ConfigError(
           f'--projected_lens={",".join(map(str, self.projected_lens))} leaves no '

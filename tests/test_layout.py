@@ -75,6 +75,49 @@ def test_commands_are_top_level_modules_that_nothing_imports():
       ), f'{path.relative_to(PACKAGE.parent)} imports the command linformer_jax.{name}'
 
 
+# The commands whose own flags are the fields of a settings dataclass.
+SETTINGS_COMMANDS = (
+    'benchmark',
+    'causal_benchmark',
+    'data_benchmark',
+    'attention_benchmark',
+    'pytorch_comparison',
+    'pooling_probe',
+)
+
+
+def called_names(path):
+  """The dotted names a file calls, e.g. 'cli.run' and 'flags.DEFINE_list'."""
+  names = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Call):
+      parts, target = [], node.func
+      while isinstance(target, ast.Attribute):
+        parts.append(target.attr)
+        target = target.value
+      if isinstance(target, ast.Name):
+        names.add('.'.join([target.id] + parts[::-1]))
+  return names
+
+
+@pytest.mark.parametrize('command', COMMANDS)
+def test_every_command_runs_its_main_through_cli(command):
+  # cli.run turns bad input into one line and exit code 2.
+  assert 'cli.run' in called_names(PACKAGE / f'{command}.py')
+
+
+@pytest.mark.parametrize('command', SETTINGS_COMMANDS)
+def test_benchmark_commands_take_their_flags_from_their_settings_only(command):
+  calls = called_names(PACKAGE / f'{command}.py')
+  assert 'settings_flags.define_flags' in calls and 'settings_flags.from_flags' in calls
+  by_hand = sorted(
+      name
+      for name in calls
+      if name.rpartition('.')[2].startswith(('DEFINE', 'mark_flag')) and not name.startswith('cli.')
+  )
+  assert not by_hand, f'{command}.py defines flags itself: {by_hand}'
+
+
 def _module_of(path):
   """The dotted name of a file below the package, e.g. 'training.trainer'."""
   parts = path.relative_to(PACKAGE).with_suffix('').parts

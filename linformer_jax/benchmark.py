@@ -26,10 +26,10 @@ from typing import Any, Dict
 from linformer_jax import cli
 from linformer_jax.analysis import benchmark_report
 from linformer_jax.analysis import settings_flags
-from linformer_jax.analysis.benchmark import BenchmarkSettings
 from linformer_jax.analysis.benchmark import describe_run
 from linformer_jax.analysis.benchmark import measure_matmul_gflops
 from linformer_jax.analysis.benchmark import run_grid
+from linformer_jax.analysis.benchmark_settings import BenchmarkSettings
 
 settings_flags.define_flags(BenchmarkSettings)
 

@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 
 from linformer_jax.analysis import flag_checks
-from linformer_jax.analysis.benchmark import DTYPES
 from linformer_jax.analysis.benchmark import time_ms
+from linformer_jax.analysis.benchmark_settings import DTYPES
 from linformer_jax.analysis.settings_flags import setting
 from linformer_jax.model import attention
 

@@ -44,6 +44,7 @@ from matplotlib.figure import Figure
 import numpy as np
 
 from linformer_jax.analysis import benchmark
+from linformer_jax.analysis import benchmark_settings
 from linformer_jax.analysis import flag_checks
 from linformer_jax.analysis.benchmark_report import memory_bytes
 from linformer_jax.analysis.settings_flags import setting
@@ -93,7 +94,7 @@ class CausalBenchmarkSettings:
   mlp_dim: int = setting(3072, 'Feed-forward hidden width.')
   batch: int = setting(1, 'Sequences per call.')
   repeats: int = setting(10, 'Timed runs per cell, after a warm-up.')
-  dtype: str = setting('float32', 'Compute dtype.', choices=benchmark.DTYPES)
+  dtype: str = setting('float32', 'Compute dtype.', choices=benchmark_settings.DTYPES)
   block_len: int = setting(128, "Linformer's block b; lengths it does not divide are skipped.")
   slots: int = setting(16, "Linformer's summaries per block r (projected_len).")
   sharing: str = setting('layerwise', "Linformer's E/F sharing.", choices=SHARING_MODES)
@@ -109,7 +110,7 @@ class CausalBenchmarkSettings:
       'device memory JAX may use (of the host RAM on CPU).',
       flag='memory_limit_gb',
       flag_default=None,
-      from_flag=benchmark.memory_limit_of_flag,
+      from_flag=benchmark_settings.memory_limit_of_flag,
   )
   out: Optional[str] = setting(
       None, 'Directory for results.csv, table.md and the plots.', required=True
@@ -151,7 +152,7 @@ class CausalBenchmarkSettings:
     same = ('num_layers', 'num_heads', 'hidden_dim', 'mlp_dim', 'sharing', 'projection', 'dtype')
     return ModelConfig(
         **{name: getattr(self, name) for name in same},
-        vocab_size=benchmark.VOCAB_SIZE,
+        vocab_size=benchmark_settings.VOCAB_SIZE,
         max_len=max_len,
         attention=attention,
         projected_len=self.slots if attention == 'linformer' else max_len,
@@ -171,7 +172,7 @@ def describe_run(s: CausalBenchmarkSettings) -> str:
   """One line naming the device and the settings, for the top of table.md."""
   return (
       f'Device: {describe_device()}; causal LM, {s.num_layers} layers, hidden {s.hidden_dim}, '
-      f'{s.num_heads} heads, MLP {s.mlp_dim}, vocabulary {benchmark.VOCAB_SIZE}, batch '
+      f'{s.num_heads} heads, MLP {s.mlp_dim}, vocabulary {benchmark_settings.VOCAB_SIZE}, batch '
       f'{s.batch}, {s.dtype}; Linformer b = {s.block_len}, r = {s.slots}, sharing '
       f'{s.sharing}, projection {s.projection}; median of {s.repeats} runs.'
   )
@@ -293,7 +294,9 @@ def forward_cell(settings: CausalBenchmarkSettings, attention: str, seq_len: int
   step = jax.jit(functools.partial(forward_logits, model))
 
   def make_args():
-    ids = np.random.default_rng(seq_len).integers(0, benchmark.VOCAB_SIZE, tokens.shape, np.int32)
+    ids = np.random.default_rng(seq_len).integers(
+        0, benchmark_settings.VOCAB_SIZE, tokens.shape, np.int32
+    )
     return benchmark.random_variables(params, seed=0), jnp.asarray(ids)
 
   compile_step = lambda: step.lower(params, tokens).compile()

@@ -45,10 +45,10 @@ import numpy as np
 import optax
 
 from linformer_jax.analysis import flag_checks
-from linformer_jax.analysis.benchmark import VOCAB_SIZE
 from linformer_jax.analysis.benchmark import random_variables
 from linformer_jax.analysis.benchmark import time_ms
 from linformer_jax.analysis.benchmark_budget import ForwardPass
+from linformer_jax.analysis.benchmark_settings import VOCAB_SIZE
 from linformer_jax.analysis.settings_flags import setting
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import models

@@ -37,6 +37,9 @@ from linformer_jax.registry import import_extensions  # pylint: disable=g-import
 from linformer_jax.training import multihost  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 USAGE_ERROR_EXIT_CODE = 2
+# The flags the functions below define belong to the command that calls them,
+# so that its --help lists them.
+flags.disclaim_key_flags()
 
 
 class ConfigFileError(Exception):
@@ -149,6 +152,12 @@ def define_config_flags() -> None:
   )
 
 
+def define_config_file_flag(default: str, help_text: str) -> None:
+  """Defines --config alone, a config file loaded as ml_collections loads it,
+  `default` unless given: for tools that run other commands with it."""
+  config_flags.DEFINE_config_file('config', default, help_text, lock_config=True)
+
+
 def start_processes() -> None:
   """Connects to the other processes of a multi-process run, if any."""
   multihost.initialize(
@@ -163,16 +172,6 @@ def fail(message: str) -> None:
   """Prints a one-line error and exits with the usage-error code."""
   print(f'error: {" ".join(str(message).split())}', file=sys.stderr, flush=True)
   sys.exit(USAGE_ERROR_EXIT_CODE)
-
-
-def int_list(flag: str, values: List[str]) -> List[int]:
-  """The values of a comma-separated list flag as ints; ConfigError naming the flag."""
-  try:
-    return [int(value) for value in values]
-  except ValueError:
-    raise ConfigError(
-        f'--{flag}={",".join(values)} is not allowed: give comma-separated integers.'
-    ) from None
 
 
 def _parse_flags(argv: List[str]) -> List[str]:

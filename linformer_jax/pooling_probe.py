@@ -19,6 +19,8 @@ import os
 from absl import flags
 
 from linformer_jax import cli
+from linformer_jax.analysis import settings_flags
+from linformer_jax.analysis.pooling_probe import ProbeSettings
 from linformer_jax.analysis.pooling_probe import probe
 from linformer_jax.analysis.pooling_probe import summary_lines
 
@@ -26,14 +28,15 @@ from linformer_jax.analysis.pooling_probe import summary_lines
 def define_flags() -> None:
   """The command's flags; defined only when run, so importing stays side-free."""
   cli.define_config_flags()
-  flags.DEFINE_integer('train_batches', 64, 'Training batches the probes are fitted on.')
+  settings_flags.define_flags(ProbeSettings)
 
 
 def main(argv):
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
   parsed = flags.FLAGS
-  report = probe(parsed.config, parsed.workdir, train_batches=parsed.train_batches)
+  settings = settings_flags.from_flags(ProbeSettings)
+  report = probe(parsed.config, parsed.workdir, train_batches=settings.train_batches)
   path = os.path.join(parsed.workdir, 'probe.json')
   with open(path, 'w') as f:
     json.dump(report, f, indent=2)

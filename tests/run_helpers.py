@@ -7,8 +7,8 @@ import jax
 import numpy as np
 
 from configs import tiny
+from linformer_jax.checkpoints.store import CheckpointStore
 from linformer_jax.training import trainer
-from linformer_jax.training.checkpoints import CheckpointStore
 from linformer_jax.training.metric_writers import read_metrics
 
 

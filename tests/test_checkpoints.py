@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from linformer_jax.training.checkpoints import CheckpointStore
+from linformer_jax.checkpoints.store import CheckpointStore
 
 SHARDING = jax.sharding.SingleDeviceSharding(jax.devices()[0])
 DATA_STATE = b'{"next_index": 12, "worker_count": 0}'

@@ -22,10 +22,11 @@ import safetensors.numpy
 from configs import finetune_sst2
 from configs import from_workdir
 from configs import imported
+from linformer_jax.checkpoints import hf_checkpoint
+from linformer_jax.checkpoints import hf_conversion
 from linformer_jax.data import encoding
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
-from linformer_jax.training import hf_checkpoint
 from linformer_jax.training import hf_import
 from linformer_jax.training import run_builder
 from linformer_jax.training import trainer
@@ -54,7 +55,7 @@ def imports():
   def get(name, attention='full'):
     if (name, attention) not in built:
       checkpoint = hf_checkpoint.read_folder(str(FIXTURES / name))
-      config = hf_import.imported_config(import_config(attention=attention), checkpoint)
+      config = hf_conversion.imported_config(import_config(attention=attention), checkpoint)
       parts, state, kept = hf_import.build_state(config, checkpoint)
       expected = dict(np.load(FIXTURES / name / 'expected.npz'))
       built[name, attention] = (checkpoint, config, parts, state, kept, expected)
@@ -360,7 +361,7 @@ def test_a_run_that_is_too_long_or_a_used_workdir_is_refused(tmp_path):
 def test_a_hub_name_without_the_hub_says_to_download_the_folder(monkeypatch):
   monkeypatch.setenv('HF_HUB_OFFLINE', '1')
   with pytest.raises(ConfigError, match='download the folder'):
-    hf_import.resolve_source('linformer-jax-tests/no-such-model')
+    hf_conversion.resolve_source('linformer-jax-tests/no-such-model')
 
 
 @pytest.mark.slow

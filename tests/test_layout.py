@@ -10,8 +10,9 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / 'linformer_jax'
 ALLOWED = {
     'model': {'model'},
     'data': {'data'},
-    'training': {'training', 'model', 'data'},
-    'analysis': {'analysis', 'training', 'model', 'data'},
+    'checkpoints': {'checkpoints', 'model', 'data'},
+    'training': {'training', 'checkpoints', 'model', 'data'},
+    'analysis': {'analysis', 'training', 'checkpoints', 'model', 'data'},
 }
 # Modules below every layer: error types and the registries of named parts.
 BASE_MODULES = ('errors', 'registry')
@@ -34,15 +35,17 @@ COMMANDS = (
 
 
 def package_imports(path):
-  """The linformer_jax modules a file imports, as dotted names below the package."""
+  """What a file imports from linformer_jax, as dotted names below the package.
+
+  `from linformer_jax.training import trainer` gives 'training.trainer', and
+  `from linformer_jax.errors import ConfigError` gives 'errors.ConfigError':
+  a module, or a name inside one.
+  """
   names = set()
   for node in ast.walk(ast.parse(path.read_text())):
     if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith('linformer_jax'):
       module = node.module.split('.')[1:]
-      names.update(
-          '.'.join(module + [alias.name]) if not module else '.'.join(module)
-          for alias in node.names
-      )
+      names.update('.'.join(module + [alias.name]) for alias in node.names)
     elif isinstance(node, ast.Import):
       names.update(
           alias.name.split('.', 1)[1]
@@ -70,3 +73,109 @@ def test_commands_are_top_level_modules_that_nothing_imports():
       assert (
           name.split('.')[0] not in COMMANDS
       ), f'{path.relative_to(PACKAGE.parent)} imports the command linformer_jax.{name}'
+
+
+# The commands whose own flags are the fields of a settings dataclass.
+SETTINGS_COMMANDS = (
+    'benchmark',
+    'causal_benchmark',
+    'data_benchmark',
+    'attention_benchmark',
+    'pytorch_comparison',
+    'pooling_probe',
+)
+
+
+def called_names(path):
+  """The dotted names a file calls, e.g. 'cli.run' and 'flags.DEFINE_list'."""
+  names = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Call):
+      parts, target = [], node.func
+      while isinstance(target, ast.Attribute):
+        parts.append(target.attr)
+        target = target.value
+      if isinstance(target, ast.Name):
+        names.add('.'.join([target.id] + parts[::-1]))
+  return names
+
+
+@pytest.mark.parametrize('command', COMMANDS)
+def test_every_command_runs_its_main_through_cli(command):
+  # cli.run turns bad input into one line and exit code 2.
+  assert 'cli.run' in called_names(PACKAGE / f'{command}.py')
+
+
+@pytest.mark.parametrize('command', SETTINGS_COMMANDS)
+def test_benchmark_commands_take_their_flags_from_their_settings_only(command):
+  calls = called_names(PACKAGE / f'{command}.py')
+  assert 'settings_flags.define_flags' in calls and 'settings_flags.from_flags' in calls
+  by_hand = sorted(
+      name
+      for name in calls
+      if name.rpartition('.')[2].startswith(('DEFINE', 'mark_flag')) and not name.startswith('cli.')
+  )
+  assert not by_hand, f'{command}.py defines flags itself: {by_hand}'
+
+
+def _module_of(path):
+  """The dotted name of a file below the package, e.g. 'training.trainer'."""
+  parts = path.relative_to(PACKAGE).with_suffix('').parts
+  return '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)
+
+
+def module_graph():
+  """Module -> the package's modules it imports, for every file of the package.
+
+  `from linformer_jax.training import trainer` names the module
+  'training.trainer'; `from linformer_jax.errors import ConfigError` names
+  'errors.ConfigError', which is cut back to the module 'errors'.
+  """
+  modules = {_module_of(path): path for path in PACKAGE.rglob('*.py')}
+  graph = {}
+  for module, path in modules.items():
+    targets = set()
+    for name in package_imports(path):
+      while name and name not in modules:
+        name = name.rpartition('.')[0]
+      if name and name != module:
+        targets.add(name)
+    graph[module] = targets
+  return graph
+
+
+def find_cycle(graph):
+  """One cycle of `graph` as a list of modules (first == last), or None."""
+  finished, on_path = set(), []
+
+  def visit(module):
+    on_path.append(module)
+    for target in sorted(graph[module]):
+      if target in on_path:
+        return on_path[on_path.index(target) :] + [target]
+      if target not in finished:
+        cycle = visit(target)
+        if cycle:
+          return cycle
+    on_path.pop()
+    finished.add(module)
+    return None
+
+  for module in sorted(graph):
+    if module not in finished:
+      cycle = visit(module)
+      if cycle:
+        return cycle
+  return None
+
+
+def test_find_cycle_reports_the_modules_of_a_cycle():
+  assert find_cycle({'a': {'b'}, 'b': {'c'}, 'c': set()}) is None
+  assert find_cycle({'a': {'b'}, 'b': {'c'}, 'c': {'a'}}) == ['a', 'b', 'c', 'a']
+
+
+def test_no_two_modules_of_the_package_import_each_other_even_through_others():
+  graph = module_graph()
+  assert 'training.trainer' in graph['train']  # the graph sees `from ... import module`
+  cycle = find_cycle(graph)
+  assert cycle is None, 'import cycle: ' + ' -> '.join(cycle)

@@ -29,10 +29,10 @@ from run_helpers import losses_by_step
 from run_helpers import tiny_config
 from run_helpers import wait_for_step
 
+from linformer_jax.checkpoints import step_files
+from linformer_jax.checkpoints.store import CheckpointStore
 from linformer_jax.errors import ConfigError
-from linformer_jax.training import checkpoint_files
 from linformer_jax.training import trainer
-from linformer_jax.training.checkpoints import CheckpointStore
 
 
 def _state(value):
@@ -109,7 +109,7 @@ def test_a_damaged_newest_step_is_moved_aside_and_the_intact_one_restored(
     step, state, data_state, config = store.restore(abstract_state=_abstract(_state(0.0)))
   assert (step, data_state, config) == (1, {'at': 1}, {'c': 1})
   np.testing.assert_array_equal(state['w'], np.full((256,), 1.0))
-  moved = os.path.join(os.path.dirname(two_steps), checkpoint_files.DAMAGED_FOLDER, '2')
+  moved = os.path.join(os.path.dirname(two_steps), step_files.DAMAGED_FOLDER, '2')
   assert os.path.isdir(moved) and not os.path.exists(os.path.join(two_steps, '2'))
   warnings = [r.getMessage() for r in caplog.records if 'damaged' in r.getMessage()]
   assert len(warnings) == 1 and 'step 2' in warnings[0] and f'moved it to {moved}' in warnings[0]
@@ -150,7 +150,7 @@ def test_with_no_intact_step_left_the_run_says_so_and_keeps_every_folder(two_ste
 
 
 def test_a_step_written_before_manifests_is_read_unverified(two_steps, caplog):
-  os.remove(os.path.join(two_steps, '2', checkpoint_files.MANIFEST_FILE))
+  os.remove(os.path.join(two_steps, '2', step_files.MANIFEST_FILE))
   with CheckpointStore(two_steps, owner=True) as store:
     assert store.restore(abstract_state=_abstract(_state(0.0)))[0] == 2
   assert any('read unverified' in r.getMessage() for r in caplog.records)
@@ -158,7 +158,7 @@ def test_a_step_written_before_manifests_is_read_unverified(two_steps, caplog):
 
 def test_the_manifest_covers_every_item_file(two_steps):
   folder = os.path.join(two_steps, '2')
-  with open(os.path.join(folder, checkpoint_files.MANIFEST_FILE)) as f:
+  with open(os.path.join(folder, step_files.MANIFEST_FILE)) as f:
     files = json.load(f)['files']
   on_disk = {
       os.path.relpath(os.path.join(root, name), folder)
@@ -217,7 +217,7 @@ def test_a_run_killed_during_its_saves_resumes_exactly(tmp_path, run_command):
   process.wait()
   assert latest_checkpoint(workdir) is not None
   trainer.train_and_evaluate(config, workdir)
-  assert not glob.glob(os.path.join(workdir, 'checkpoints', f'*{checkpoint_files.TMP_SUFFIX}'))
+  assert not glob.glob(os.path.join(workdir, 'checkpoints', f'*{step_files.TMP_SUFFIX}'))
   assert losses_by_step(workdir) == losses_by_step(straight)
   _, params = final_params(straight, config)
   _, resumed = final_params(workdir, config)
@@ -329,9 +329,9 @@ def test_a_save_failing_in_the_background_is_reported_at_once(tmp_path, repo_roo
   script = tmp_path / 'train_without_space_check.py'
   script.write_text(textwrap.dedent(f"""
           import runpy, sys
-          from linformer_jax.training import checkpoint_files
+          from linformer_jax.checkpoints import step_files
           if __name__ == '__main__':  # Data preparation's workers import this file.
-            checkpoint_files.room_shortfall = lambda *args: None
+            step_files.room_shortfall = lambda *args: None
             sys.argv = ['train', '--config', 'configs/tiny.py', '--workdir', '{workdir}',
                         '--config.total_steps=600', '--config.checkpoint_every=50',
                         '--config.log_every=1', '--config.keep_checkpoints=50']

@@ -22,10 +22,10 @@ from run_helpers import tiny_config
 from run_helpers import tiny_flags
 from run_helpers import wait_for_step
 
+from linformer_jax.checkpoints.store import CheckpointStore
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import run_config
 from linformer_jax.training import trainer
-from linformer_jax.training.checkpoints import CheckpointStore
 from linformer_jax.training.metric_writers import read_metrics
 
 

@@ -44,8 +44,10 @@ from matplotlib.figure import Figure
 import numpy as np
 
 from linformer_jax.analysis import benchmark
+from linformer_jax.analysis import benchmark_settings
 from linformer_jax.analysis import flag_checks
 from linformer_jax.analysis.benchmark_report import memory_bytes
+from linformer_jax.analysis.settings_flags import setting
 from linformer_jax.model import generation
 from linformer_jax.model import models
 from linformer_jax.model.layers import CACHE
@@ -72,24 +74,47 @@ class CausalBenchmarkSettings:
   An empty contexts or seq_lens skips that measurement. The model fields are as
   in `benchmark.BenchmarkSettings`; block_len (b), slots (r), sharing and
   projection configure the Linformer, linformer_query_blocks its
-  query_blocks_per_step values in the forward pass (0: all blocks at once).
+  query_blocks_per_step values in the forward pass (0: all blocks at once);
+  out is the folder the command writes the report into. Each field is also
+  the command's flag of its name (`settings_flags`), but memory_limit_bytes,
+  given in GiB as --memory_limit_gb.
   """
 
-  contexts: Sequence[int] = (1024, 2048, 4096, 8192, 16384, 32768)
-  seq_lens: Sequence[int] = (1024, 2048, 4096, 8192, 16384)
-  num_layers: int = 12
-  hidden_dim: int = 768
-  num_heads: int = 12
-  mlp_dim: int = 3072
-  batch: int = 1
-  repeats: int = 10
-  dtype: str = 'float32'
-  block_len: int = 128
-  slots: int = 16
-  sharing: str = 'layerwise'
-  projection: str = 'linear'
-  linformer_query_blocks: Sequence[int] = (0,)
-  memory_limit_bytes: float = float('inf')
+  contexts: Sequence[int] = setting(
+      (1024, 2048, 4096, 8192, 16384, 32768),
+      'Context lengths C at which one generated token is timed (max_len = C); empty: skip.',
+  )
+  seq_lens: Sequence[int] = setting(
+      (1024, 2048, 4096, 8192, 16384),
+      'Sequence lengths n of the timed forward pass; empty: skip.',
+  )
+  num_layers: int = setting(12, 'Layers.')
+  hidden_dim: int = setting(768, 'Model width.')
+  num_heads: int = setting(12, 'Attention heads.')
+  mlp_dim: int = setting(3072, 'Feed-forward hidden width.')
+  batch: int = setting(1, 'Sequences per call.')
+  repeats: int = setting(10, 'Timed runs per cell, after a warm-up.')
+  dtype: str = setting('float32', 'Compute dtype.', choices=benchmark_settings.DTYPES)
+  block_len: int = setting(128, "Linformer's block b; lengths it does not divide are skipped.")
+  slots: int = setting(16, "Linformer's summaries per block r (projected_len).")
+  sharing: str = setting('layerwise', "Linformer's E/F sharing.", choices=SHARING_MODES)
+  projection: str = setting('linear', "Linformer's block compression.", choices=PROJECTION_TYPES)
+  linformer_query_blocks: Sequence[int] = setting(
+      (0,),
+      'Forward pass: one Linformer row per query_blocks_per_step '
+      '(0: all blocks at once), e.g. 0,4.',
+  )
+  memory_limit_bytes: float = setting(
+      float('inf'),
+      'Skip the timing of cells planning more temporary + argument GiB; default 80% of the '
+      'device memory JAX may use (of the host RAM on CPU).',
+      flag='memory_limit_gb',
+      flag_default=None,
+      from_flag=benchmark_settings.memory_limit_of_flag,
+  )
+  out: Optional[str] = setting(
+      None, 'Directory for results.csv, table.md and the plots.', required=True
+  )
 
   def __post_init__(self):
     for name in ('contexts', 'seq_lens', 'linformer_query_blocks'):
@@ -127,7 +152,7 @@ class CausalBenchmarkSettings:
     same = ('num_layers', 'num_heads', 'hidden_dim', 'mlp_dim', 'sharing', 'projection', 'dtype')
     return ModelConfig(
         **{name: getattr(self, name) for name in same},
-        vocab_size=benchmark.VOCAB_SIZE,
+        vocab_size=benchmark_settings.VOCAB_SIZE,
         max_len=max_len,
         attention=attention,
         projected_len=self.slots if attention == 'linformer' else max_len,
@@ -147,7 +172,7 @@ def describe_run(s: CausalBenchmarkSettings) -> str:
   """One line naming the device and the settings, for the top of table.md."""
   return (
       f'Device: {describe_device()}; causal LM, {s.num_layers} layers, hidden {s.hidden_dim}, '
-      f'{s.num_heads} heads, MLP {s.mlp_dim}, vocabulary {benchmark.VOCAB_SIZE}, batch '
+      f'{s.num_heads} heads, MLP {s.mlp_dim}, vocabulary {benchmark_settings.VOCAB_SIZE}, batch '
       f'{s.batch}, {s.dtype}; Linformer b = {s.block_len}, r = {s.slots}, sharing '
       f'{s.sharing}, projection {s.projection}; median of {s.repeats} runs.'
   )
@@ -269,7 +294,9 @@ def forward_cell(settings: CausalBenchmarkSettings, attention: str, seq_len: int
   step = jax.jit(functools.partial(forward_logits, model))
 
   def make_args():
-    ids = np.random.default_rng(seq_len).integers(0, benchmark.VOCAB_SIZE, tokens.shape, np.int32)
+    ids = np.random.default_rng(seq_len).integers(
+        0, benchmark_settings.VOCAB_SIZE, tokens.shape, np.int32
+    )
     return benchmark.random_variables(params, seed=0), jnp.asarray(ids)
 
   compile_step = lambda: step.lower(params, tokens).compile()

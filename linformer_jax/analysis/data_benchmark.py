@@ -36,6 +36,7 @@ from linformer_jax.analysis.data_benchmark_report import FIRST_RUN_STEPS
 from linformer_jax.analysis.data_benchmark_report import SAMPLE_INTERVAL_S
 from linformer_jax.analysis.data_benchmark_report import config_flags
 from linformer_jax.analysis.data_benchmark_report import flag_value
+from linformer_jax.analysis.settings_flags import setting
 from linformer_jax.data import embedded
 from linformer_jax.data import masked_lm
 from linformer_jax.data import prepare
@@ -76,19 +77,23 @@ class Settings:
     loader_batch_size: sequences per loader batch.
     loader_seconds: how long the loader is timed (after the warm-up).
     loader_warmup_batches: batches read before the timing starts.
+
+  The fields but the config's are also the command's flags of their names
+  (`settings_flags`); config_path, config and config_overrides come from its
+  --config.
   """
 
-  out: str
-  sizes_mb: Sequence[int]
   config_path: str
   config: ml_collections.ConfigDict
+  out: str = setting(help_text='Folder of the corpora, runs and results.')
+  sizes_mb: Sequence[int] = setting((256, 1024), 'Training corpus sizes, in MiB.')
   config_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-  seq_len: int = 0
-  stages: Sequence[str] = STAGES
-  seed: int = 0
-  loader_batch_size: int = 32
-  loader_seconds: float = 10.0
-  loader_warmup_batches: int = 5
+  seq_len: int = setting(0, "Packed sequence length (config.model.max_len); 0 keeps the config's.")
+  stages: Sequence[str] = setting(STAGES, 'Stages to run (the corpus is always made).')
+  seed: int = setting(0, "Seeds the corpus's document order.")
+  loader_batch_size: int = setting(32, 'Sequences per loader batch.')
+  loader_seconds: float = setting(10.0, 'Seconds the loader is timed.')
+  loader_warmup_batches: int = setting(5, 'Loader batches read before the timing starts.')
 
   def __post_init__(self):
     object.__setattr__(self, 'sizes_mb', tuple(self.sizes_mb))

@@ -38,10 +38,11 @@ import numpy as np
 import optax
 
 from linformer_jax.analysis import spectrum
+from linformer_jax.analysis.settings_flags import setting
+from linformer_jax.checkpoints.store import CheckpointStore
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import models
 from linformer_jax.training import run_builder
-from linformer_jax.training.checkpoints import CheckpointStore
 
 
 @dataclasses.dataclass
@@ -223,7 +224,24 @@ def _take(iterator, count: int) -> List[Dict[str, np.ndarray]]:
   return [next(iterator) for _ in range(count)]
 
 
-def probe(config: ml_collections.ConfigDict, workdir: str, *, train_batches: int = 64) -> Dict:
+@dataclasses.dataclass(frozen=True)
+class ProbeSettings:
+  """The probe's own settings, beside the config; each is also the command's
+  flag of its name (`settings_flags`).
+
+  Attributes:
+    train_batches: training batches the probes are fitted on.
+  """
+
+  train_batches: int = setting(64, 'Training batches the probes are fitted on.')
+
+
+def probe(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    *,
+    train_batches: int = ProbeSettings.train_batches,
+) -> Dict:
   """The probe report of config.init_from's encoder on config's data (see
   module doc); `workdir` receives the tokenizer the data needs.
 

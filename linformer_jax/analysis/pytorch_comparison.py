@@ -45,10 +45,11 @@ import numpy as np
 import optax
 
 from linformer_jax.analysis import flag_checks
-from linformer_jax.analysis.benchmark import VOCAB_SIZE
 from linformer_jax.analysis.benchmark import random_variables
 from linformer_jax.analysis.benchmark import time_ms
 from linformer_jax.analysis.benchmark_budget import ForwardPass
+from linformer_jax.analysis.benchmark_settings import VOCAB_SIZE
+from linformer_jax.analysis.settings_flags import setting
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
@@ -113,17 +114,36 @@ class ComparisonSettings:
     modes: what to time, some of MODES.
     threads: PyTorch's intra-op threads (torch.set_num_threads); JAX on CPU
       uses XLA's own pool, one thread per core.
+    torch_python: the interpreter the command runs the PyTorch script with.
+    out: the folder the command writes the report into.
+
+  Each field is also the command's flag of its name (`settings_flags`).
   """
 
-  seq_lens: Sequence[int]
-  projected_len: int = 256
-  num_layers: int = 2
-  hidden_dim: int = 768
-  num_heads: int = 12
-  batch: int = 1
-  repeats: int = 5
-  modes: Sequence[str] = MODES
-  threads: int = dataclasses.field(default_factory=lambda: os.cpu_count() or 1)
+  seq_lens: Sequence[int] = setting(
+      (512, 1024, 2048, 4096, 8192), 'Sequence lengths n; only n > k run.'
+  )
+  projected_len: int = setting(256, "Linformer's projected length k.")
+  num_layers: int = setting(2, 'Encoder layers.')
+  hidden_dim: int = setting(768, 'Model width (the MLP is 4 times as wide).')
+  num_heads: int = setting(12, 'Attention heads.')
+  batch: int = setting(1, 'Sequences per pass or step.')
+  repeats: int = setting(5, 'Timed runs per (n, mode), after a warm-up.')
+  modes: Sequence[str] = setting(
+      MODES, 'forward (inference pass), train (forward, backward, AdamW).'
+  )
+  threads: int = setting(
+      help_text="PyTorch's intra-op threads; default os.cpu_count() "
+      '(JAX on CPU uses one per core).',
+      default_factory=lambda: os.cpu_count() or 1,
+  )
+  torch_python: str = setting(
+      '.venv-torch/bin/python',
+      'The Python that has torch and linformer==0.2.3 (`make torch-baseline` makes it).',
+  )
+  out: Optional[str] = setting(
+      None, 'Directory for comparison.md and comparison.csv.', required=True
+  )
 
   def __post_init__(self):
     object.__setattr__(self, 'seq_lens', tuple(self.seq_lens))

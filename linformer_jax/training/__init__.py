@@ -3,8 +3,9 @@
 `tasks` holds one object per task (masked LM, causal LM, classification);
 `text_generation` continues a prompt with a trained causal LM; `run_builder`
 builds a run's mesh, model, train state and step functions in one place;
-`train_steps` the jitted steps; `trainer` the loop; `checkpoints`,
-`sharding`, `multihost`, `metric_writers`, `run_config` and `fine_tuning` what
-the loop relies on. Imports `linformer_jax.model`, `linformer_jax.data` and
-`linformer_jax.errors`, never the analysis tools or the commands.
+`train_steps` the jitted steps; `trainer` the loop; `sharding`, `multihost`,
+`metric_writers`, `run_config` and `fine_tuning` what the loop relies on;
+`hf_import` writes a Hugging Face checkpoint as a run. Imports
+`linformer_jax.checkpoints`, `linformer_jax.model`, `linformer_jax.data` and
+the base modules, never the analysis tools or the commands.
 """

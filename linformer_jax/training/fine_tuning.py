@@ -10,10 +10,10 @@ from typing import Any, Dict, List, Tuple
 
 import ml_collections
 
+from linformer_jax.checkpoints.store import CheckpointStore
+from linformer_jax.checkpoints.store import checkpoint_directory
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import run_config
-from linformer_jax.training.checkpoints import CheckpointStore
-from linformer_jax.training.checkpoints import checkpoint_directory
 from linformer_jax.training.train_steps import TrainState
 
 # Encoder parameters that a fine-tuned model may add to a pretrained encoder

@@ -1,8 +1,9 @@
 """A Hugging Face RoBERTa or BERT checkpoint written as a run of this project.
 
 `import_checkpoint(source, workdir, config)` reads the checkpoint folder
-(`hf_checkpoint`), sets the model fields it fixes and the tokenizer on top of
-`config`, and writes WORKDIR as a run at step 0:
+(`checkpoints.hf_checkpoint`), sets the model fields it fixes and the tokenizer
+on top of `config` (`checkpoints.hf_conversion`), and writes WORKDIR as a run at
+step 0:
 
   checkpoints/0/   the train state (the imported parameters, the optimizer's
                    initial state) with the config and the tokenizer's
@@ -21,7 +22,6 @@ Every check runs before anything is written, and the folder appears whole
 import json
 import os
 import pathlib
-import re
 import shutil
 from typing import Any, Dict, List, Tuple
 
@@ -29,90 +29,16 @@ import jax
 import ml_collections
 import numpy as np
 
+from linformer_jax.checkpoints import hf_checkpoint
+from linformer_jax.checkpoints import hf_conversion
+from linformer_jax.checkpoints.store import CheckpointStore
+from linformer_jax.checkpoints.store import checkpoint_directory
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
-from linformer_jax.model.layers import PROJECTION_NAMES
-from linformer_jax.training import hf_checkpoint
 from linformer_jax.training import run_builder
 from linformer_jax.training import train_steps
-from linformer_jax.training.checkpoints import CheckpointStore
-from linformer_jax.training.checkpoints import checkpoint_directory
 
 IMPORT_FILE = 'import.json'
-# A hub name, owner/name or name: never a path with more parts.
-_HUB_NAME = re.compile(r'^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$')
-# The files a hub download takes: config, weights, tokenizer.
-_HUB_FILES = ['config.json', 'model.safetensors*', 'tokenizer.json', 'tokenizer_config.json']
-
-
-def resolve_source(source: str) -> str:
-  """The local folder of `source`: itself, or a download of a hub name.
-
-  Raises:
-    ConfigError: no such folder, and `source` is no hub name or the hub
-      cannot be reached.
-  """
-  if os.path.isdir(source) or not _HUB_NAME.match(source) or os.path.exists(source):
-    return source
-  try:
-    import huggingface_hub  # pylint: disable=g-import-not-at-top  # only for hub names
-
-    return huggingface_hub.snapshot_download(repo_id=source, allow_patterns=_HUB_FILES)
-  except Exception as error:  # pylint: disable=broad-except  # offline, unknown name, HTTP
-    raise ConfigError(
-        f'--from={source}: no such folder, and the hub cannot give it '
-        f'({type(error).__name__}); download the folder (config.json, model.safetensors, '
-        'tokenizer.json) where there is network and pass its path.'
-    ) from None
-
-
-def imported_config(
-    config: ml_collections.ConfigDict, checkpoint: hf_checkpoint.Checkpoint
-) -> ml_collections.ConfigDict:
-  """`config` with the checkpoint's model fields and its tokenizer.
-
-  model.max_len stays the config's: the first max_len positions of the
-  checkpoint's table are taken (ConfigError if it has fewer).
-  """
-  imported = ml_collections.ConfigDict(config.to_dict())
-  if imported.get('task', 'masked_lm') != 'masked_lm':
-    raise ConfigError(
-        f'config.task={imported.task!r}: a checkpoint is imported as a masked LM; use a '
-        'masked_lm config (configs/imported.py), then fine-tune it with init_from.'
-    )
-  if imported.model.max_len > checkpoint.max_positions:
-    raise ConfigError(
-        f'config.model.max_len={imported.model.max_len} is longer than the '
-        f'{checkpoint.max_positions} positions of {checkpoint.folder}; set '
-        f'--config.model.max_len={checkpoint.max_positions} or less.'
-    )
-  imported.model.update(hf_checkpoint.model_fields(checkpoint))
-  imported.data.tokenizer = 'huggingface'
-  imported.data.vocab_size = checkpoint.tokenizer.vocab_size
-  return imported
-
-
-def _params_with(
-    abstract: Dict[str, Any], imported: Dict[Tuple[str, ...], Any]
-) -> Tuple[Dict[str, Any], List[str]]:
-  """The params tree of `abstract` with the imported arrays put in, and the
-  paths of the leaves left abstract (no tensor maps to them).
-
-  Raises:
-    ValueError: a parameter neither imported nor a sequence projection.
-  """
-  missing = []
-
-  def leaf(path, value):
-    key = tuple(entry.key for entry in path)
-    if key in imported:
-      return imported[key]
-    if key[-1] not in PROJECTION_NAMES:
-      raise ValueError(f'No checkpoint tensor maps to parameter {"/".join(key)}.')
-    missing.append('/'.join(key))
-    return value
-
-  return jax.tree_util.tree_map_with_path(leaf, abstract), missing
 
 
 def build_state(
@@ -127,7 +53,9 @@ def build_state(
       tuple(entry.key for entry in path): leaf.shape
       for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_state.params)
   }
-  params, kept = _params_with(abstract_state.params, hf_checkpoint.to_params(checkpoint, shapes))
+  params, kept = hf_conversion.params_with(
+      abstract_state.params, hf_checkpoint.to_params(checkpoint, shapes)
+  )
   constants = abstract_state.constants
   if kept or jax.tree_util.tree_leaves(constants):
     # E/F (and fixed random projections) as a new run of this config draws them.
@@ -183,9 +111,9 @@ def import_checkpoint(
       that exists, a config the model cannot be built from; nothing is written.
   """
   _check_workdir(workdir)
-  checkpoint = hf_checkpoint.read_folder(resolve_source(source))
+  checkpoint = hf_checkpoint.read_folder(hf_conversion.resolve_source(source))
   unused = hf_checkpoint.unused_tensors(checkpoint)
-  config = imported_config(config, checkpoint)
+  config = hf_conversion.imported_config(config, checkpoint)
   parts, state, kept = build_state(config, checkpoint)
   summary = {
       'source': str(source),

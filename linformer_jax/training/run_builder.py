@@ -22,6 +22,8 @@ import ml_collections
 import numpy as np
 import optax
 
+from linformer_jax.checkpoints.store import CheckpointStore
+from linformer_jax.checkpoints.store import checkpoint_directory
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
 from linformer_jax.model.model_config import ModelConfig
@@ -29,8 +31,6 @@ from linformer_jax.training import run_config
 from linformer_jax.training import sharding as sharding_lib
 from linformer_jax.training import tasks
 from linformer_jax.training import train_steps
-from linformer_jax.training.checkpoints import CheckpointStore
-from linformer_jax.training.checkpoints import checkpoint_directory
 
 _OTHER_RUN_ADVICE = 'the workdir holds a run with a different model config; use another --workdir'
 

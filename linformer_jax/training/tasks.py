@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from linformer_jax.checkpoints.store import CheckpointStore
 from linformer_jax.data import causal_lm
 from linformer_jax.data import classification
 from linformer_jax.data import masked_lm
@@ -24,7 +25,6 @@ from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.training import fine_tuning
 from linformer_jax.training import train_steps
-from linformer_jax.training.checkpoints import CheckpointStore
 
 Batch = Dict[str, np.ndarray]
 # The sums every task's eval step returns, accumulated over evaluation batches.

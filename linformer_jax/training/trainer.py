@@ -35,13 +35,13 @@ from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 
+from linformer_jax.checkpoints.store import CheckpointStore
+from linformer_jax.checkpoints.store import checkpoint_directory
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import run_builder
 from linformer_jax.training import run_config
 from linformer_jax.training import tasks
 from linformer_jax.training import train_steps
-from linformer_jax.training.checkpoints import CheckpointStore
-from linformer_jax.training.checkpoints import checkpoint_directory
 from linformer_jax.training.metric_writers import MetricLogger
 
 RESULTS_FILE = 'eval_results.json'

@@ -11,7 +11,7 @@ holds three items:
   against the requested model before anything else is built.
 
 Every step folder is sealed with a manifest of its files' sizes and sha256
-(`checkpoint_files`), written just before orbax renames it into place, and
+(`step_files`), written just before orbax renames it into place, and
 checked before the step is read: a damaged step is never restored. The run that
 owns the folder moves damaged steps aside and continues from the newest intact
 one; readers skip them.
@@ -29,10 +29,10 @@ from absl import logging
 import jax
 import orbax.checkpoint as ocp
 
+from linformer_jax.checkpoints import step_files
 from linformer_jax.errors import ConfigError
 from linformer_jax.errors import StorageError
 from linformer_jax.errors import is_disk_full
-from linformer_jax.training import checkpoint_files
 
 PyTree = Any
 DataState = Union[bytes, Dict[str, Any]]
@@ -163,10 +163,10 @@ class CheckpointStore:
     self._async_save = async_save
     self._saving: Optional[int] = None
     self._failed = False
-    self._inspector = checkpoint_files.StepInspector(self.directory, _ITEMS)
-    checkpoint_files.quiet_disk_full_logs()
+    self._inspector = step_files.StepInspector(self.directory, _ITEMS)
+    step_files.quiet_disk_full_logs()
     if owner:
-      checkpoint_files.set_aside_damaged_steps(self._inspector)
+      step_files.set_aside_damaged_steps(self._inspector)
     options = ocp.CheckpointManagerOptions(
         create=False,
         preservation_policy=ocp.checkpoint_managers.LatestN(n=keep),
@@ -184,10 +184,10 @@ class CheckpointStore:
     """Orbax's post-finalization callback (primary process, every item
     written, before the rename): writes the step's integrity manifest."""
     step = self._saving
-    folder = checkpoint_files.temporary_folder(self.directory, step)
+    folder = step_files.temporary_folder(self.directory, step)
     if not os.path.isdir(folder):  # Storage where orbax writes in place.
       folder = os.path.join(self.directory, str(step))
-    checkpoint_files.write_manifest(folder)
+    step_files.write_manifest(folder)
 
   def __enter__(self) -> 'CheckpointStore':
     return self
@@ -278,7 +278,7 @@ class CheckpointStore:
     """
     self.wait()
     step = self._inspector.step_to_read(self._manager.all_steps(), step)
-    checkpoint_files.check_arrays_match(
+    step_files.check_arrays_match(
         *_stored_and_wanted(_state_metadata(self._manager, step), abstract_state, ()),
         directory=self.directory,
         step=step,
@@ -379,13 +379,11 @@ class CheckpointStore:
         handler_registry=_handler_registry(),
     )
     try:
-      step = checkpoint_files.StepInspector(directory, _ITEMS).step_to_read(
-          manager.all_steps(), step
-      )
+      step = step_files.StepInspector(directory, _ITEMS).step_to_read(manager.all_steps(), step)
       metadata = _state_metadata(manager, step)
       target: Dict[str, Any] = {}
       for path, abstract in subtrees.items():
-        checkpoint_files.check_arrays_match(
+        step_files.check_arrays_match(
             *_stored_and_wanted(metadata, abstract, path),
             directory=directory,
             step=step,
@@ -420,10 +418,10 @@ class CheckpointStore:
   def _check_space(self, step: int, state: PyTree) -> None:
     """StorageError, before anything is written, if the next checkpoint will
     not fit on the disk."""
-    needed = checkpoint_files.room_shortfall(self.directory, self._manager.all_steps(), state)
+    needed = step_files.room_shortfall(self.directory, self._manager.all_steps(), state)
     if needed is not None:
       raise StorageError(
-          checkpoint_files.full_disk_message(
+          step_files.full_disk_message(
               self.directory, step, self.all_steps(), f'it needs about {needed / 1e6:.1f} MB'
           )
       )
@@ -440,12 +438,10 @@ class CheckpointStore:
         raise
       self._failed = True
       if jax.process_index() == 0 and self._saving is not None:
-        shutil.rmtree(
-            checkpoint_files.temporary_folder(self.directory, self._saving), ignore_errors=True
-        )
+        shutil.rmtree(step_files.temporary_folder(self.directory, self._saving), ignore_errors=True)
       self._inspector.forget(self._saving)
       raise StorageError(
-          checkpoint_files.full_disk_message(self.directory, self._saving, self.all_steps())
+          step_files.full_disk_message(self.directory, self._saving, self.all_steps())
       ) from None
 
   def check_for_errors(self) -> None:

@@ -1,0 +1,118 @@
+"""One attention call, Linformer against full attention: time and memory.
+
+The library of `python -m linformer_jax.attention_benchmark`. At every
+sequence length n both pure attention functions of `model.attention` are
+jitted on random inputs [batch, n, heads, head_dim]; Linformer's projection
+E = F is a random [n, k] matrix with k = min(projected_len, n). Each records
+XLA's compiled temporary bytes (exact and repeatable) and the median time of
+the forward call over `repeats` runs after a warm-up (`benchmark.time_ms`).
+Both run side by side in one process, so their ratio holds even on a noisy
+machine. The whole model's benchmark is `analysis.benchmark`.
+"""
+
+import dataclasses
+import statistics
+from typing import Any, Callable, Dict, List, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from linformer_jax.analysis import flag_checks
+from linformer_jax.analysis.benchmark import time_ms
+from linformer_jax.analysis.benchmark_settings import DTYPES
+from linformer_jax.analysis.settings_flags import setting
+from linformer_jax.model import attention
+
+_POSITIVE_SETTINGS = ('projected_len', 'batch', 'heads', 'head_dim', 'repeats')
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionBenchmarkSettings:
+  """What to measure; invalid values raise a ConfigError naming the flag.
+
+  Each field is also the command's flag of its name (`settings_flags`).
+
+  Attributes:
+    seq_lens: sequence lengths n.
+    projected_len: Linformer's projected length k (at most n).
+    batch: sequences per call.
+    heads: attention heads.
+    head_dim: features per head.
+    dtype: dtype of the queries, keys and values, one of DTYPES.
+    repeats: timed runs per call, after one warm-up run.
+  """
+
+  seq_lens: Sequence[int] = setting((512, 1024, 2048, 4096, 8192), 'Sequence lengths n to measure.')
+  projected_len: int = setting(256, 'Projected length k.')
+  batch: int = setting(1, 'Batch size.')
+  heads: int = setting(12, 'Attention heads.')
+  head_dim: int = setting(64, 'Features per head.')
+  dtype: str = setting('float32', 'Dtype of q, k, v.', choices=DTYPES)
+  repeats: int = setting(10, 'Timed runs per cell.')
+
+  def __post_init__(self):
+    object.__setattr__(self, 'seq_lens', tuple(self.seq_lens))
+    flag_checks.require_lengths('seq_lens', self.seq_lens)
+    for name in _POSITIVE_SETTINGS:
+      value = getattr(self, name)
+      flag_checks.require(value >= 1, name, value, 'use a positive integer')
+    flag_checks.require(self.dtype in DTYPES, 'dtype', self.dtype, f'use one of {DTYPES}')
+
+
+def measure(fn: Callable[..., Any], args: Sequence[Any], repeats: int) -> Dict[str, float]:
+  """Compiles fn for args; its median forward time (ms) and temporary bytes."""
+  compiled = jax.jit(fn).lower(*args).compile()
+  memory = compiled.memory_analysis()
+  times = time_ms(lambda: compiled(*args), repeats)
+  return {'time_ms': statistics.median(times), 'temp_bytes': float(memory.temp_size_in_bytes)}
+
+
+def run(settings: AttentionBenchmarkSettings) -> List[Dict[str, float]]:
+  """Measures both attentions at every n; one row per n."""
+  dtype = jnp.dtype(settings.dtype)
+  rows = []
+  for n in settings.seq_lens:
+    keys = jax.random.split(jax.random.PRNGKey(n), 4)
+    shape = (settings.batch, n, settings.heads, settings.head_dim)
+    q, k, v = (jax.random.normal(key, shape, dtype) for key in keys[:3])
+    projected_len = min(settings.projected_len, n)
+    e = jax.random.normal(keys[3], (n, projected_len), dtype) / projected_len**0.5
+    full = measure(attention.dot_product_attention, (q, k, v), settings.repeats)
+    linformer = measure(attention.linformer_attention, (q, k, v, e, e), settings.repeats)
+    rows.append(
+        {
+            'n': n,
+            'k': projected_len,
+            'full_ms': full['time_ms'],
+            'linformer_ms': linformer['time_ms'],
+            'full_temp_mib': full['temp_bytes'] / 2**20,
+            'linformer_temp_mib': linformer['temp_bytes'] / 2**20,
+        }
+    )
+  return rows
+
+
+def describe_run(settings: AttentionBenchmarkSettings) -> str:
+  """One line naming the device and the settings, printed above the table."""
+  return (
+      f'device: {jax.devices()[0].device_kind} ({jax.default_backend()}), '
+      f'batch={settings.batch} heads={settings.heads} head_dim={settings.head_dim} '
+      f'dtype={settings.dtype}, forward only, median of {settings.repeats} runs'
+  )
+
+
+def format_table(rows: List[Dict[str, float]]) -> str:
+  """The rows as a markdown table with Linformer's speed-up and memory saving."""
+  lines = [
+      '| n | k | full ms | linformer ms | speed-up | full temp MiB | '
+      'linformer temp MiB | memory saving |',
+      '|---|---|---|---|---|---|---|---|',
+  ]
+  for r in rows:
+    lines.append(
+        f"| {r['n']} | {r['k']} | {r['full_ms']:.2f} | {r['linformer_ms']:.2f} | "
+        f"{r['full_ms'] / r['linformer_ms']:.1f}x | {r['full_temp_mib']:.1f} | "
+        f"{r['linformer_temp_mib']:.1f} | "
+        f"{r['full_temp_mib'] / max(r['linformer_temp_mib'], 1e-9):.1f}x |"
+    )
+  return '\n'.join(lines)

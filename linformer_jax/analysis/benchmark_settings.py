@@ -1,0 +1,246 @@
+"""What the whole-model benchmark measures: its settings, one definition each.
+
+`BenchmarkSettings` holds the grid, the model's size, the batch or memory
+budget and the output folder of `python -m linformer_jax.benchmark`; each
+field is also the command's flag (`settings_flags`), and every invalid value
+raises a ConfigError naming the flag. How the cells are measured is
+`analysis.benchmark`.
+"""
+
+import dataclasses
+import os
+from typing import Dict, Optional, Sequence
+
+import jax
+
+from linformer_jax.analysis import benchmark_report
+from linformer_jax.analysis import flag_checks
+from linformer_jax.analysis.benchmark_report import EFFICIENT_TRANSFORMER
+from linformer_jax.analysis.benchmark_report import LINFORMER
+from linformer_jax.analysis.benchmark_report import TRANSFORMER
+from linformer_jax.analysis.settings_flags import setting
+from linformer_jax.errors import ConfigError
+from linformer_jax.model.attention import ATTENTION_KERNELS
+from linformer_jax.model.model_config import ModelConfig
+
+# Small enough that the embedding and its lookup do not dominate the encoder.
+VOCAB_SIZE = 1000
+DTYPES = ('float32', 'bfloat16')
+# Share of the device's (or host's) memory a cell may plan to use by default.
+DEFAULT_MEMORY_FRACTION = 0.8
+# A budget run's peak resident memory over its budget: 12.0 GiB at 8 GiB on
+# XLA:CPU (the process, the runtime, the inputs and outputs beside the compiled
+# bytes, allocator caching), docs/benchmarks.md "XLA:CPU's library fusions".
+BUDGET_RUNTIME_FACTOR = 1.5
+# The settings that must be positive integers (each is the flag of its name).
+_POSITIVE_SETTINGS = (
+    'num_layers',
+    'hidden_dim',
+    'num_heads',
+    'mlp_dim',
+    'batch',
+    'repeats',
+    'max_batch',
+)
+
+
+def memory_limit_of_flag(limit_gb: Optional[float]) -> float:
+  """--memory_limit_gb in bytes; unset, `default_memory_limit_bytes()`."""
+  return default_memory_limit_bytes() if limit_gb is None else limit_gb * 2**30
+
+
+def memory_budget_of_flag(budget_gb: Optional[float]) -> Optional[float]:
+  """--memory_budget_gb in bytes; unset, None (a fixed batch)."""
+  return None if budget_gb is None else budget_gb * 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkSettings:
+  """What to measure; invalid values raise a ConfigError naming the flag.
+
+  Each field is also the command's flag of its name (`settings_flags`), but
+  memory_limit_bytes (--memory_limit_gb) and memory_budget_bytes
+  (--memory_budget_gb), which the flags give in GiB.
+
+  Attributes:
+    seq_lens: sequence lengths n.
+    projected_lens: Linformer's projected lengths k; only k < n are measured.
+    num_layers: encoder layers.
+    hidden_dim: model width.
+    num_heads: attention heads; must divide hidden_dim.
+    mlp_dim: hidden width of the feed-forward blocks.
+    batch: sequences per forward pass.
+    repeats: timed runs per cell, after one warm-up run.
+    dtype: compute dtype, 'float32' or 'bfloat16'.
+    train_throughput: also time a training step per cell.
+    matmul_sizes: sides of the square matrix products timed for the
+      matrix-multiply rate.
+    memory_limit_bytes: at a fixed batch, cells planning more temporary +
+      argument bytes are skipped.
+    inference_chunk: positions per chunk of the efficient Transformer's and
+      Linformer's queries and MLP; 0 runs one pass.
+    attention_kernel: the efficient Transformer's attention, one of
+      ATTENTION_KERNELS ('cudnn' needs an NVIDIA GPU and bfloat16).
+    memory_budget_bytes: None times `batch` sequences; else each cell runs at
+      the largest batch whose compiled temporary + argument + output bytes fit.
+    max_batch: the largest batch the memory-budget search tries.
+    out: the folder the command writes the report into.
+  """
+
+  seq_lens: Sequence[int] = setting(tuple(2**p for p in range(9, 17)), 'Sequence lengths n.')
+  projected_lens: Sequence[int] = setting(
+      (128, 256, 512, 1024, 2048), "Linformer's projected lengths k; only k < n are measured."
+  )
+  num_layers: int = setting(12, 'Encoder layers.')
+  hidden_dim: int = setting(768, 'Model width.')
+  num_heads: int = setting(12, 'Attention heads.')
+  mlp_dim: int = setting(3072, 'Feed-forward hidden width.')
+  batch: int = setting(1, 'Sequences per forward pass; ignored with --memory_budget_gb.')
+  repeats: int = setting(10, 'Timed runs per cell.')
+  dtype: str = setting('float32', 'Compute dtype.', choices=DTYPES)
+  train_throughput: bool = setting(False, 'Also time an MLM training step per cell.')
+  matmul_sizes: Sequence[int] = setting(
+      (1024, 2048, 4096),
+      'Sides of the square jnp.dots timed for the matmul rate (the best counts).',
+  )
+  memory_limit_bytes: float = setting(
+      float('inf'),
+      'At a fixed --batch, skip cells planning more temporary + argument '
+      'GiB; default 80% of the device memory JAX may use (of the host RAM on '
+      'CPU). With --memory_budget_gb it only guards --train_throughput.',
+      flag='memory_limit_gb',
+      flag_default=None,
+      from_flag=memory_limit_of_flag,
+  )
+  inference_chunk: int = setting(
+      0,
+      'Positions per chunk of the queries and MLP of Linformer and of an added '
+      "memory-efficient Transformer ('transformer-efficient'); 0 runs one pass.",
+  )
+  attention_kernel: str = setting(
+      'einsum',
+      'Attention of the memory-efficient Transformer, added at every n unless '
+      'einsum with --inference_chunk=0: einsum, or jax.nn.dot_product_attention '
+      'with its xla or cudnn (NVIDIA GPU, bfloat16) implementation.',
+      choices=ATTENTION_KERNELS,
+  )
+  memory_budget_bytes: Optional[float] = setting(
+      None,
+      "The paper's method: run every cell at the largest batch whose compiled "
+      'temporary + argument + output bytes fit this many GiB, instead of --batch; '
+      'at most --memory_limit_gb / 1.5 (a budget run peaks at about 1.5 times it).',
+      flag='memory_budget_gb',
+      from_flag=memory_budget_of_flag,
+  )
+  max_batch: int = setting(4096, 'The largest batch the --memory_budget_gb search tries.')
+  out: Optional[str] = setting(
+      None, 'Directory for results.csv, table.md and the plots.', required=True
+  )
+
+  def __post_init__(self):
+    object.__setattr__(self, 'seq_lens', tuple(self.seq_lens))
+    object.__setattr__(self, 'projected_lens', tuple(self.projected_lens))
+    object.__setattr__(self, 'matmul_sizes', tuple(self.matmul_sizes))
+    for name in ('seq_lens', 'projected_lens'):
+      flag_checks.require_lengths(name, getattr(self, name))
+    flag_checks.require_model_dims(self, _POSITIVE_SETTINGS)
+    advice = 'give positive matrix sides, e.g. 1024,2048,4096'
+    ok = bool(self.matmul_sizes) and min(self.matmul_sizes) >= 1
+    flag_checks.require(ok, 'matmul_sizes', self.matmul_sizes, advice)
+    if min(self.projected_lens) >= max(self.seq_lens):
+      raise ConfigError(
+          f'--projected_lens={",".join(map(str, self.projected_lens))} leaves no '
+          f'Linformer cell: every k is >= every n in --seq_lens; use some k < '
+          f'{max(self.seq_lens)}.'
+      )
+    if not self.memory_limit_bytes > 0:
+      raise ConfigError('--memory_limit_gb must be positive.')
+    self._validate_efficient_transformer()
+    budget = self.memory_budget_bytes
+    if budget is not None and not budget > 0:
+      raise ConfigError(
+          f'--memory_budget_gb={budget / 2**30:g} is not allowed: give a positive '
+          'number of GiB, e.g. 16, or leave it unset to time a fixed --batch.'
+      )
+    if budget is not None and budget * BUDGET_RUNTIME_FACTOR > self.memory_limit_bytes:
+      limit = self.memory_limit_bytes / 2**30
+      raise ConfigError(
+          f'--memory_budget_gb={budget / 2**30:g} does not fit this machine: running a '
+          f'batch that fills it takes up to {BUDGET_RUNTIME_FACTOR:g}x the budget '
+          f'({budget * BUDGET_RUNTIME_FACTOR / 2**30:.1f} GiB), more than the memory limit of '
+          f'{limit:.1f} GiB; use --memory_budget_gb={limit / BUDGET_RUNTIME_FACTOR:.1f} or '
+          'less, or raise --memory_limit_gb.'
+      )
+
+  def _validate_efficient_transformer(self) -> None:
+    if self.inference_chunk < 0:
+      raise ConfigError(
+          f'--inference_chunk={self.inference_chunk} is not allowed: use 0 (one pass) or '
+          'a positive number of positions per chunk, e.g. 512.'
+      )
+    if self.attention_kernel not in ATTENTION_KERNELS:
+      raise ConfigError(
+          f'--attention_kernel={self.attention_kernel} is not allowed: use one of '
+          f'{", ".join(ATTENTION_KERNELS)}.'
+      )
+    if self.attention_kernel == 'cudnn':
+      if self.dtype != 'bfloat16':
+        raise ConfigError(
+            '--attention_kernel=cudnn needs --dtype=bfloat16 (cuDNN attention takes '
+            '16-bit inputs); or use --attention_kernel=xla.'
+        )
+      if jax.default_backend() != 'gpu':
+        raise ConfigError(
+            f'--attention_kernel=cudnn needs an NVIDIA GPU, not {jax.default_backend()}; '
+            'use --attention_kernel=xla.'
+        )
+
+  @property
+  def has_efficient_transformer(self) -> bool:
+    """Whether the grid adds the memory-efficient Transformer at every n."""
+    return self.inference_chunk > 0 or self.attention_kernel != 'einsum'
+
+  def model_config(
+      self, model: str, seq_len: int, projected_len: Optional[int] = None
+  ) -> ModelConfig:
+    """The encoder of one cell of `model`; k is unused (and set to n) but for Linformer.
+
+    The paper's Transformer runs one pass with einsum attention; the efficient
+    one with the settings' chunk and kernel; Linformer with the chunk and
+    einsum attention.
+    """
+    if model not in benchmark_report.MODELS:
+      raise ValueError(f'Unknown benchmark model {model!r}; use one of {benchmark_report.MODELS}.')
+    return ModelConfig(
+        vocab_size=VOCAB_SIZE,
+        max_len=seq_len,
+        num_layers=self.num_layers,
+        num_heads=self.num_heads,
+        hidden_dim=self.hidden_dim,
+        mlp_dim=self.mlp_dim,
+        attention='linformer' if model == LINFORMER else 'full',
+        projected_len=projected_len if model == LINFORMER else seq_len,
+        sharing='layerwise',
+        projection='linear',
+        dropout_rate=0.0,
+        dtype=self.dtype,
+        inference_chunk=0 if model == TRANSFORMER else self.inference_chunk,
+        attention_kernel=self.attention_kernel if model == EFFICIENT_TRANSFORMER else 'einsum',
+    )
+
+
+def default_memory_limit_bytes() -> float:
+  """80% of what JAX may allocate on the first device, else of the host's RAM."""
+  stats = memory_stats()
+  if stats and stats.get('bytes_limit'):
+    total = stats['bytes_limit']
+  else:
+    total = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+  return DEFAULT_MEMORY_FRACTION * total
+
+
+def memory_stats() -> Optional[Dict[str, int]]:
+  try:
+    return jax.devices()[0].memory_stats()
+  except (NotImplementedError, RuntimeError):
+    return None

@@ -1,0 +1,172 @@
+"""Benchmark settings declared once: dataclass fields that carry their flags.
+
+A settings dataclass of a benchmark names each setting once, as a field made
+with `setting(default, help_text)`. That field is the library's setting (its
+name, type and default) and the command's absl flag at the same time:
+
+  @dataclasses.dataclass(frozen=True)
+  class Settings:
+    seq_lens: Sequence[int] = setting((512, 1024), 'Sequence lengths n.')
+    dtype: str = setting('float32', 'Compute dtype.', choices=DTYPES)
+
+  define_flags(Settings)           # in the command module: --seq_lens, --dtype
+  settings = from_flags(Settings)  # in its main: the parsed values, validated
+
+The flag's kind follows the field's type: int, float, bool, str (an enum with
+`choices`), and a sequence of ints or strings as a comma-separated list. The
+dataclass's own checks (`__post_init__`) then raise a ConfigError naming the
+flag, which the command prints as one line. A flag may differ from its field
+in name and unit (`--memory_limit_gb` fills `memory_limit_bytes`), told by
+`flag`, `flag_default` and `from_flag`. Fields made without `setting` are no
+flags; the command passes them to `from_flags` itself.
+"""
+
+import collections.abc
+import dataclasses
+import typing
+from typing import Any, Callable, Dict, Optional, Sequence
+
+from absl import flags
+
+from linformer_jax.errors import ConfigError
+
+# The flags defined here belong to the command that calls `define_flags`, so
+# that its --help lists them.
+flags.disclaim_key_flags()
+
+# The key of a field's metadata that makes it a flag.
+_FLAG = 'flag'
+# `flag_default` left out: the flag's default is the field's.
+_FIELD_DEFAULT = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class _FlagSpec:
+  help_text: str
+  name: Optional[str]
+  default: Any
+  from_flag: Optional[Callable[[Any], Any]]
+  choices: Optional[Sequence[str]]
+  required: bool
+
+
+def setting(
+    default: Any = dataclasses.MISSING,
+    help_text: str = '',
+    *,
+    default_factory: Any = dataclasses.MISSING,
+    flag: Optional[str] = None,
+    flag_default: Any = _FIELD_DEFAULT,
+    from_flag: Optional[Callable[[Any], Any]] = None,
+    choices: Optional[Sequence[str]] = None,
+    required: bool = False,
+) -> Any:
+  """A dataclass field that is also a command-line flag.
+
+  Args:
+    default: the setting's default, in the library and on the command line.
+      Left out (and no default_factory): the flag is required.
+    help_text: the flag's help.
+    default_factory: as in `dataclasses.field`; the flag then defaults to
+      None, which leaves the field to the factory.
+    flag: the flag's name when it is not the field's.
+    flag_default: the flag's default when it is not the field's, e.g. None for
+      a value worked out at run time by `from_flag`.
+    from_flag: turns the parsed flag value into the field's value (called
+      with None too); without it a None flag leaves the field's default.
+    choices: the allowed strings of a str setting (an enum flag).
+    required: the flag must be given even though the field has a default.
+  """
+  spec = _FlagSpec(help_text, flag, flag_default, from_flag, choices, required)
+  return dataclasses.field(default=default, default_factory=default_factory, metadata={_FLAG: spec})
+
+
+def _flag_fields(settings_type: type):
+  """(field, its flag spec, its type with Optional removed) of every flag field."""
+  hints = typing.get_type_hints(settings_type)
+  for field in dataclasses.fields(settings_type):
+    spec = field.metadata.get(_FLAG)
+    if spec is None:
+      continue
+    field_type = hints[field.name]
+    if typing.get_origin(field_type) is typing.Union:
+      field_type = next(arg for arg in typing.get_args(field_type) if arg is not type(None))
+    yield field, spec, field_type
+
+
+def _item_type(field_type: Any) -> Optional[type]:
+  """The item type of a sequence type (Sequence[int] -> int), None for a scalar."""
+  origin = typing.get_origin(field_type)
+  if isinstance(origin, type) and issubclass(origin, collections.abc.Sequence):
+    if origin is not str:
+      return typing.get_args(field_type)[0]
+  return None
+
+
+def flag_name(field: dataclasses.Field) -> str:
+  """The command-line name of a field made with `setting`."""
+  return field.metadata[_FLAG].name or field.name
+
+
+def define_flags(settings_type: type, flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """Defines an absl flag for every `setting` field of `settings_type`."""
+  for field, spec, field_type in _flag_fields(settings_type):
+    name = flag_name(field)
+    if spec.default is not _FIELD_DEFAULT:
+      default = spec.default
+    elif field.default is not dataclasses.MISSING:
+      default = field.default
+    else:
+      default = None
+    common = dict(name=name, default=default, help=spec.help_text, flag_values=flag_values)
+    if _item_type(field_type) is not None:
+      if default is not None:
+        common['default'] = [str(item) for item in default]
+      flags.DEFINE_list(**common)
+    elif spec.choices is not None:
+      flags.DEFINE_enum(enum_values=list(spec.choices), **common)
+    elif field_type is bool:
+      flags.DEFINE_boolean(**common)
+    elif field_type is int:
+      flags.DEFINE_integer(**common)
+    elif field_type is float:
+      flags.DEFINE_float(**common)
+    elif field_type is str:
+      flags.DEFINE_string(**common)
+    else:
+      raise TypeError(f'{settings_type.__name__}.{field.name}: no flag for type {field_type}.')
+    no_default = field.default is dataclasses.MISSING
+    if spec.required or (no_default and field.default_factory is dataclasses.MISSING):
+      flags.mark_flag_as_required(name, flag_values=flag_values)
+
+
+def int_list(flag: str, values: Sequence[str]) -> list:
+  """The values of a comma-separated list flag as ints; ConfigError naming the flag."""
+  try:
+    return [int(value) for value in values]
+  except ValueError:
+    raise ConfigError(
+        f'--{flag}={",".join(values)} is not allowed: give comma-separated integers.'
+    ) from None
+
+
+def from_flags(
+    settings_type: type, flag_values: flags.FlagValues = flags.FLAGS, **given: Any
+) -> Any:
+  """The settings of the parsed flags, with the fields in `given` (no flags) added.
+
+  Raises:
+    ConfigError: a value the settings do not allow, naming its flag.
+  """
+  values: Dict[str, Any] = {}
+  for field, spec, field_type in _flag_fields(settings_type):
+    name = flag_name(field)
+    value = flag_values[name].value
+    if value is not None and _item_type(field_type) is int:
+      value = int_list(name, value)
+    if spec.from_flag is not None:
+      value = spec.from_flag(value)
+    elif value is None:
+      continue
+    values[field.name] = value
+  return settings_type(**values, **given)

@@ -1,0 +1,132 @@
+"""Benchmark settings declared once: the flags their fields make, and back."""
+
+import dataclasses
+from typing import Optional, Sequence
+
+from absl import flags
+import pytest
+
+from linformer_jax.analysis import attention_benchmark
+from linformer_jax.analysis import benchmark
+from linformer_jax.analysis import causal_benchmark
+from linformer_jax.analysis import data_benchmark
+from linformer_jax.analysis import pytorch_comparison
+from linformer_jax.analysis import settings_flags
+from linformer_jax.analysis.settings_flags import setting
+from linformer_jax.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class Toy:
+  name: str = setting(help_text='A required name.')
+  lengths: Sequence[int] = setting((8, 16), 'Lengths.')
+  modes: Sequence[str] = setting(('a', 'b'), 'Modes.')
+  depth: int = setting(2, 'Depth.')
+  rate: float = setting(0.5, 'Rate.')
+  fast: bool = setting(False, 'Fast.')
+  kind: str = setting('x', 'Kind.', choices=('x', 'y'))
+  limit_bytes: float = setting(
+      float('inf'),
+      'Limit in KiB.',
+      flag='limit_kib',
+      flag_default=None,
+      from_flag=lambda kib: -1.0 if kib is None else kib * 1024,
+  )
+  workers: int = setting(help_text='Workers.', default_factory=lambda: 3)
+  budget: Optional[int] = setting(None, 'Budget.')
+  note: str = ''  # no flag
+
+
+def parsed(*argv):
+  flag_values = flags.FlagValues()
+  settings_flags.define_flags(Toy, flag_values)
+  flag_values(['prog', *argv])
+  return flag_values
+
+
+def test_every_setting_field_is_a_flag_of_its_kind_and_default():
+  flag_values = parsed('--name=n')
+  assert 'note' not in flag_values
+  assert flag_values['lengths'].value == ['8', '16']
+  assert flag_values['depth'].value == 2 and flag_values['rate'].value == 0.5
+  assert flag_values['fast'].value is False
+  assert flag_values['kind'].flag_type() == 'string enum'
+  assert flag_values['limit_kib'].value is None and 'limit_bytes' not in flag_values
+  assert flag_values['workers'].value is None
+  toy = settings_flags.from_flags(Toy, flag_values, note='given')
+  assert toy == Toy(name='n', lengths=[8, 16], modes=['a', 'b'], limit_bytes=-1.0, note='given')
+
+
+def test_flag_values_become_the_fields_values():
+  flag_values = parsed(
+      '--name=n',
+      '--lengths=4',
+      '--modes=',
+      '--depth=5',
+      '--fast',
+      '--kind=y',
+      '--limit_kib=2',
+      '--workers=7',
+      '--budget=9',
+  )
+  toy = settings_flags.from_flags(Toy, flag_values)
+  assert (toy.lengths, toy.modes, toy.depth, toy.fast, toy.kind) == ([4], [], 5, True, 'y')
+  assert (toy.limit_bytes, toy.workers, toy.budget) == (2048, 7, 9)
+
+
+def test_a_required_setting_and_a_bad_list_are_refused():
+  with pytest.raises(flags.IllegalFlagValueError, match='name'):
+    parsed()
+  with pytest.raises(ConfigError, match=r'^--lengths=4,x is not allowed: give comma-separated'):
+    settings_flags.from_flags(Toy, parsed('--name=n', '--lengths=4,x'))
+
+
+# The defaults each command had on its own flags, by flag name.
+COMMAND_DEFAULTS = {
+    benchmark.BenchmarkSettings: {
+        'seq_lens': [str(2**p) for p in range(9, 17)],
+        'projected_lens': ['128', '256', '512', '1024', '2048'],
+        'matmul_sizes': ['1024', '2048', '4096'],
+        'memory_limit_gb': None,
+        'memory_budget_gb': None,
+        'max_batch': 4096,
+        'attention_kernel': 'einsum',
+        'out': None,
+    },
+    causal_benchmark.CausalBenchmarkSettings: {
+        'contexts': ['1024', '2048', '4096', '8192', '16384', '32768'],
+        'linformer_query_blocks': ['0'],
+        'sharing': 'layerwise',
+        'memory_limit_gb': None,
+    },
+    pytorch_comparison.ComparisonSettings: {
+        'seq_lens': ['512', '1024', '2048', '4096', '8192'],
+        'modes': ['forward', 'train'],
+        'threads': None,
+        'torch_python': '.venv-torch/bin/python',
+        'num_layers': 2,
+    },
+    data_benchmark.Settings: {
+        'sizes_mb': ['256', '1024'],
+        'stages': ['prepare', 'loader', 'train'],
+        'loader_seconds': 10.0,
+        'out': None,
+    },
+    attention_benchmark.AttentionBenchmarkSettings: {
+        'seq_lens': ['512', '1024', '2048', '4096', '8192'],
+        'projected_len': 256,
+        'heads': 12,
+        'dtype': 'float32',
+    },
+}
+
+
+@pytest.mark.parametrize('settings_type', COMMAND_DEFAULTS, ids=lambda t: t.__name__)
+def test_the_commands_flags_keep_their_names_and_defaults(settings_type):
+  flag_values = flags.FlagValues()
+  settings_flags.define_flags(settings_type, flag_values)
+  for name, default in COMMAND_DEFAULTS[settings_type].items():
+    assert flag_values[name].default == default, name
+  if 'out' in flag_values:
+    with pytest.raises(flags.IllegalFlagValueError, match='--out'):
+      flag_values(['prog'])

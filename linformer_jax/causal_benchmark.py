@@ -21,7 +21,7 @@ from linformer_jax import cli
 from linformer_jax.analysis import causal_benchmark
 from linformer_jax.analysis.benchmark import default_memory_limit_bytes
 from linformer_jax.analysis.causal_benchmark import CausalBenchmarkSettings
-from linformer_jax.model.model_config import PROJECTION_TYPES
+from linformer_jax.model import projections
 from linformer_jax.model.model_config import SHARING_MODES
 
 _DEFAULTS = CausalBenchmarkSettings()
@@ -56,7 +56,10 @@ _SHARING = flags.DEFINE_enum(
     'sharing', _DEFAULTS.sharing, SHARING_MODES, "Linformer's E/F sharing."
 )
 _PROJECTION = flags.DEFINE_enum(
-    'projection', _DEFAULTS.projection, PROJECTION_TYPES, "Linformer's block compression."
+    'projection',
+    _DEFAULTS.projection,
+    projections.REGISTRY.names(),
+    "Linformer's block compression.",
 )
 _LINFORMER_QUERY_BLOCKS = flags.DEFINE_list(
     'linformer_query_blocks',

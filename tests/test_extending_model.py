@@ -60,6 +60,41 @@ def outputs(config, variables=None):
   return model.apply(variables, tokens, mask), variables
 
 
+LAYER = "['encoder']['layers_{}']['attention']['projection']"
+# The sequence-projection weights checkpoints hold: key paths and shapes.
+PINNED_PROJECTION_WEIGHTS = {
+    ('linear', 'layerwise', False): {
+        "['params']['encoder']['shared_projection']['kv_projection']": (16, 4)
+    },
+    ('conv', 'none', False): {
+        f"['params']{LAYER.format(layer)}['{weight}']": (2, 4, 4, 4)
+        for layer in (0, 1)
+        for weight in ('key_projection', 'value_projection')
+    },
+    ('random', 'kv', False): {
+        f"['constants']{LAYER.format(layer)}['kv_projection']": (16, 4) for layer in (0, 1)
+    },
+    ('linear', 'headwise', True): {
+        f"['params']{LAYER.format(layer)}['{weight}']": (16, 4)
+        for layer in (0, 1)
+        for weight in ('key_projection', 'value_projection')
+    },
+}
+
+
+@pytest.mark.parametrize('projection,sharing,causal', list(PINNED_PROJECTION_WEIGHTS))
+def test_projection_weights_keep_their_checkpoint_names_and_shapes(projection, sharing, causal):
+  config = model_config(projection=projection, sharing=sharing, causal=causal, block_len=8)
+  model = (models.CausalLanguageModel if causal else models.MaskedLanguageModel)(config)
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.ones((2, 16), jnp.int32))
+  weights = {
+      jax.tree_util.keystr(path): leaf.shape
+      for path, leaf in jax.tree_util.tree_leaves_with_path(nn.meta.unbox(shapes))
+      if 'projection' in jax.tree_util.keystr(path)
+  }
+  assert weights == PINNED_PROJECTION_WEIGHTS[(projection, sharing, causal)]
+
+
 def test_the_examples_register_their_names():
   assert 'strided' in projections.REGISTRY
   assert 'scaled_linformer' in attention_kinds.REGISTRY

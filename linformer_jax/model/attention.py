@@ -40,6 +40,7 @@ MASKED_LOGIT = -1e30
 
 
 def check_qkv(q: Array, k: Array, v: Array) -> None:
+  """Raises a ValueError unless q, k, v are [batch, length, heads, head_dim] that agree."""
   if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
     raise ValueError(
         'q, k and v must be [batch, length, heads, head_dim]; got shapes '
@@ -54,6 +55,7 @@ def check_qkv(q: Array, k: Array, v: Array) -> None:
 
 
 def check_mask(mask: Optional[Array], batch: int, length: int) -> None:
+  """Raises a ValueError unless the padding mask is None or [batch, length]."""
   if mask is not None and mask.shape != (batch, length):
     raise ValueError(
         f'key_padding_mask must be [batch, length] = {(batch, length)}; got {mask.shape}.'

@@ -6,6 +6,10 @@ import numpy as np
 import pytest
 
 from linformer_jax.model import attention
+from linformer_jax.model.attention_kinds import linformer
+from linformer_jax.model.projections import conv
+from linformer_jax.model.projections import max as max_pooling
+from linformer_jax.model.projections import mean as mean_pooling
 
 BATCH, LENGTH, HEADS, HEAD_DIM, PROJECTED = 3, 24, 4, 8, 6
 
@@ -117,7 +121,7 @@ def test_padding_invariance(projection):
   }.get(projection)
 
   def run(q, k, v, mask):
-    return attention.compressed_attention(
+    return linformer.compressed_attention(
         q,
         k,
         v,
@@ -144,10 +148,8 @@ def test_padding_invariance(projection):
 def test_pooling_matches_a_naive_masked_window_reduction():
   x = jax.random.normal(jax.random.PRNGKey(12), (2, 10, HEADS, HEAD_DIM))
   mask = padding_mask([10, 5], length=10)
-  mean, mean_mask = attention.pool_sequence(
-      x, window=4, max_len=12, kind='mean', key_padding_mask=mask
-  )
-  maximum, _ = attention.pool_sequence(x, window=4, max_len=12, kind='max', key_padding_mask=mask)
+  mean, mean_mask = mean_pooling.mean_pool(x, window=4, max_len=12, key_padding_mask=mask)
+  maximum, _ = max_pooling.max_pool(x, window=4, max_len=12, key_padding_mask=mask)
   x64 = np.asarray(x, np.float64)
   # Example 1 has real tokens 0..4: windows [0:4] full, [4:8] only position 4.
   np.testing.assert_allclose(mean[1, 0], x64[1, 0:4].mean(0), rtol=1e-5)
@@ -160,7 +162,7 @@ def test_pooling_matches_a_naive_masked_window_reduction():
 def test_conv_matches_naive_windowed_sum():
   x = jax.random.normal(jax.random.PRNGKey(13), (1, 8, HEADS, HEAD_DIM))
   kernel = jax.random.normal(jax.random.PRNGKey(14), (HEADS, 2, HEAD_DIM, HEAD_DIM))
-  out, _ = attention.conv_sequence(x, kernel, max_len=8)
+  out, _ = conv.conv_sequence(x, kernel, max_len=8)
   x64, k64 = np.asarray(x, np.float64), np.asarray(kernel, np.float64)
   for w in range(4):
     for h in range(HEADS):

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from linformer_jax.model import causal_attention
+from linformer_jax.model.attention_kinds import causal_linformer
 
 BATCH, LENGTH, HEADS, HEAD_DIM = 2, 16, 2, 4
 BLOCK, SLOTS, MAX_LEN = 4, 2, 16
@@ -48,7 +48,7 @@ def make_weights(projection, per_head=False, seed=0, max_len=MAX_LEN, block=BLOC
 
 
 def run(q, k, v, projection, weights, mask=None, block=BLOCK, slots=SLOTS, **kwargs):
-  return causal_attention.causal_block_attention(
+  return causal_linformer.causal_block_attention(
       q,
       k,
       v,
@@ -193,7 +193,7 @@ def test_decoding_token_by_token_matches_the_full_sequence(projection, per_head)
   full = run(q, k, v, projection, weights)
   step = jax.jit(
       functools.partial(
-          causal_attention.decode_step,
+          causal_linformer.decode_step,
           block=BLOCK,
           slots=SLOTS,
           projection=projection,
@@ -201,7 +201,7 @@ def test_decoding_token_by_token_matches_the_full_sequence(projection, per_head)
           value_weight=weights[1],
       )
   )
-  cache = causal_attention.init_decode_cache(
+  cache = causal_linformer.init_decode_cache(
       BATCH, MAX_LEN, HEADS, HEAD_DIM, block=BLOCK, slots=SLOTS
   )
   outputs = []
@@ -263,13 +263,13 @@ def test_bad_settings_say_what_to_change(projection, weights, block, slots, leng
 
 def test_decoding_settings_that_do_not_fit_are_errors():
   with pytest.raises(ValueError, match='block=5 must divide max_len=16'):
-    causal_attention.init_decode_cache(1, MAX_LEN, HEADS, HEAD_DIM, block=5, slots=SLOTS)
-  cache = causal_attention.init_decode_cache(
+    causal_linformer.init_decode_cache(1, MAX_LEN, HEADS, HEAD_DIM, block=5, slots=SLOTS)
+  cache = causal_linformer.init_decode_cache(
       BATCH, 2 * MAX_LEN, HEADS, HEAD_DIM, block=BLOCK, slots=SLOTS
   )
   token = [x[:, :1] for x in random_qkv(seed=8, length=1)]
   with pytest.raises(ValueError, match='covers 16 positions but the cache max_len is 32'):
-    causal_attention.decode_step(
+    causal_linformer.decode_step(
         cache,
         *token,
         0,

@@ -50,10 +50,9 @@ from linformer_jax.analysis.benchmark_report import memory_bytes
 from linformer_jax.analysis.settings_flags import setting
 from linformer_jax.model import generation
 from linformer_jax.model import models
+from linformer_jax.model import projections
 from linformer_jax.model.layers import CACHE
-from linformer_jax.model.model_config import PROJECTION_TYPES
 from linformer_jax.model.model_config import SHARING_MODES
-from linformer_jax.model.model_config import WINDOWED_PROJECTIONS
 from linformer_jax.model.model_config import ModelConfig
 
 # The fields of a row, in the order of results.csv's columns; see `_new_row` and `_measure`.
@@ -98,7 +97,9 @@ class CausalBenchmarkSettings:
   block_len: int = setting(128, "Linformer's block b; lengths it does not divide are skipped.")
   slots: int = setting(16, "Linformer's summaries per block r (projected_len).")
   sharing: str = setting('layerwise', "Linformer's E/F sharing.", choices=SHARING_MODES)
-  projection: str = setting('linear', "Linformer's block compression.", choices=PROJECTION_TYPES)
+  projection: str = setting(
+      'linear', "Linformer's block compression.", choices=projections.REGISTRY.names()
+  )
   linformer_query_blocks: Sequence[int] = setting(
       (0,),
       'Forward pass: one Linformer row per query_blocks_per_step '
@@ -128,14 +129,19 @@ class CausalBenchmarkSettings:
     flag_checks.require_model_dims(self, _POSITIVE)
     advice = f'use 1 <= slots <= --block_len={self.block_len}'
     flag_checks.require(1 <= self.slots <= self.block_len, 'slots', self.slots, advice)
-    ok = self.projection not in WINDOWED_PROJECTIONS or self.block_len % self.slots == 0
+    windowed = (
+        self.projection in projections.REGISTRY and projections.kind(self.projection).windowed
+    )
+    ok = not windowed or self.block_len % self.slots == 0
     advice = f'--projection={self.projection} needs it to divide --block_len={self.block_len}'
     flag_checks.require(ok, 'slots', self.slots, advice)
     flag_checks.require(
         self.sharing in SHARING_MODES, 'sharing', self.sharing, f'use {SHARING_MODES}'
     )
-    advice = f'use {PROJECTION_TYPES}'
-    flag_checks.require(self.projection in PROJECTION_TYPES, 'projection', self.projection, advice)
+    advice = f'use {projections.REGISTRY.names()}'
+    flag_checks.require(
+        self.projection in projections.REGISTRY, 'projection', self.projection, advice
+    )
     for name in ('contexts', 'seq_lens'):
       lengths = getattr(self, name)
       advice = f'no Linformer cell is left: --block_len={self.block_len} divides none of them'

@@ -152,9 +152,8 @@ def context_queries_and_keys(
     if config.projection in ('linear', 'random', 'conv'):
       owner = ('shared_projection',) if config.sharing == 'layerwise' else path + ('projection',)
       weight = _captured(encoder, owner)[0]
-    keys, key_mask = attention.compress_sequence(
+    keys, key_mask = config.projection_kind.compress(
         k,
-        config.projection,
         weight,
         max_len=config.max_len,
         projected_len=config.projected_len_for_layer(layer),

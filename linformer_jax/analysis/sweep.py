@@ -41,6 +41,7 @@ from linformer_jax.analysis.sweep_report import report_table  # noqa: F401
 from linformer_jax.analysis.sweep_report import results_of
 from linformer_jax.analysis.sweep_report import write_report
 from linformer_jax.errors import ConfigError
+from linformer_jax.registry import import_extensions
 from linformer_jax.training import run_config
 from linformer_jax.training import trainer
 
@@ -245,6 +246,8 @@ def variant_configs(sweep: Sweep, sets: Sequence[str] = ()) -> Dict[str, ml_coll
     for key, value in typed_sets.items():
       _assign(config, key, value, f'--set={key}')
     try:
+      # A variant may name parts of its own (config.extensions); they register first.
+      import_extensions(config.get('extensions'))
       run_config.validate(config)
     except ConfigError as error:
       raise ConfigError(f'sweep variant {variant.name!r}: {error}') from None

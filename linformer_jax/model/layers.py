@@ -1,8 +1,8 @@
 """The encoder's layers: sequence projections, self-attention, MLP, one layer.
 
-The modules only hold parameters and call the pure functions of
-`linformer_jax.model.attention` (bidirectional) and
-`linformer_jax.model.causal_attention` (left to right, `config.causal`).
+The modules only hold parameters and call the attention kind and the sequence
+projection the config names (`linformer_jax.model.attention_kinds`,
+`linformer_jax.model.projections`), whose math is pure functions.
 
 Parameter sharing of the sequence projections (the paper's Section 4):
   'none'      an E and an F per head and layer  (2 * heads * layers matrices)
@@ -13,43 +13,34 @@ A causal Linformer uses the same weights block by block: a matrix [max_len, r]
 maps each block of `block_len` tokens into its own r slots, and a convolution
 or pooling window is block_len / r.
 
-Learned projections ('linear') start from the paper's Johnson-Lindenstrauss
-construction, entries drawn from N(0, 1/k). 'random' projections are drawn the
-same way but never trained: they live in the 'constants' collection, outside
-'params', so no gradient or optimizer update ever reaches them while they are
-still saved with the model's variables.
+The weights themselves are the projection kind's: learned matrices from the
+paper's Johnson-Lindenstrauss construction ('linear'), the same never trained
+('random', in the 'constants' collection), convolution kernels ('conv').
 
 Decoding (`decode_position` given) reads one token per call and keeps what
-later tokens need in the 'cache' collection: the keys and values of every
-position for full attention; the current block and the finished blocks'
-summaries for the causal Linformer (`causal_attention.DecodeCache`).
+later tokens need in the 'cache' collection, as the attention kind lays it
+out: the keys and values of every position for full attention; the current
+block and the finished blocks' summaries for the causal Linformer.
 """
 
+import functools
 from typing import Optional, Tuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from linformer_jax.model import attention
-from linformer_jax.model import causal_attention
+from linformer_jax.model import attention_kinds
 from linformer_jax.model import logical_axes as axes
+from linformer_jax.model import projections
 from linformer_jax.model.model_config import ModelConfig
 
 Array = jax.Array
 # Variable collection of the state that decoding carries from token to token.
 CACHE = 'cache'
-
-# Variable collection of the fixed (untrained) random projections.
-CONSTANTS = 'constants'
 DENSE_INIT = nn.initializers.normal(stddev=0.02)
 # Names of the sequence-projection weights, E and F.
 PROJECTION_NAMES = ('kv_projection', 'key_projection', 'value_projection')
-
-
-def johnson_lindenstrauss_init(projected_len: int):
-  """Initialiser with entries from N(0, 1/k), the paper's JL construction."""
-  return nn.initializers.normal(stddev=projected_len**-0.5)
 
 
 def partitioned(init, names):
@@ -87,16 +78,19 @@ def layer_norm(name: str, cfg: ModelConfig) -> nn.LayerNorm:
 class SequenceProjection(nn.Module):
   """Holds the E/F weights that compress keys and values along the sequence.
 
+  The projection kind (`config.model.projection`) decides what the weights
+  are: [max_len, k] matrices for 'linear' and 'random', [window, head_dim,
+  head_dim] convolution kernels for 'conv', none for pooling; a per-head
+  weight has a leading heads axis.
+
   Attributes:
     config: the model configuration.
     projected_len: k for the layer(s) using these weights.
     per_head: one weight per head (sharing 'none') or one for all heads.
     share_key_value: one weight used as both E and F ('kv', 'layerwise').
 
-  Returns (from __call__) the pair (E, F); E is F when shared. Weights are
-  [max_len, k] matrices for 'linear'/'random', [window, head_dim, head_dim]
-  convolution kernels for 'conv' (a leading heads axis when per_head), and
-  None for pooling.
+  Returns (from __call__) the pair (E, F); E is F when shared, None for a
+  kind without weights.
   """
 
   config: ModelConfig
@@ -105,28 +99,9 @@ class SequenceProjection(nn.Module):
   share_key_value: bool
 
   def _weight(self, name: str) -> Optional[Array]:
-    cfg = self.config
-    heads = (cfg.num_heads,) if self.per_head else ()
-    # Not axes.HEADS: projections stay replicated unless a rule names them.
-    head_axes = (axes.PROJECTION_HEADS,) if self.per_head else ()
-    if cfg.projection in ('linear', 'random'):
-      shape = heads + (cfg.max_len, self.projected_len)
-      names = head_axes + (axes.LENGTH, axes.PROJECTED_LENGTH)
-      init = partitioned(johnson_lindenstrauss_init(self.projected_len), names)
-      if cfg.projection == 'linear':
-        return self.param(name, init, shape, jnp.float32)
-      return self.variable(
-          CONSTANTS, name, lambda: init(self.make_rng('params'), shape, jnp.float32)
-      ).value
-    if cfg.projection == 'conv':
-      window = cfg.compressed_span // self.projected_len
-      shape = heads + (window, cfg.head_dim, cfg.head_dim)
-      names = head_axes + (axes.CONV_WINDOW, axes.HEAD_DIM_IN, axes.HEAD_DIM)
-      fan_in = nn.initializers.variance_scaling(
-          1.0, 'fan_in', 'normal', in_axis=(-3, -2), out_axis=-1
-      )
-      return self.param(name, partitioned(fan_in, names), shape, jnp.float32)
-    return None
+    return self.config.projection_kind.make_weight(
+        self, name, config=self.config, projected_len=self.projected_len, per_head=self.per_head
+    )
 
   @nn.compact
   def __call__(self) -> Tuple[Optional[Array], Optional[Array]]:
@@ -136,26 +111,22 @@ class SequenceProjection(nn.Module):
     return self._weight('key_projection'), self._weight('value_projection')
 
 
-# Projections whose compression commutes with the key/value projection.
-COMPRESS_FIRST_PROJECTIONS = ('linear', 'random', 'mean')
-
-
 class SelfAttention(nn.Module):
-  """Multi-head self-attention, full or Linformer, bidirectional or causal.
+  """Multi-head self-attention of the configured kind, bidirectional or causal.
 
-  A bidirectional Linformer whose E and F are shared by the heads (any sharing
-  but 'none') and linear or mean pooling compresses the layer input first and
-  projects the k compressed rows to keys and values
-  (`attention.compress_layer_input`): the same result with the key and value
-  matmuls on k rows instead of n, and one compression for E = F. The
-  parameters are the same either way. Bidirectional inference passes with
-  `config.inference_chunk` attend chunk by chunk of queries (`in_chunks`).
+  The layer holds the query, key, value and output dense layers and the
+  sequence projection's weights; the attention kind (`config.model.attention`,
+  see `attention_kinds`) does the rest: the keys and values queries attend
+  over, the causal pass, decoding through the cache. Bidirectional inference
+  passes with `config.inference_chunk` attend chunk by chunk of queries
+  (`in_chunks`).
 
   Attributes:
     config: the model configuration.
     layer: this layer's index.
     compress_first: False projects every position, then compresses (the
-      reference order, for tests).
+      reference order, for tests); True lets a projection that commutes with
+      the dense layers compress the layer input first.
   """
 
   config: ModelConfig
@@ -173,6 +144,7 @@ class SelfAttention(nn.Module):
   ) -> Array:
     cfg = self.config
     dtype = cfg.compute_dtype
+    kind = cfg.attention_kind
 
     query_dense, key_dense, value_dense = (
         dense(
@@ -193,122 +165,77 @@ class SelfAttention(nn.Module):
         axis=(-2, -1),
     )
     dropout = nn.Dropout(cfg.dropout_rate)
-    weights, projected_len = (None, None), None
-    if cfg.attention == 'linformer':
-      projected_len = cfg.projected_len_for_layer(self.layer)
-      if cfg.sharing == 'layerwise':
-        weights = shared_projection
-      else:
-        weights = SequenceProjection(
-            cfg,
-            projected_len,
-            per_head=cfg.sharing == 'none',
-            share_key_value=cfg.sharing == 'kv',
-            name='projection',
-        )()
-    key_weight, value_weight = weights
+    projection = self._projection(shared_projection) if kind.uses_projection else None
     if decode_position is not None or cfg.causal:
       q, k, v = query_dense(x), key_dense(x), value_dense(x)
       if decode_position is not None:
-        out = self._decode(q, k, v, decode_position, projected_len, key_weight, value_weight)
-      elif cfg.attention == 'full':
-        out = attention.dot_product_attention(q, k, v, key_padding_mask=padding_mask, causal=True)
+        out = self._decode(q, k, v, decode_position, projection)
       else:
-        out = causal_attention.causal_block_attention(
-            q,
-            k,
-            v,
-            block=cfg.block_len,
-            slots=projected_len,
-            projection=cfg.projection,
-            key_weight=key_weight,
-            value_weight=value_weight,
-            key_padding_mask=padding_mask,
-            query_blocks_per_step=cfg.query_blocks_per_step or None,
-        )
+        out = kind.causal_attention(q, k, v, padding_mask, projection, cfg)
       return dropout(out_dense(out), deterministic=deterministic)
-    common = dict(max_len=cfg.max_len, projected_len=projected_len, key_padding_mask=padding_mask)
-    if (
-        self.compress_first
-        and cfg.attention == 'linformer'
-        and cfg.sharing != 'none'
-        and cfg.projection in COMPRESS_FIRST_PROJECTIONS
-    ):
-      compressed = attention.compress_layer_input(x, cfg.projection, key_weight, name='E', **common)
-      if value_weight is not key_weight:
-        value_input = attention.compress_layer_input(
-            x, cfg.projection, value_weight, name='F', **common
-        )
-      else:
-        value_input = compressed
-      keys = _project_compressed(key_dense, *compressed[:2])
-      values = _project_compressed(value_dense, *value_input[:2])
-      key_mask = compressed[2]
-      # The compressed keys, for analyses that capture intermediates (spectrum).
-      self.sow('intermediates', 'compressed_keys', (keys, key_mask))
-    else:
-      keys, values, key_mask = key_dense(x), value_dense(x), padding_mask
-      if cfg.attention == 'linformer':
-        keys, key_mask = attention.compress_sequence(
-            keys, cfg.projection, key_weight, name='E', **common
-        )
-        values, _ = attention.compress_sequence(
-            values, cfg.projection, value_weight, name='F', **common
-        )
 
+    layer_dense = attention_kinds.KeyValueDense(
+        keys=key_dense,
+        values=value_dense,
+        keys_from_compressed=functools.partial(_project_compressed, key_dense),
+        values_from_compressed=functools.partial(_project_compressed, value_dense),
+    )
+    keys, values, key_mask = kind.keys_and_values(
+        x,
+        padding_mask,
+        layer_dense,
+        projection,
+        cfg,
+        compress_first=self.compress_first,
+        record=functools.partial(self.sow, 'intermediates'),
+    )
     kernel = cfg.attention_kernel
     chunk = inference_chunk(cfg, x.shape[1], deterministic)
     if chunk is None or self.is_initializing():
-      out = out_dense(attention.attend_with(kernel, query_dense(x), keys, values, key_mask))
+      out = out_dense(kind.attend(query_dense(x), keys, values, key_mask, kernel=kernel))
     else:  # queries chunk by chunk: temporaries of chunk x (k or n) per head
       query, output = pure(query_dense), pure(out_dense)
       out = in_chunks(
-          lambda rows: output(attention.attend_with(kernel, query(rows), keys, values, key_mask)),
+          lambda rows: output(kind.attend(query(rows), keys, values, key_mask, kernel=kernel)),
           x,
           chunk,
       )
     return dropout(out, deterministic=deterministic)
 
-  def _decode(self, q, k, v, position, projected_len, key_weight, value_weight) -> Array:
+  def _projection(self, shared_projection) -> projections.LayerProjection:
+    """This layer's sequence projection: the model's shared weights or its own."""
+    cfg = self.config
+    projected_len = cfg.projected_len_for_layer(self.layer)
+    if cfg.sharing == 'layerwise':
+      weights = shared_projection
+    else:
+      weights = SequenceProjection(
+          cfg,
+          projected_len,
+          per_head=cfg.sharing == 'none',
+          share_key_value=cfg.sharing == 'kv',
+          name='projection',
+      )()
+    return projections.LayerProjection(cfg.projection_kind, projected_len, *weights)
+
+  def _decode(self, q, k, v, position, projection) -> Array:
     """Attention of one token [batch, 1, ...] at `position`, through the cache."""
     cfg = self.config
-    batch = q.shape[0]
     if not cfg.causal:
       raise ValueError(
           'Decoding needs a causal model; set config.model.causal=True (config.task=causal_lm).'
       )
-    if cfg.attention == 'full':
-      shape = (batch, cfg.max_len, cfg.num_heads, cfg.head_dim)
-      cached_keys = self.variable(CACHE, 'keys', jnp.zeros, shape, k.dtype)
-      cached_values = self.variable(CACHE, 'values', jnp.zeros, shape, v.dtype)
-      start = (0, position, 0, 0)
-      keys = jax.lax.dynamic_update_slice(cached_keys.value, k, start)
-      values = jax.lax.dynamic_update_slice(cached_values.value, v, start)
-      visible = jnp.broadcast_to(jnp.arange(cfg.max_len) <= position, (batch, cfg.max_len))
-      if not self.is_initializing():
-        cached_keys.value, cached_values.value = keys, values
-      return attention.attend(q, keys, values, visible)
-    settings = dict(block=cfg.block_len, slots=projected_len)
-    state = self.variable(
-        CACHE,
-        'blocks',
-        lambda: causal_attention.init_decode_cache(
-            batch, cfg.max_len, cfg.num_heads, cfg.head_dim, dtype=k.dtype, **settings
-        )._asdict(),
-    )
-    out, new_state = causal_attention.decode_step(
-        causal_attention.DecodeCache(**state.value),
-        q,
-        k,
-        v,
-        position,
-        projection=cfg.projection,
-        key_weight=key_weight,
-        value_weight=value_weight,
-        **settings,
-    )
+    kind = cfg.attention_kind
+    empty = kind.init_cache(q.shape[0], cfg, projection, k.dtype)
+    cache = {
+        name: self.variable(CACHE, name, lambda initial=value: initial)
+        for name, value in empty.items()
+    }
+    values = {name: variable.value for name, variable in cache.items()}
+    out, new_cache = kind.decode(values, q, k, v, position, projection, cfg)
     if not self.is_initializing():
-      state.value = new_state._asdict()
+      for name, variable in cache.items():
+        variable.value = new_cache[name]
     return out
 
 

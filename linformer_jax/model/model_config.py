@@ -3,7 +3,10 @@
 `ModelConfig.from_config(config.model)` turns the `ml_collections.ConfigDict`
 into a frozen dataclass (hashable, so Flax modules can hold it) and raises a
 `ConfigError` (a ValueError) naming the field, its value and what is allowed for anything the
-model could not honour. Nothing is silently truncated or rounded.
+model could not honour. Nothing is silently truncated or rounded. The attention
+kinds and sequence projections allowed are those registered
+(`attention_kinds.REGISTRY`, `projections.REGISTRY`), a researcher's own
+included once its file is imported.
 """
 
 import dataclasses
@@ -12,15 +15,11 @@ from typing import Any, Mapping, Tuple, Union
 import jax.numpy as jnp
 
 from linformer_jax.errors import ConfigError
+from linformer_jax.model import attention_kinds
+from linformer_jax.model import projections
 from linformer_jax.model.attention import ATTENTION_KERNELS
 
-ATTENTION_TYPES = ('full', 'linformer')
 SHARING_MODES = ('none', 'headwise', 'kv', 'layerwise')
-PROJECTION_TYPES = ('linear', 'mean', 'max', 'conv', 'random')
-# Projections that compress with a window of max_len / projected_len positions.
-WINDOWED_PROJECTIONS = ('mean', 'max', 'conv')
-# Projections that hold a matrix E (and F) of shape [max_len, projected_len].
-MATRIX_PROJECTIONS = ('linear', 'random')
 # How a classifier summarises the sequence: the first token's vector, or the
 # mean over the real (non-padding) tokens.
 POOLING_TYPES = ('first', 'mean', 'attention')
@@ -90,9 +89,19 @@ class ModelConfig:
     return self.projected_len
 
   @property
+  def attention_kind(self) -> attention_kinds.AttentionKind:
+    """The registered kind `attention` names."""
+    return attention_kinds.kind(self.attention)
+
+  @property
+  def projection_kind(self) -> projections.SequenceProjectionKind:
+    """The registered sequence projection `projection` names."""
+    return projections.REGISTRY.get(self.projection)(self.projection)
+
+  @property
   def compressed_span(self) -> int:
     """The positions one compression covers: max_len, or a causal block."""
-    return self.block_len if self.causal and self.attention == 'linformer' else self.max_len
+    return self.attention_kind.compressed_span(self)
 
   def window_for_layer(self, layer: int) -> int:
     """Pooling/convolution window of one layer: n / k, or block_len / r when causal."""
@@ -107,12 +116,10 @@ class ModelConfig:
       raise _field_error(
           'hidden_dim', self.hidden_dim, f'it must be divisible by num_heads={self.num_heads}'
       )
-    if self.attention not in ATTENTION_TYPES:
-      raise _field_error('attention', self.attention, f'use one of {ATTENTION_TYPES}')
+    attention_kind = self.attention_kind  # a ConfigError listing the names when unknown
     if self.sharing not in SHARING_MODES:
       raise _field_error('sharing', self.sharing, f'use one of {SHARING_MODES}')
-    if self.projection not in PROJECTION_TYPES:
-      raise _field_error('projection', self.projection, f'use one of {PROJECTION_TYPES}')
+    projection_kind = self.projection_kind
     if (
         not isinstance(self.num_segments, int)
         or isinstance(self.num_segments, bool)
@@ -137,6 +144,17 @@ class ModelConfig:
       raise _field_error('pooling', self.pooling, f'use one of {POOLING_TYPES}')
     if not isinstance(self.causal, bool):
       raise _field_error('causal', self.causal, 'use True (left to right) or False')
+    if self.causal and not attention_kind.supports_causal:
+      raise _field_error(
+          'causal', self.causal, f'attention={self.attention!r} has no left-to-right form'
+      )
+    if self.causal and attention_kind.uses_projection and not projection_kind.supports_causal:
+      raise _field_error(
+          'projection',
+          self.projection,
+          f'projection={self.projection!r} has no causal (block by block) form; it needs '
+          'windowed=True or a block_summaries method',
+      )
     for field in ('block_len', 'query_blocks_per_step', 'inference_chunk'):
       value = getattr(self, field)
       if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -153,9 +171,9 @@ class ModelConfig:
       raise _field_error('dtype', self.dtype, f'use one of {tuple(DTYPES)}')
     if not 0.0 <= self.dropout_rate < 1.0:
       raise _field_error('dropout_rate', self.dropout_rate, 'use a value in [0, 1)')
-    self._validate_projected_len()
+    self._validate_projected_len(projection_kind)
 
-  def _validate_projected_len(self) -> None:
+  def _validate_projected_len(self, projection_kind: projections.SequenceProjectionKind) -> None:
     per_layer = self.projected_len
     if isinstance(per_layer, tuple):
       if len(per_layer) != self.num_layers:
@@ -164,7 +182,7 @@ class ModelConfig:
         )
       if (
           self.sharing in ('layerwise', 'kv')
-          and self.attention == 'linformer'
+          and self.attention_kind.uses_projection
           and len(set(per_layer)) > 1
       ):
         raise _field_error(
@@ -185,7 +203,7 @@ class ModelConfig:
         raise _field_error(
             'projected_len', self.projected_len, f'k must be at most {span_name}={span}'
         )
-      if self.projection in WINDOWED_PROJECTIONS and span % k:
+      if projection_kind.windowed and span % k:
         raise _field_error(
             'projected_len',
             self.projected_len,

@@ -1,12 +1,12 @@
 """Flax models: the RoBERTa-style encoder and its heads (masked LM, classifier,
 causal LM), with full or Linformer attention.
 
-The modules only hold parameters; the layers (`layers.py`) call the pure
-functions of `linformer_jax.model.attention` and `causal_attention`. One
-`ModelConfig` selects everything an ablation changes: `attention` ('full' is the
-Transformer baseline, same code otherwise), `causal` (left-to-right attention,
-for language modelling), the projected length k (one or per layer), the
-parameter sharing mode and the sequence projection.
+The modules only hold parameters; the layers (`layers.py`) call the attention
+kind and the sequence projection the config names (`attention_kinds`,
+`projections`). One `ModelConfig` selects everything an ablation changes:
+`attention` ('full' is the Transformer baseline, same code otherwise), `causal`
+(left-to-right attention, for language modelling), the projected length k (one
+or per layer), the parameter sharing mode and the sequence projection.
 
 Parameters stay float32; `dtype='bfloat16'` only changes the compute dtype.
 Every parameter carries logical axis names (see `logical_axes.py`) for sharding.
@@ -64,7 +64,7 @@ class Encoder(nn.Module):
       )
     self.embedding_norm = layer_norm('embedding_norm', cfg)
     self.dropout = nn.Dropout(cfg.dropout_rate)
-    if cfg.attention == 'linformer' and cfg.sharing == 'layerwise':
+    if cfg.attention_kind.uses_projection and cfg.sharing == 'layerwise':
       self.shared_projection = SequenceProjection(
           cfg, cfg.projected_len_for_layer(0), per_head=False, share_key_value=True
       )
@@ -277,7 +277,7 @@ def count_projection_matrices(variables, config: ModelConfig) -> int:
 
   A per-head weight with a leading heads axis counts once per head.
   """
-  weight_ndim = 3 if config.projection == 'conv' else 2
+  weight_ndim = config.projection_kind.weight_ndim
   count = 0
   for path, leaf in jax.tree_util.tree_leaves_with_path(nn.meta.unbox(variables)):
     if getattr(path[-1], 'key', '') in PROJECTION_NAMES:

@@ -8,56 +8,41 @@ softmax over (a) the keys of its own block at positions s <= t, exactly, and
 (b) the r summaries of each earlier block 0 .. j-1; nothing it sees depends on
 a later position. Attention costs O(n * (b + (n / b) * r)) for n tokens.
 
-The compressions are the paper's projections, applied block by block:
-  'linear', 'random': a matrix [max_len, r] or [heads, max_len, r], the shape of
-    a Linformer E with projected_len = r, used block-diagonally: rows
-    i*b .. (i+1)*b - 1 map block i into its r slots.
-  'mean', 'max', 'conv': pooling or a strided convolution (attention.py) with
-    window = stride = b // r, so windows never cross blocks.
-Padded tokens never enter a summary, and a slot holding no real token (a pooled
-window or a block of padding only) is masked out of the softmax.
+The compressions are the sequence projections' own causal forms
+(`SequenceProjectionKind.block_summaries`): a matrix [max_len, r] used
+block-diagonally (rows i*b .. (i+1)*b - 1 map block i into its r slots), or
+pooling and strided convolutions with window = stride = b // r, so windows
+never cross blocks. Padded tokens never enter a summary, and a slot holding no
+real token (a pooled window or a block of padding only) is masked out of the
+softmax. `projection` arguments take a registered name ('linear', 'random',
+'mean', 'max', 'conv', or one of your own) or a kind.
 
 Shapes follow attention.py: q, k, v are [batch, length, heads, head_dim] and
 key_padding_mask is [batch, length], True for real tokens. Softmax and
 reductions run in float32; outputs come back in q's dtype.
 """
 
-from typing import NamedTuple, Optional, Tuple
+from typing import Any, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 
 from linformer_jax.model import attention
+from linformer_jax.model import projections
+from linformer_jax.model.projections import SequenceProjectionKind
 
 Array = jax.Array
 
-MATRIX_PROJECTIONS = ('linear', 'random')
 
-
-def _check_blocks(projection: str, weight: Optional[Array], block: int, slots: int) -> None:
+def _check_blocks(
+    projection: SequenceProjectionKind, weight: Optional[Array], block: int, slots: int
+) -> None:
   """Raises a ValueError naming what to change in a bad block configuration."""
-  if projection not in MATRIX_PROJECTIONS + ('mean', 'max', 'conv'):
-    raise ValueError(
-        f"projection={projection!r} is unknown; use 'linear', 'random', 'mean', 'max' or 'conv'."
-    )
   if block < 1:
     raise ValueError(f'block={block} must be at least 1 token.')
   if not 1 <= slots <= block:
     raise ValueError(f'slots={slots} must be between 1 and block={block}.')
-  if projection in MATRIX_PROJECTIONS:
-    if weight is None or weight.ndim not in (2, 3):
-      raise ValueError(f'projection={projection!r} needs a weight [(heads,) max_len, slots].')
-    if weight.shape[-1] != slots:
-      raise ValueError(f"slots={slots} must equal the projection's last axis, {weight.shape[-1]}.")
-    if weight.shape[-2] % block:
-      raise ValueError(f"block={block} must divide max_len={weight.shape[-2]} (the weight's rows).")
-  elif block % slots:
-    raise ValueError(f'slots={slots} must divide block={block} for {projection!r} windows.')
-  if projection == 'conv' and (weight is None or weight.shape[-3] != block // slots):
-    raise ValueError(
-        f'The conv kernel window must be block // slots = {block // slots}; got kernel shape '
-        f'{None if weight is None else weight.shape}.'
-    )
+  projection.check_blocks(weight, block, slots)
 
 
 def _pad_to_blocks(x: Array, mask: Optional[Array], block: int) -> Tuple[Array, Array]:
@@ -72,7 +57,7 @@ def _pad_to_blocks(x: Array, mask: Optional[Array], block: int) -> Tuple[Array, 
 
 def block_summaries(
     x: Array,
-    projection: str,
+    projection: Any,
     weight: Optional[Array],
     *,
     block: int,
@@ -85,11 +70,12 @@ def block_summaries(
   Args:
     x: [batch, length, heads, head_dim]; a length that is not a multiple of
       block is padded (as padding) to the next multiple.
-    projection: 'linear', 'random', 'mean', 'max' or 'conv'.
-    weight: [max_len, slots] or [heads, max_len, slots] for 'linear'/'random'
-      (row p maps position p into the slots of its own block; length must be
-      at most max_len); the conv kernel [block // slots, head_dim, head_dim] or
-      [heads, block // slots, head_dim, head_dim]; None for pooling.
+    projection: a registered projection name or kind.
+    weight: the projection's weight: [max_len, slots] or [heads, max_len,
+      slots] for a matrix (row p maps position p into the slots of its own
+      block; length must be at most max_len); a conv kernel [block // slots,
+      head_dim, head_dim] or [heads, block // slots, head_dim, head_dim]; None
+      for pooling.
     block: the block size b.
     slots: the summaries per block r.
     key_padding_mask: optional [batch, length], True for real tokens.
@@ -100,35 +86,12 @@ def block_summaries(
     s summarising block s // slots, and their [batch, num_blocks * slots] mask,
     False for slots that hold no real token.
   """
+  projection = projections.kind(projection)
   _check_blocks(projection, weight, block, slots)
-  length = x.shape[1]
   x, mask = _pad_to_blocks(x, key_padding_mask, block)
-  batch, padded_len, heads, head_dim = x.shape
-  num_blocks = padded_len // block
-  if projection in ('mean', 'max'):
-    return attention.pool_sequence(
-        x, window=block // slots, max_len=padded_len, kind=projection, key_padding_mask=mask
-    )
-  if projection == 'conv':
-    return attention.conv_sequence(x, weight, max_len=padded_len, key_padding_mask=mask)
-  max_len = weight.shape[-2]
-  if length > max_len:
-    raise ValueError(
-        f'Sequence length {length} is longer than the projection {name}, which covers '
-        f'{max_len} positions; use sequences of at most {max_len} tokens or a larger max_len.'
-    )
-  # Block i is a Linformer of its own, projected by its rows of the weight.
-  rows = weight[..., :padded_len, :].reshape(*weight.shape[:-2], num_blocks, block, slots)
-  mask = mask.reshape(batch, num_blocks, block)
-
-  def project_block(block_x, block_rows, block_mask):
-    return attention.project_sequence(block_x, block_rows, key_padding_mask=block_mask, name=name)
-
-  summaries = jax.vmap(project_block, in_axes=(1, rows.ndim - 3, 1), out_axes=1)(
-      x.reshape(batch, num_blocks, block, heads, head_dim), rows, mask
+  return projection.block_summaries(
+      x, weight, block=block, slots=slots, key_padding_mask=mask, name=name
   )
-  summaries = summaries.reshape(batch, num_blocks * slots, heads, head_dim)
-  return summaries, jnp.repeat(jnp.any(mask, axis=-1), slots, axis=1)
 
 
 def _attend_block_and_summaries(
@@ -182,7 +145,7 @@ def causal_block_attention(
     *,
     block: int,
     slots: int,
-    projection: str,
+    projection: Any,
     key_weight: Optional[Array],
     value_weight: Optional[Array],
     key_padding_mask: Optional[Array] = None,
@@ -195,7 +158,7 @@ def causal_block_attention(
       of block is padded internally and the output cut back to length.
     block: the block size b.
     slots: the summaries per earlier block r.
-    projection: 'linear', 'random', 'mean', 'max' or 'conv'.
+    projection: a registered projection name or kind.
     key_weight, value_weight: E and F, as `weight` in block_summaries.
     key_padding_mask: optional [batch, length], True for real tokens.
     query_blocks_per_step: None computes every query block at once, holding
@@ -209,12 +172,13 @@ def causal_block_attention(
     [batch, length, heads, head_dim] in the dtype of q. Rows of padded queries
     carry no meaning (zero where no key is visible) but are finite and causal.
   """
-  attention._check_qkv(q, k, v)
-  attention._check_mask(key_padding_mask, k.shape[0], k.shape[1])
+  attention.check_qkv(q, k, v)
+  attention.check_mask(key_padding_mask, k.shape[0], k.shape[1])
   if q.shape[1] != k.shape[1]:
     raise ValueError(f'Causal attention needs q and k of one length; got {q.shape}, {k.shape}.')
   if query_blocks_per_step is not None and query_blocks_per_step < 1:
     raise ValueError(f'query_blocks_per_step={query_blocks_per_step} must be None or at least 1.')
+  projection = projections.kind(projection)
   common = dict(block=block, slots=slots, key_padding_mask=key_padding_mask)
   summary_k, summary_mask = block_summaries(k, projection, key_weight, name='E', **common)
   summary_v, _ = block_summaries(v, projection, value_weight, name='F', **common)
@@ -305,7 +269,7 @@ def decode_step(
     *,
     block: int,
     slots: int,
-    projection: str,
+    projection: Any,
     key_weight: Optional[Array],
     value_weight: Optional[Array],
 ) -> Tuple[Array, DecodeCache]:
@@ -330,9 +294,10 @@ def decode_step(
   Returns:
     out_t [batch, 1, heads, head_dim] in q_t's dtype, and the updated cache.
   """
+  projection = projections.kind(projection)
   _check_blocks(projection, key_weight, block, slots)
   _check_blocks(projection, value_weight, block, slots)
-  attention._check_qkv(q_t, k_t, v_t)
+  attention.check_qkv(q_t, k_t, v_t)
   if q_t.shape[1] != 1 or cache.block_keys.shape[1] != block:
     raise ValueError(
         f'decode_step takes one token [batch, 1, heads, head_dim] and a cache built with '
@@ -340,11 +305,7 @@ def decode_step(
     )
   max_len = cache.summary_mask.shape[1] // slots * block
   for weight in (key_weight, value_weight):
-    if projection in MATRIX_PROJECTIONS and weight.shape[-2] < max_len:
-      raise ValueError(
-          f'The projection covers {weight.shape[-2]} positions but the cache max_len is '
-          f"{max_len}; build the cache with a max_len of at most the weight's rows."
-      )
+    projection.check_decode_len(weight, max_len)
   offset, block_index = position % block, position // block
   block_keys, block_values = (
       jax.lax.dynamic_update_slice_in_dim(buffer, x.astype(buffer.dtype), offset, axis=1)
@@ -367,11 +328,10 @@ def decode_step(
 
   def compress_block(_):
     """The completed block's slots (by its weight rows, for matrices)."""
-    if projection in MATRIX_PROJECTIONS:
-      rows = lambda w: jax.lax.dynamic_slice_in_dim(w, block_index * block, block, axis=w.ndim - 2)
-      weights = (rows(key_weight), rows(value_weight))
-    else:
-      weights = (key_weight, value_weight)
+    weights = (
+        projection.weight_for_block(key_weight, block_index, block),
+        projection.weight_for_block(value_weight, block_index, block),
+    )
     common = dict(block=block, slots=slots)
     new_keys, new_mask = block_summaries(block_keys, projection, weights[0], **common)
     new_values, _ = block_summaries(block_values, projection, weights[1], **common)

@@ -1,0 +1,26 @@
+"""Attention kinds, one module per kind, chosen by `config.model.attention`.
+
+  'full'       softmax over every position, the Transformer baseline (full.py)
+  'linformer'  keys and values compressed by the sequence projection
+               (linformer.py); its causal form, block by block, is
+               causal_linformer.py
+Each kind is an `AttentionKind` subclass registered under its name (base.py
+says what a kind provides: the bidirectional, causal and decoding passes). A
+variant of your own is one file that subclasses a kind and registers it,
+named in `config.extensions`.
+"""
+
+import importlib
+
+from linformer_jax.model.attention_kinds.base import REGISTRY
+from linformer_jax.model.attention_kinds.base import AttentionKind
+from linformer_jax.model.attention_kinds.base import KeyValueDense
+from linformer_jax.model.attention_kinds.base import kind
+
+# The package's own kinds, each in the module of its config name; importing
+# one registers it.
+BUILT_IN = ('full', 'linformer')
+for _name in BUILT_IN:
+  importlib.import_module(f'{__name__}.{_name}')
+
+__all__ = ['BUILT_IN', 'REGISTRY', 'AttentionKind', 'KeyValueDense', 'kind']

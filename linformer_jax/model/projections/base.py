@@ -1,0 +1,213 @@
+"""What every sequence projection declares, and the registry of their names.
+
+A sequence projection compresses keys and values along the sequence axis, from
+n positions to k (the paper's E and F). Each kind is a `SequenceProjectionKind`
+registered under its `config.model.projection` name; the model asks the kind
+for its weights, its compression and its causal (block by block) form, and
+never branches on the name.
+
+Shapes follow `linformer_jax.model.attention`: x is [batch, length, heads,
+head_dim] and key_padding_mask [batch, length], True for real tokens.
+"""
+
+from typing import Any, NamedTuple, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from linformer_jax.registry import Registry
+
+Array = jax.Array
+
+# The names `config.model.projection` accepts, each a SequenceProjectionKind subclass.
+REGISTRY = Registry('config.model.projection')
+
+# Variable collection of weights that are saved with the model but never
+# trained (no gradient or optimizer update reaches them).
+CONSTANTS = 'constants'
+
+
+class SequenceProjectionKind:
+  """One kind of sequence projection: its weights and how it compresses.
+
+  A subclass sets the class attributes that apply and overrides `compress`
+  (always), `make_weight` (when it holds weights) and `compress_layer_input`
+  (when `compresses_first`). The causal Linformer's `block_summaries` works
+  unchanged for a windowed kind; others override it (or cannot be causal).
+
+  Attributes:
+    name: the `config.model.projection` value it was chosen by.
+    compresses_first: compressing commutes with the key/value dense layers,
+      so a layer whose heads share E and F may compress its input first and
+      project k rows instead of n (`compress_layer_input`).
+    windowed: it compresses windows of span / k consecutive positions (window
+      = stride), so the span (max_len, or block_len when causal) must be a
+      multiple of k.
+    weight_ndim: the axes of one weight, without the leading heads axis a
+      per-head weight (sharing='none') has.
+  """
+
+  compresses_first: bool = False
+  windowed: bool = False
+  weight_ndim: int = 2
+
+  def __init__(self, name: str):
+    self.name = name
+
+  @property
+  def supports_causal(self) -> bool:
+    """Whether `block_summaries` works: a windowed kind, or one defining its own."""
+    own = type(self).block_summaries is not SequenceProjectionKind.block_summaries
+    return self.windowed or own
+
+  def make_weight(
+      self, module: Any, name: str, *, config: Any, projected_len: int, per_head: bool
+  ) -> Optional[Array]:
+    """Creates one weight (E or F) in a Flax module's compact call.
+
+    Args:
+      module: the Flax module holding the weight (its `param` or `variable`).
+      name: the weight's variable name, e.g. 'kv_projection'.
+      config: the `ModelConfig`.
+      projected_len: k of the layer(s) using the weight.
+      per_head: one weight per head, with a leading heads axis.
+
+    Returns:
+      The weight, or None for a kind without weights (the default).
+    """
+    del module, name, config, projected_len, per_head
+    return None
+
+  def compress(
+      self,
+      x: Array,
+      weight: Optional[Array],
+      *,
+      max_len: int,
+      projected_len: int,
+      key_padding_mask: Optional[Array] = None,
+      name: str = 'E',
+  ) -> Tuple[Array, Optional[Array]]:
+    """Compresses x [batch, length, heads, head_dim] to projected_len positions.
+
+    Args:
+      x: keys or values; length is at most max_len.
+      weight: the kind's weight (E or F), or None.
+      max_len: the span n that projected_len positions summarise.
+      projected_len: k.
+      key_padding_mask: optional [batch, length]; padding must never enter the
+        result.
+      name: the weight's name, for error messages.
+
+    Returns:
+      [batch, projected_len, heads, head_dim] in x's dtype, and a
+      [batch, projected_len] mask, False for positions holding no real token
+      (None when every position does).
+    """
+    raise NotImplementedError(f'projection={self.name!r} does not define compress.')
+
+  def compress_layer_input(
+      self,
+      x: Array,
+      weight: Optional[Array],
+      *,
+      max_len: int,
+      projected_len: int,
+      key_padding_mask: Optional[Array] = None,
+      name: str = 'E',
+  ) -> Tuple[Array, Array, Optional[Array]]:
+    """Compresses a layer's input [batch, length, features] before the key or
+    value dense layer (only for `compresses_first` kinds).
+
+    Returns:
+      The compressed input [batch, k, features] in x's dtype; the float32
+      [batch, k] factor each compressed row's dense bias takes; and the
+      [batch, k] mask of rows holding real tokens, or None.
+    """
+    raise NotImplementedError(f'projection={self.name!r} cannot compress a layer input.')
+
+  def check_blocks(self, weight: Optional[Array], block: int, slots: int) -> None:
+    """Raises a ValueError for a block size or slot count the kind cannot use."""
+    del weight
+    if self.windowed and block % slots:
+      raise ValueError(f'slots={slots} must divide block={block} for {self.name!r} windows.')
+
+  def block_summaries(
+      self,
+      x: Array,
+      weight: Optional[Array],
+      *,
+      block: int,
+      slots: int,
+      key_padding_mask: Array,
+      name: str = 'E',
+  ) -> Tuple[Array, Array]:
+    """Compresses each block of x into `slots` summaries (causal Linformer).
+
+    Args:
+      x: [batch, num_blocks * block, heads, head_dim], already padded to whole
+        blocks.
+      weight: the kind's weight, as in `compress`.
+      block, slots: b and r.
+      key_padding_mask: [batch, num_blocks * block], True for real tokens.
+      name: the weight's name, for error messages.
+
+    Returns:
+      [batch, num_blocks * slots, heads, head_dim] (slot s summarises block
+      s // slots) and its mask, False for slots holding no real token.
+    """
+    if not self.windowed:
+      raise NotImplementedError(f'projection={self.name!r} has no causal (block by block) form.')
+    # Windows of block / slots positions never cross a block boundary.
+    length = x.shape[1]
+    summaries, mask = self.compress(
+        x,
+        weight,
+        max_len=length,
+        projected_len=length // block * slots,
+        key_padding_mask=key_padding_mask,
+        name=name,
+    )
+    if mask is None:
+      mask = jnp.ones(summaries.shape[:2], bool)
+    return summaries, mask
+
+  def check_decode_len(self, weight: Optional[Array], max_len: int) -> None:
+    """Raises a ValueError when the weight cannot decode up to max_len tokens."""
+    del weight, max_len
+
+  def weight_for_block(self, weight: Optional[Array], block_index: Array, block: int):
+    """The part of the weight that compresses block `block_index` alone (decoding)."""
+    del block_index, block
+    return weight
+
+
+class LayerProjection(NamedTuple):
+  """A layer's sequence projection, as its attention uses it.
+
+  Attributes:
+    kind: the projection kind.
+    projected_len: the layer's k (slots per block when causal).
+    key_weight, value_weight: E and F (the same array when shared), or None.
+  """
+
+  kind: SequenceProjectionKind
+  projected_len: int
+  key_weight: Optional[Array]
+  value_weight: Optional[Array]
+
+
+def kind(projection: Any) -> SequenceProjectionKind:
+  """The kind registered under a name (or the kind itself, when given one).
+
+  Raises:
+    ValueError: a name nobody registered, listing the registered ones.
+  """
+  if isinstance(projection, SequenceProjectionKind):
+    return projection
+  if projection not in REGISTRY:
+    raise ValueError(
+        f'projection={projection!r} is unknown; use one of {REGISTRY.names()} or register '
+        'your own (config.extensions).'
+    )
+  return REGISTRY.get(projection)(projection)

@@ -1,0 +1,201 @@
+"""The examples of docs/examples/ register a projection and an attention kind
+from files outside the package, and a config, a sweep and a training run use them."""
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from linformer_jax.analysis import sweep as sweep_lib
+from linformer_jax.errors import ConfigError
+from linformer_jax.model import attention_kinds
+from linformer_jax.model import layers
+from linformer_jax.model import models
+from linformer_jax.model import projections
+from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.registry import import_extensions
+from linformer_jax.training import trainer
+from tests.run_helpers import losses_by_step
+from tests.run_helpers import tiny_config
+
+STRIDED = 'docs/examples/strided_projection.py'
+SCALED = 'docs/examples/scaled_linformer.py'
+
+
+@pytest.fixture(scope='module', autouse=True)
+def examples():
+  import_extensions([STRIDED, SCALED])
+
+
+def model_config(**overrides):
+  fields = dict(
+      vocab_size=50,
+      max_len=16,
+      num_layers=2,
+      num_heads=2,
+      hidden_dim=8,
+      mlp_dim=16,
+      projected_len=4,
+      dropout_rate=0.0,
+  )
+  return ModelConfig(**{**fields, **overrides})
+
+
+def outputs(config, variables=None):
+  """Logits of a masked-LM for a padded batch, and the variables used."""
+  model = models.MaskedLanguageModel(config)
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 16), 0, 50)
+  mask = jnp.arange(16)[None] < jnp.array([[16], [11]])
+  if variables is None:
+    # Random weights of a trained model's size, not init's near-uniform attention.
+    leaves, tree = jax.tree_util.tree_flatten(
+        nn.meta.unbox(model.init(jax.random.PRNGKey(0), tokens, mask))
+    )
+    keys = jax.random.split(jax.random.PRNGKey(2), len(leaves))
+    leaves = [jax.random.normal(key, leaf.shape) * 0.3 for key, leaf in zip(keys, leaves)]
+    variables = jax.tree_util.tree_unflatten(tree, leaves)
+  return model.apply(variables, tokens, mask), variables
+
+
+LAYER = "['encoder']['layers_{}']['attention']['projection']"
+# The sequence-projection weights checkpoints hold: key paths and shapes.
+PINNED_PROJECTION_WEIGHTS = {
+    ('linear', 'layerwise', False): {
+        "['params']['encoder']['shared_projection']['kv_projection']": (16, 4)
+    },
+    ('conv', 'none', False): {
+        f"['params']{LAYER.format(layer)}['{weight}']": (2, 4, 4, 4)
+        for layer in (0, 1)
+        for weight in ('key_projection', 'value_projection')
+    },
+    ('random', 'kv', False): {
+        f"['constants']{LAYER.format(layer)}['kv_projection']": (16, 4) for layer in (0, 1)
+    },
+    ('linear', 'headwise', True): {
+        f"['params']{LAYER.format(layer)}['{weight}']": (16, 4)
+        for layer in (0, 1)
+        for weight in ('key_projection', 'value_projection')
+    },
+}
+
+
+@pytest.mark.parametrize('projection,sharing,causal', list(PINNED_PROJECTION_WEIGHTS))
+def test_projection_weights_keep_their_checkpoint_names_and_shapes(projection, sharing, causal):
+  config = model_config(projection=projection, sharing=sharing, causal=causal, block_len=8)
+  model = (models.CausalLanguageModel if causal else models.MaskedLanguageModel)(config)
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.ones((2, 16), jnp.int32))
+  weights = {
+      jax.tree_util.keystr(path): leaf.shape
+      for path, leaf in jax.tree_util.tree_leaves_with_path(nn.meta.unbox(shapes))
+      if 'projection' in jax.tree_util.keystr(path)
+  }
+  assert weights == PINNED_PROJECTION_WEIGHTS[(projection, sharing, causal)]
+
+
+def test_the_examples_register_their_names():
+  assert 'strided' in projections.REGISTRY
+  assert 'scaled_linformer' in attention_kinds.REGISTRY
+
+
+@pytest.mark.parametrize(
+    'field,registered', [('projection', 'strided'), ('attention', 'scaled_linformer')]
+)
+def test_an_unknown_name_is_an_error_listing_the_registered_ones(field, registered):
+  with pytest.raises(ConfigError, match=f'config.model.{field}=') as error:
+    model_config(**{field: 'fourier'})
+  message = str(error.value)
+  assert registered in message and 'config.extensions' in message
+  built_in = projections.BUILT_IN if field == 'projection' else attention_kinds.BUILT_IN
+  assert all(repr(name) in message for name in built_in)
+
+
+def test_strided_sampling_keeps_the_first_position_of_each_window():
+  x = jax.random.normal(jax.random.PRNGKey(2), (2, 10, 2, 3))
+  mask = jnp.arange(10)[None] < jnp.array([[10], [5]])
+  kind = projections.kind('strided')
+  sampled, sampled_mask = kind.compress(x, None, max_len=12, projected_len=3, key_padding_mask=mask)
+  x64 = np.asarray(x, np.float64)
+  np.testing.assert_allclose(sampled[:, :2], x64[:, [0, 4]], rtol=1e-6)
+  np.testing.assert_array_equal(sampled_mask, [[True, True, True], [True, True, False]])
+
+
+def test_the_strided_projection_changes_the_model_and_serves_causal_models():
+  strided, variables = outputs(model_config(projection='strided'))
+  # 'mean' holds no weights either: the same variables, another compression.
+  pooled, _ = outputs(model_config(projection='mean'), variables)
+  assert np.all(np.isfinite(strided))
+  assert not np.allclose(strided, pooled, atol=1e-4)
+  causal_config = model_config(projection='strided', causal=True, block_len=8, num_layers=1)
+  causal = models.CausalLanguageModel(causal_config)
+  tokens = jnp.ones((1, 16), jnp.int32)
+  logits = causal.apply(causal.init(jax.random.PRNGKey(0), tokens), tokens)
+  assert np.all(np.isfinite(logits))
+
+
+def test_sampling_the_layer_input_first_gives_what_sampling_the_keys_gives():
+  config = model_config(projection='strided', sharing='kv')
+  x = jax.random.normal(jax.random.PRNGKey(4), (2, 16, 8))
+  mask = jnp.arange(16)[None] < jnp.array([[16], [11]])
+  first = layers.SelfAttention(config, 0)
+  reference = layers.SelfAttention(config, 0, compress_first=False)
+  variables = first.init(jax.random.PRNGKey(5), x, mask, (None, None), True)
+  # Non-zero biases: the compressed rows must take theirs exactly once.
+  variables = jax.tree_util.tree_map(lambda leaf: leaf + 0.1, nn.meta.unbox(variables))
+  expected = reference.apply(variables, x, mask, (None, None), True)
+  np.testing.assert_allclose(
+      first.apply(variables, x, mask, (None, None), True), expected, rtol=1e-5, atol=1e-6
+  )
+
+
+def naive_scaled_attention(q, keys, values):
+  """softmax(log(k) q keys^T / sqrt(d)) values, in float64, head by head."""
+  q, keys, values = (np.asarray(a, np.float64) for a in (q, keys, values))
+  logits = np.einsum('bqhd,bkhd->bhqk', q, keys) * math.log(keys.shape[1]) / math.sqrt(q.shape[-1])
+  weights = np.exp(logits - logits.max(-1, keepdims=True))
+  weights /= weights.sum(-1, keepdims=True)
+  return np.einsum('bhqk,bkhd->bqhd', weights, values)
+
+
+def test_scaled_linformer_matches_a_float64_reference_and_changes_the_model():
+  q, keys, values = jax.random.normal(jax.random.PRNGKey(3), (3, 2, 6, 2, 4))
+  kind = attention_kinds.kind('scaled_linformer')
+  actual = kind.attend(q, keys[:, :3], values[:, :3], None, kernel='einsum')
+  np.testing.assert_allclose(
+      actual, naive_scaled_attention(q, keys[:, :3], values[:, :3]), rtol=1e-5, atol=1e-6
+  )
+  scaled, variables = outputs(model_config(attention='scaled_linformer'))
+  plain, _ = outputs(model_config(attention='linformer'), variables)
+  assert not np.allclose(scaled, plain, atol=1e-4)
+  with pytest.raises(ConfigError, match='config.model.causal=True'):
+    model_config(attention='scaled_linformer', causal=True)
+
+
+def test_a_tiny_training_run_with_both_examples(tmp_path):
+  """Both parts at once: one run, one compilation."""
+  config = tiny_config(
+      total_steps=4,
+      warmup_steps=1,
+      log_every=2,
+      eval_every=4,
+      checkpoint_every=4,
+      extensions=(STRIDED, SCALED),
+      **{'model.projection': 'strided', 'model.attention': 'scaled_linformer'},
+  )
+  config.data.max_eval_batches = 1
+  results = trainer.train_and_evaluate(config, str(tmp_path))
+  assert results['step'] == 4
+  losses = losses_by_step(str(tmp_path))
+  assert losses and all(math.isfinite(loss) for loss in losses.values())
+
+
+def test_a_sweep_variant_may_name_its_own_extension():
+  base = tiny_config()
+  variants = [
+      sweep_lib.Variant('linear'),
+      sweep_lib.Variant('strided', {'extensions': (STRIDED,), 'model.projection': 'strided'}),
+  ]
+  configs = sweep_lib.variant_configs(sweep_lib.Sweep(base, variants))
+  assert configs['strided'].model.projection == 'strided'

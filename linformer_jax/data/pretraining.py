@@ -111,14 +111,16 @@ def create_train_iterator(
   )
 
 
-def _empty_rows(count: int, seq_len: int, pad_id: int) -> Batch:
-  """Rows that change no metric: all padding, no loss positions."""
-  return {
-      'inputs': np.full([count, seq_len], pad_id, np.int32),
-      'targets': np.full([count, seq_len], pad_id, np.int32),
-      'weights': np.zeros([count, seq_len], np.float32),
-      'padding_mask': np.zeros([count, seq_len], bool),
-  }
+def _filler_rows(transform: Transform, count: int, seq_len: int, pad_id: int) -> Batch:
+  """Rows that change no metric: the transform's example of an all-padding row,
+  its weights zero."""
+  row = np.full([seq_len], pad_id, np.int32)
+  if isinstance(transform, grain.transforms.RandomMap):
+    example = transform.random_map(row, np.random.default_rng(0))
+  else:
+    example = transform.map(row)
+  example['weights'] = np.zeros_like(example['weights'])
+  return {key: np.stack([value] * count) for key, value in example.items()}
 
 
 def create_eval_batches(
@@ -137,8 +139,9 @@ def create_eval_batches(
   Sequences are taken in order (the first max_batches * batch_size *
   process_count if max_batches is set) and dealt round-robin to the processes.
   Every process gets the same number of batches; the missing rows are
-  `_empty_rows` (all `pad_id`) with zero weight. Each example is made from its
-  row by `transform`; a random one (masking) draws from `seed` and the row's
+  `_filler_rows` (all `pad_id`) with zero weight. Each example is made from
+  its row by `transform` (a dict holding at least 'inputs' and the loss
+  'weights'); a random one (masking) draws from `seed` and the row's
   position in the split, so a sequence is masked the same way whatever the
   batch size or process count.
   """
@@ -163,10 +166,10 @@ def create_eval_batches(
   batches = list(local.batch(batch_size))
   seq_len = source[0].shape[0]
   while len(batches) < num_batches:
-    batches.append(_empty_rows(batch_size, seq_len, pad_id))
+    batches.append(_filler_rows(transform, batch_size, seq_len, pad_id))
   missing = batch_size - batches[-1]['inputs'].shape[0]
   if missing:
-    padding = _empty_rows(missing, seq_len, pad_id)
+    padding = _filler_rows(transform, missing, seq_len, pad_id)
     batches[-1] = {key: np.concatenate([value, padding[key]]) for key, value in batches[-1].items()}
   return batches
 

@@ -214,7 +214,7 @@ def test_a_file_larger_than_a_block_keeps_every_paragraph_in_order(tmp_path, mon
   folder.mkdir()
   (folder / 'big.txt').write_text(random_text(np.random.default_rng(1), 400, line_width=72))
   data = data_config(tmp_path, folder, split_files={})
-  monkeypatch.setattr(corpus, 'FILE_BLOCK_BYTES', 3000)
+  monkeypatch.setattr(text_files, 'FILE_BLOCK_BYTES', 3000)
   assert len(list(units_lib.split_units(data, 'train'))) > 10
   prepared = tmp_path / 'prepared'
   signature, _ = prepare_into(data, prepared, sequences_per_shard=50)
@@ -229,7 +229,7 @@ def test_a_file_larger_than_a_block_packs_as_load_documents_does(tmp_path, monke
   folder.mkdir()
   (folder / 'big.txt').write_text(random_text(np.random.default_rng(1), 400))
   data = data_config(tmp_path, folder, split_files={})
-  monkeypatch.setattr(corpus, 'FILE_BLOCK_BYTES', 3000)
+  monkeypatch.setattr(text_files, 'FILE_BLOCK_BYTES', 3000)
   prepared = tmp_path / 'prepared'
   signature, _ = prepare_into(data, prepared)
   np.testing.assert_array_equal(
@@ -245,7 +245,7 @@ def test_a_crlf_file_larger_than_a_block_is_read_a_block_at_a_time(tmp_path, mon
   text = random_text(np.random.default_rng(2), 300)
   (folder / 'big.txt').write_bytes(text.replace('\n', '\r\n').encode())
   data = data_config(tmp_path, folder, split_files={})
-  monkeypatch.setattr(corpus, 'FILE_BLOCK_BYTES', 3000)
+  monkeypatch.setattr(text_files, 'FILE_BLOCK_BYTES', 3000)
   sizes = [
       len('\n'.join(units_lib.unit_documents(unit)))
       for unit in units_lib.split_units(data, 'train')

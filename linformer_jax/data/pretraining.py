@@ -73,7 +73,7 @@ def create_train_iterator(
   dropped) and this process reads shard process_index, reshuffled every epoch.
 
   Args:
-    packed_sequences: [num_sequences, seq_len] from `pack_documents`, or a
+    packed_sequences: [num_sequences, seq_len] from `packing.pack_documents`, or a
       source of such rows (`packing.as_source`).
     batch_size: examples per batch on this process.
     seed: the seed of the shuffling and of a random transform, an int in

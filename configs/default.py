@@ -16,7 +16,8 @@ import ml_collections
 
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
-  config.task = 'masked_lm'  # 'masked_lm' (pretraining), 'causal_lm' or 'classification'
+  # 'masked_lm' (pretraining), 'causal_lm', 'classification', or one registered in extensions.
+  config.task = 'masked_lm'
   config.seed = 0  # seeds initialisation, shuffling, masking, dropout
   config.total_steps = 1000  # optimizer steps to train for
   config.batch_size = 32  # global batch, in sequences of model.max_len tokens
@@ -43,8 +44,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.axis_rules = (('batch', 'data'), ('heads', 'model'), ('mlp', 'model'), ('vocab', 'model'))
 
   config.data = ml_collections.ConfigDict()
-  config.data.source = 'embedded'  # 'embedded' (Python's own docs), 'text_files' or 'tfds'
-  config.data.path = ''  # text file or folder for source='text_files'
+  # 'embedded' (Python's own docs), 'text_files', 'tfds', or one registered in extensions.
+  config.data.source = 'embedded'
+  config.data.path = ''  # text file or folder for source='text_files' (or a source's own path)
   config.data.split_files = {}  # split -> list of file names; train = all the others
   config.data.tfds_name = ''  # TFDS dataset for source='tfds', e.g. 'wiki40b/en'
   config.data.tfds_text_key = 'text'  # feature holding the text in the TFDS dataset

@@ -7,25 +7,60 @@ session the variable points at one fresh temporary folder, so the tests never
 read or write the user's cache, and the embedded corpus is still extracted and
 tokenized once per session. Programs started by the tests inherit it.
 
+The compilation cache: most tests compile the same small programs (the tiny
+config's train and eval steps, in-process and in the commands they start).
+For the whole session JAX's persistent compilation cache lives in one fresh
+temporary folder, named by the JAX_* variables below so that programs started
+by the tests share it: each program is compiled once per session.
+
 Tests that start other processes are marked `slow` (see pytest.ini):
 `pytest -m "not slow"` is the fast loop, plain `pytest` runs everything.
 """
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
 from typing import Optional, Union
 
+import jax
 import pytest
 
 from linformer_jax import xla_cpu
-from linformer_jax.data import corpus
+from linformer_jax.data import cache
 
 # The tests compile as the entry points do (see linformer_jax.xla_cpu).
 xla_cpu.disable_library_fusions()
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+# The compilation cache's settings, as JAX reads them from the environment:
+# the folder (set per session below), and every program cached however fast
+# it compiled and however small it is.
+CACHE_FOLDER_VARIABLE = 'JAX_COMPILATION_CACHE_DIR'
+CACHE_EVERY_PROGRAM = {
+    'jax_persistent_cache_min_compile_time_secs': 0,
+    'jax_persistent_cache_min_entry_size_bytes': 0,
+}
+
+
+def pytest_configure(config):
+  """Points JAX's compilation cache at a fresh folder before any test module
+  is imported (JAX decides once per process, at its first compilation,
+  whether a cache is used); the programs the tests start inherit it."""
+  del config
+  folder = tempfile.mkdtemp(prefix='linformer_jax_compilation_cache_')
+  os.environ[CACHE_FOLDER_VARIABLE] = folder
+  for name, value in CACHE_EVERY_PROGRAM.items():
+    os.environ[name.upper()] = str(value)
+    jax.config.update(name, value)
+  jax.config.update(CACHE_FOLDER_VARIABLE.lower(), folder)
+
+
+def pytest_unconfigure(config):
+  del config
+  shutil.rmtree(os.environ.pop(CACHE_FOLDER_VARIABLE, ''), ignore_errors=True)
 
 
 @pytest.fixture(scope='session', autouse=True)
@@ -33,7 +68,7 @@ def data_cache(tmp_path_factory) -> pathlib.Path:
   """The session's data cache, named by $LINFORMER_JAX_CACHE_DIR."""
   folder = tmp_path_factory.mktemp('data_cache')
   with pytest.MonkeyPatch.context() as patch:
-    patch.setenv(corpus.CACHE_DIR_VARIABLE, str(folder))
+    patch.setenv(cache.CACHE_DIR_VARIABLE, str(folder))
     yield folder
 
 

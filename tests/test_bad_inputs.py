@@ -14,7 +14,7 @@ import pytest
 
 from linformer_jax import cli
 from linformer_jax.analysis import sweep as sweep_lib
-from linformer_jax.data import corpus
+from linformer_jax.data import cache as cache_lib
 from linformer_jax.errors import ConfigError
 
 
@@ -153,11 +153,11 @@ def test_a_cache_folder_that_is_a_file_is_refused_naming_the_setting(
   cache = str(blocker / inside) if inside else str(blocker)
   if setting == 'config':
     named = f'config.data.cache_dir={cache!r}'
-    call = lambda: corpus.cache_root(cache)  # noqa: E731
+    call = lambda: cache_lib.cache_root(cache)  # noqa: E731
   else:
-    monkeypatch.setenv(corpus.CACHE_DIR_VARIABLE, cache)
-    named = f'${corpus.CACHE_DIR_VARIABLE}={cache!r}'
-    call = corpus.cache_root
+    monkeypatch.setenv(cache_lib.CACHE_DIR_VARIABLE, cache)
+    named = f'${cache_lib.CACHE_DIR_VARIABLE}={cache!r}'
+    call = cache_lib.cache_root
   with pytest.raises(ConfigError) as raised:
     call()
   assert named in str(raised.value) and f'{blocker} is a file' in str(raised.value)
@@ -180,5 +180,5 @@ def test_a_cache_folder_that_is_a_file_is_one_line(tmp_path, run_command):
 
 def test_a_cache_folder_that_can_be_made_is_accepted_and_not_made(tmp_path):
   cache = tmp_path / 'new' / 'cache'
-  assert corpus.cache_root(str(cache)) == cache
+  assert cache_lib.cache_root(str(cache)) == cache
   assert not (tmp_path / 'new').exists()

@@ -11,6 +11,8 @@ import pytest
 from configs import tiny
 from linformer_jax.data import causal_lm
 from linformer_jax.data import masked_lm
+from linformer_jax.data import packing
+from linformer_jax.data import pretraining
 from linformer_jax.data import tokenizer as tokenizer_lib
 
 BYTES = tokenizer_lib.ByteTokenizer()
@@ -73,7 +75,7 @@ def test_next_token_targets_of_a_padded_row():
 
 def test_next_token_targets_of_packed_documents():
   # The stream 5 6 7 eos 8: the eos between documents is predicted as a token.
-  packed = masked_lm.pack_documents([[5, 6, 7], [8]], 4, bos_id=BOS, eos_id=EOS, pad_id=PAD)
+  packed = packing.pack_documents([[5, 6, 7], [8]], 4, bos_id=BOS, eos_id=EOS, pad_id=PAD)
   examples = [causal_lm.NextTokenTargets(PAD).map(row) for row in packed]
   np.testing.assert_array_equal(
       [e['targets'] for e in examples], [[5, 6, EOS, PAD], [7, EOS, EOS, PAD], [8, EOS, PAD, PAD]]
@@ -88,8 +90,8 @@ def test_eval_batches_with_a_map_transform_drop_nothing():
   rows = rng.integers(4, 260, size=(21, 16)).astype(np.int32)
   rows[:, 0], rows[:, -1] = BOS, EOS
   rows[-1, 9], rows[-1, 10:] = EOS, PAD
-  batches = masked_lm.create_eval_batches(
-      rows, batch_size=4, seed=0, tokenizer=BYTES, transform=causal_lm.NextTokenTargets(PAD)
+  batches = pretraining.create_eval_batches(
+      rows, batch_size=4, seed=0, transform=causal_lm.NextTokenTargets(PAD), pad_id=PAD
   )
   assert len(batches) == 6
   stacked = {key: np.concatenate([b[key] for b in batches]) for key in KEYS}

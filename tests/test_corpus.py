@@ -9,9 +9,12 @@ import sys
 
 import pytest
 
+from linformer_jax.data import cache
 from linformer_jax.data import corpus
-from linformer_jax.data import embedded
 from linformer_jax.data import tokenizer as tokenizer_lib
+from linformer_jax.data.sources import embedded
+from linformer_jax.data.sources import text_files
+from linformer_jax.data.sources import tfds
 
 BYTES = tokenizer_lib.ByteTokenizer()
 
@@ -92,15 +95,15 @@ def test_embedded_corpus_is_deterministic_and_splits_are_disjoint(tmp_path):
 
 def test_the_cache_folder_is_the_config_value_else_the_variable_else_home(monkeypatch, tmp_path):
   monkeypatch.setenv('LINFORMER_JAX_CACHE_DIR', str(tmp_path / 'variable'))
-  assert corpus.cache_root(str(tmp_path / 'config')) == tmp_path / 'config'
-  assert corpus.cache_root('') == tmp_path / 'variable'
+  assert cache.cache_root(str(tmp_path / 'config')) == tmp_path / 'config'
+  assert cache.cache_root('') == tmp_path / 'variable'
   monkeypatch.delenv('LINFORMER_JAX_CACHE_DIR')
-  assert corpus.cache_root('') == pathlib.Path.home() / '.cache' / 'linformer_jax'
+  assert cache.cache_root('') == pathlib.Path.home() / '.cache' / 'linformer_jax'
 
 
 def test_the_suite_uses_its_own_cache_not_the_users(data_cache):
-  assert corpus.cache_root('') == data_cache
-  assert corpus.cache_root('') != pathlib.Path.home() / '.cache' / 'linformer_jax'
+  assert cache.cache_root('') == data_cache
+  assert cache.cache_root('') != pathlib.Path.home() / '.cache' / 'linformer_jax'
 
 
 def test_gutenberg_boilerplate_is_stripped():
@@ -112,23 +115,23 @@ def test_gutenberg_boilerplate_is_stripped():
       '*** END OF THIS PROJECT GUTENBERG EBOOK NIGHT ***\nMore licence.\n'
       '*** START: FULL LICENSE ***\nTHE FULL PROJECT GUTENBERG LICENSE\n'
   )
-  assert corpus.strip_gutenberg_boilerplate(modern).strip() == body
+  assert text_files.strip_gutenberg_boilerplate(modern).strip() == body
   old = (
       'Project Gutenberg Etext of Night\n*** START OF THE PROJECT GUTENBERG '
       'EBOOK NIGHT ***\nsmall print ...\n'
       '*END*THE SMALL PRINT! FOR PUBLIC DOMAIN ETEXTS*Ver.04.29.93*END*\n'
       f"{body}\n\nEnd of Project Gutenberg's Night, by A. Writer\n"
   )
-  assert corpus.strip_gutenberg_boilerplate(old).strip() == body
+  assert text_files.strip_gutenberg_boilerplate(old).strip() == body
   plain = 'No markers here.\n\nEnd of story; the end of Project X.\n'
-  assert corpus.strip_gutenberg_boilerplate(plain) == plain
+  assert text_files.strip_gutenberg_boilerplate(plain) == plain
 
 
 def test_text_files_split_by_whole_files(tmp_path, books):
   folder = books
   split_files = {'validation': ['b.txt']}
-  train = corpus.text_file_documents(str(folder), 'train', split_files)
-  validation = corpus.text_file_documents(str(folder), 'validation', split_files)
+  train = text_files.text_file_documents(str(folder), 'train', split_files)
+  validation = text_files.text_file_documents(str(folder), 'validation', split_files)
   assert all('Book b ' not in doc for doc in train)
   assert all('Book b ' in doc and 'Book a ' not in doc for doc in validation)
   assert any('Book a ' in doc for doc in train) and any('Book c ' in doc for doc in train)
@@ -144,21 +147,21 @@ def test_text_files_split_by_whole_files(tmp_path, books):
 def test_text_file_errors_name_the_field(tmp_path, books):
   folder = books
   with pytest.raises(ValueError, match='config.data.path'):
-    corpus.text_file_documents(str(tmp_path / 'missing'), 'train', {})
+    text_files.text_file_documents(str(tmp_path / 'missing'), 'train', {})
   with pytest.raises(ValueError, match='config.data.split_files'):
-    corpus.text_file_documents(str(folder), 'train', {'validation': ['z.txt']})
+    text_files.text_file_documents(str(folder), 'train', {'validation': ['z.txt']})
   with pytest.raises(ValueError, match='config.data.split_files'):
-    corpus.text_file_documents(str(folder), 'validation', {})
+    text_files.text_file_documents(str(folder), 'validation', {})
   (tmp_path / 'empty.txt').write_text('\n\n')
   with pytest.raises(ValueError, match='config.data.path'):
-    corpus.text_file_documents(str(tmp_path / 'empty.txt'), 'train', {})
+    text_files.text_file_documents(str(tmp_path / 'empty.txt'), 'train', {})
 
 
 def test_unknown_source_and_missing_tfds_dataset_raise(tmp_path):
   with pytest.raises(ValueError, match='config.data.source'):
     corpus.load_documents({'source': 'web'}, 'train')
   with pytest.raises(ValueError, match='config.data.tfds_download'):
-    list(corpus.iter_tfds_documents('lm1b', 'train', data_dir=str(tmp_path)))
+    list(tfds.iter_tfds_documents('lm1b', 'train', data_dir=str(tmp_path)))
 
 
 @pytest.mark.slow
@@ -172,7 +175,7 @@ def test_extracting_the_embedded_corpus_never_runs_code_from_the_current_folder(
   script = folder / 'extract.py'
   script.write_text(
       'import sys\n'
-      'from linformer_jax.data import embedded\n'
+      'from linformer_jax.data.sources import embedded\n'
       'print(len(embedded.embedded_documents("train", sys.argv[1])))\n'
   )
   result = subprocess.run(

@@ -11,9 +11,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-from linformer_jax.data import corpus
 from linformer_jax.data import masked_lm
+from linformer_jax.data import packing
+from linformer_jax.data import pretraining
 from linformer_jax.data import tokenizer as tokenizer_lib
+from linformer_jax.data.sources import text_files
 
 BYTES = tokenizer_lib.ByteTokenizer()
 
@@ -62,8 +64,12 @@ def assert_batches_equal(first, second):
 
 
 def train_iterator(sequences, seed=0, batch_size=8, **kwargs):
-  return masked_lm.create_train_iterator(
-      sequences, batch_size=batch_size, seed=seed, mask_rate=0.15, tokenizer=BYTES, **kwargs
+  return pretraining.create_train_iterator(
+      sequences,
+      batch_size=batch_size,
+      seed=seed,
+      transform=masked_lm.DynamicMasking(BYTES, 0.15),
+      **kwargs,
   )
 
 
@@ -72,14 +78,14 @@ def train_iterator(sequences, seed=0, batch_size=8, **kwargs):
 
 def test_packing_a_hand_worked_example():
   # The stream 5 6 7 eos 8 in rows of 4 - 2 tokens between bos and eos.
-  packed = masked_lm.pack_documents([[5, 6, 7], [8]], 4, bos_id=1, eos_id=2, pad_id=0)
+  packed = packing.pack_documents([[5, 6, 7], [8]], 4, bos_id=1, eos_id=2, pad_id=0)
   np.testing.assert_array_equal(packed, [[1, 5, 6, 2], [1, 7, 2, 2], [1, 8, 2, 0]])
 
 
 @pytest.mark.parametrize('seq_len', [3, 16, 37])
 def test_packing_round_trips_the_token_stream(seq_len):
   documents = random_documents(seed=seq_len)
-  packed = masked_lm.pack_documents(documents, seq_len, bos_id=1, eos_id=2, pad_id=0)
+  packed = packing.pack_documents(documents, seq_len, bos_id=1, eos_id=2, pad_id=0)
   expected = []
   for index, document in enumerate(documents):
     expected += ([2] if index else []) + document
@@ -92,16 +98,16 @@ def test_packing_round_trips_the_token_stream(seq_len):
 
 def test_packing_rejects_too_short_sequences_and_empty_input():
   with pytest.raises(ValueError, match='config.model.max_len'):
-    masked_lm.pack_documents([[5, 6]], 2, bos_id=1, eos_id=2, pad_id=0)
+    packing.pack_documents([[5, 6]], 2, bos_id=1, eos_id=2, pad_id=0)
   with pytest.raises(ValueError, match='no tokens'):
-    masked_lm.pack_documents([[]], 8, bos_id=1, eos_id=2, pad_id=0)
+    packing.pack_documents([[]], 8, bos_id=1, eos_id=2, pad_id=0)
 
 
 # Masking.
 
 
 def test_masking_rate_and_80_10_10_split():
-  packed = masked_lm.pack_documents(
+  packed = packing.pack_documents(
       random_documents(0, count=3000), 128, bos_id=1, eos_id=2, pad_id=0
   )
   masking = masked_lm.DynamicMasking(BYTES, 0.15)
@@ -225,8 +231,13 @@ def test_bad_process_settings_raise():
 
 def test_eval_batches_are_deterministic_and_drop_nothing():
   sequences = unique_sequences(21)
-  make = lambda **kw: masked_lm.create_eval_batches(
-      sequences, batch_size=4, seed=0, mask_rate=0.15, tokenizer=BYTES, **kw
+  make = lambda **kw: pretraining.create_eval_batches(
+      sequences,
+      batch_size=4,
+      seed=0,
+      transform=masked_lm.DynamicMasking(BYTES, 0.15),
+      pad_id=BYTES.pad_id,
+      **kw,
   )
   batches = make()
   assert_batches_equal(batches, make())
@@ -243,12 +254,12 @@ def test_eval_batches_are_deterministic_and_drop_nothing():
 
 def test_eval_shards_have_equal_batch_counts_and_the_same_masks():
   sequences = unique_sequences(21)
-  make = lambda index, count: masked_lm.create_eval_batches(
+  make = lambda index, count: pretraining.create_eval_batches(
       sequences,
       batch_size=4,
       seed=0,
-      mask_rate=0.15,
-      tokenizer=BYTES,
+      transform=masked_lm.DynamicMasking(BYTES, 0.15),
+      pad_id=BYTES.pad_id,
       process_index=index,
       process_count=count,
   )
@@ -309,7 +320,9 @@ def small_config(tmp_path, books, **data):
 def test_build_datasets_from_text_files(tmp_path, books):
   config = small_config(tmp_path, books)
   datasets = masked_lm.build_datasets(config, str(tmp_path / 'run'))
-  validation = corpus.text_file_documents(config.data.path, 'validation', config.data.split_files)
+  validation = text_files.text_file_documents(
+      config.data.path, 'validation', config.data.split_files
+  )
   # Every byte and one eos between documents, in rows of 64 - 2 tokens; each
   # row adds bos and eos; 4 rows a batch.
   stream = sum(len(doc.encode()) for doc in validation) + len(validation) - 1

@@ -24,10 +24,13 @@ import pytest
 from configs import tiny
 from linformer_jax.data import corpus
 from linformer_jax.data import masked_lm
+from linformer_jax.data import packing
 from linformer_jax.data import prepare
+from linformer_jax.data import pretraining
 from linformer_jax.data import shards
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.data import units as units_lib
+from linformer_jax.data.sources import text_files
 from linformer_jax.errors import ConfigError
 
 BYTES = tokenizer_lib.ByteTokenizer()
@@ -91,7 +94,7 @@ def read_rows(folder, signature):
 
 def pack(documents):
   """The naive reference: all documents tokenized and packed in memory."""
-  return masked_lm.pack_documents(
+  return packing.pack_documents(
       BYTES.encode_all(documents),
       SEQ_LEN,
       bos_id=BYTES.bos_id,
@@ -211,7 +214,7 @@ def test_a_file_larger_than_a_block_keeps_every_paragraph_in_order(tmp_path, mon
   folder.mkdir()
   (folder / 'big.txt').write_text(random_text(np.random.default_rng(1), 400, line_width=72))
   data = data_config(tmp_path, folder, split_files={})
-  monkeypatch.setattr(corpus, 'FILE_BLOCK_BYTES', 3000)
+  monkeypatch.setattr(text_files, 'FILE_BLOCK_BYTES', 3000)
   assert len(list(units_lib.split_units(data, 'train'))) > 10
   prepared = tmp_path / 'prepared'
   signature, _ = prepare_into(data, prepared, sequences_per_shard=50)
@@ -226,7 +229,7 @@ def test_a_file_larger_than_a_block_packs_as_load_documents_does(tmp_path, monke
   folder.mkdir()
   (folder / 'big.txt').write_text(random_text(np.random.default_rng(1), 400))
   data = data_config(tmp_path, folder, split_files={})
-  monkeypatch.setattr(corpus, 'FILE_BLOCK_BYTES', 3000)
+  monkeypatch.setattr(text_files, 'FILE_BLOCK_BYTES', 3000)
   prepared = tmp_path / 'prepared'
   signature, _ = prepare_into(data, prepared)
   np.testing.assert_array_equal(
@@ -242,7 +245,7 @@ def test_a_crlf_file_larger_than_a_block_is_read_a_block_at_a_time(tmp_path, mon
   text = random_text(np.random.default_rng(2), 300)
   (folder / 'big.txt').write_bytes(text.replace('\n', '\r\n').encode())
   data = data_config(tmp_path, folder, split_files={})
-  monkeypatch.setattr(corpus, 'FILE_BLOCK_BYTES', 3000)
+  monkeypatch.setattr(text_files, 'FILE_BLOCK_BYTES', 3000)
   sizes = [
       len('\n'.join(units_lib.unit_documents(unit)))
       for unit in units_lib.split_units(data, 'train')
@@ -325,12 +328,11 @@ def test_two_processes_read_disjoint_records_that_cover_the_split(tmp_path):
   batch_size = 4
   seen = []
   for process_index in range(2):
-    iterator = masked_lm.create_train_iterator(
+    iterator = pretraining.create_train_iterator(
         source,
         batch_size=batch_size,
         seed=0,
-        mask_rate=0.15,
-        tokenizer=BYTES,
+        transform=masked_lm.DynamicMasking(BYTES, 0.15),
         process_index=process_index,
         process_count=2,
     )
@@ -350,7 +352,7 @@ def test_a_split_prepared_in_two_parts_reads_as_the_whole(tmp_path, text_data):
   missing part) until both are there; then it reads part 0's rows, then part
   1's, and their documents are the split's."""
   folder = tmp_path / 'prepared' / 'train'
-  files = corpus.split_text_files(text_data.path, 'train', text_data.split_files)
+  files = text_files.split_text_files(text_data.path, 'train', text_data.split_files)
   assert len(files) == 4
   signature, first = prepare_into(
       text_data, folder, sequences_per_shard=6, part_index=0, part_count=2
@@ -360,7 +362,7 @@ def test_a_split_prepared_in_two_parts_reads_as_the_whole(tmp_path, text_data):
   _, second = prepare_into(text_data, folder, sequences_per_shard=6, part_index=1, part_count=2)
 
   per_part = [
-      pack([doc for path in files[index::2] for doc in corpus.file_documents(path)])
+      pack([doc for path in files[index::2] for doc in text_files.file_documents(path)])
       for index in range(2)
   ]
   rows = read_rows(folder, signature)

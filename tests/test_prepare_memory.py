@@ -45,10 +45,10 @@ import tracemalloc
 
 from linformer_jax.data import prepare
 from linformer_jax.data import tokenizer
-from linformer_jax.data import corpus
+from linformer_jax.data.sources import text_files
 
 path = pathlib.Path(sys.argv[1])
-corpus.FILE_BLOCK_BYTES = 2**20
+text_files.FILE_BLOCK_BYTES = 2**20
 data = {'source': 'text_files', 'path': str(path), 'split_files': {}}
 byte_tokenizer = tokenizer.ByteTokenizer()
 signature = prepare.split_signature(data, 'train', byte_tokenizer, 32)

@@ -93,7 +93,7 @@ def test_an_unknown_task_names_the_choices():
     ],
 )
 def test_task_metrics_from_summed_batches(name, sums, expected):
-  metrics = tasks.TASKS[name].metrics(sums)
+  metrics = tasks.TASKS.get(name)().metrics(sums)
   assert metrics.keys() == expected.keys()
   for key, value in expected.items():
     assert metrics[key] == pytest.approx(value)

@@ -6,7 +6,7 @@ The library of `python -m linformer_jax.data_benchmark`. For each corpus size:
             documents, whole, in a seeded order per file, and validation.txt.
   prepare   `prepare_data` with 1 worker and with all cores (sharing one
             tokenizer): input MiB/s and the peak summed RSS of its processes.
-  loader    `masked_lm.create_train_iterator` on the shards: sequences/s, tokens/s.
+  loader    `pretraining.create_train_iterator` on the shards: sequences/s, tokens/s.
   train     `train` for 2 steps from nothing, then resumed to 4 steps: seconds
             from the resumed process's start to its `step 3/4` line.
 
@@ -37,11 +37,12 @@ from linformer_jax.analysis.data_benchmark_report import SAMPLE_INTERVAL_S
 from linformer_jax.analysis.data_benchmark_report import config_flags
 from linformer_jax.analysis.data_benchmark_report import flag_value
 from linformer_jax.analysis.settings_flags import setting
-from linformer_jax.data import embedded
 from linformer_jax.data import masked_lm
 from linformer_jax.data import prepare
+from linformer_jax.data import pretraining
 from linformer_jax.data import shards
 from linformer_jax.data import tokenizer as tokenizer_lib
+from linformer_jax.data.sources import embedded
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import run_config
 
@@ -326,7 +327,7 @@ def loader_throughput(
     warmup_batches: int = 5,
     seed: int = 0,
 ) -> Dict[str, float]:
-  """Masked training batches of `masked_lm.create_train_iterator`, timed here.
+  """Masked training batches of `pretraining.create_train_iterator`, timed here.
 
   Args:
     source: packed sequences [num_sequences, seq_len]: an array, or a grain
@@ -339,8 +340,11 @@ def loader_throughput(
   Returns:
     sequences_per_s, tokens_per_s (positions, padding included), batches, seconds.
   """
-  iterator = masked_lm.create_train_iterator(
-      source, batch_size=batch_size, seed=seed, mask_rate=mask_rate, tokenizer=tokenizer
+  iterator = pretraining.create_train_iterator(
+      source,
+      batch_size=batch_size,
+      seed=seed,
+      transform=masked_lm.DynamicMasking(tokenizer, mask_rate),
   )
   for _ in range(warmup_batches):
     next(iterator)

@@ -1,8 +1,9 @@
 """Next-token (causal language modelling) input pipeline.
 
-It is the masked-LM pipeline (`masked_lm`) with another per-sequence transform:
-the same tokenizer in the workdir, the same prepared splits packed into rows of
-n = config.model.max_len tokens (`[bos] chunk [eos]`, see `packing`), the same
+The per-sequence transform of the pretraining pipeline (`pretraining`) for a
+left-to-right model; `masked_lm` is its sibling. It shares with masked-LM
+pretraining the tokenizer in the workdir, the prepared splits packed into rows
+of n = config.model.max_len tokens (`[bos] chunk [eos]`, see `packing`), the
 shuffling, process shards and resumable iterator state. config.data.mask_rate
 is not read.
 
@@ -26,9 +27,9 @@ Evaluation fills its last batch with all-padding rows of weight 0.
 import grain
 import numpy as np
 
-from linformer_jax.data import masked_lm
+from linformer_jax.data import pretraining
 
-Batch = masked_lm.Batch
+Batch = pretraining.Batch
 
 
 class NextTokenTargets(grain.transforms.Map):
@@ -52,17 +53,17 @@ class NextTokenTargets(grain.transforms.Map):
 
 def build_datasets(
     config, workdir: str, process_index: int = 0, process_count: int = 1, train: bool = True
-) -> masked_lm.Datasets:
+) -> pretraining.Datasets:
   """Tokenizer, training iterator and evaluation batches of a run's config.
 
   As `masked_lm.build_datasets` (same fields read, same prepared splits, same
   tokenizer in `workdir`), with next-token examples instead of masked ones.
   """
-  return masked_lm.build_datasets(
+  return pretraining.build_datasets(
       config,
       workdir,
-      process_index,
-      process_count,
-      train,
-      make_transform=lambda tokenizer: NextTokenTargets(tokenizer.pad_id),
+      lambda tokenizer: NextTokenTargets(tokenizer.pad_id),
+      process_index=process_index,
+      process_count=process_count,
+      train=train,
   )

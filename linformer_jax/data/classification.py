@@ -38,12 +38,13 @@ from typing import ContextManager, Dict, List, NamedTuple, Optional, Sequence, T
 import grain
 import numpy as np
 
-from linformer_jax.data import corpus
+from linformer_jax.data import cache
 from linformer_jax.data import encoding
 from linformer_jax.data import listops
 from linformer_jax.data import loaders
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.data.encoding import EncodedSplit
+from linformer_jax.data.sources import tfds as tfds_source
 from linformer_jax.errors import ConfigError
 
 Batch = Dict[str, np.ndarray]
@@ -146,7 +147,7 @@ def _split_files(data, split: str) -> List[pathlib.Path]:
 def _tfds_split(data, split: str) -> Examples:
   features = [*data.text_columns, data.label_column]
   texts, label_ids = [], []
-  for example in corpus.tfds_examples(
+  for example in tfds_source.tfds_examples(
       data.tfds_name,
       split,
       features,
@@ -290,7 +291,7 @@ def _listops_splits(config, seq_len: int) -> Dict[str, EncodedSplit]:
         f'config.data.listops.max_length={settings.max_length} is '
         f'longer than config.model.max_len={seq_len}; raise max_len.'
     )
-  cache_root = corpus.cache_root(config.data.cache_dir)
+  cache_root = cache.cache_root(config.data.cache_dir)
   splits = {}
   for name, examples in listops.load_or_generate(settings, cache_root).items():
     inputs = np.asarray([listops.encode(s, seq_len) for s, _ in examples], np.int32)

@@ -5,8 +5,10 @@ Documents are tokenized and packed as in RoBERTa's FULL-SENTENCES setting: the
 token streams of all documents, separated by eos, are cut into chunks of
 seq_len - 2 tokens, and every sequence is `[bos] + chunk + [eos]`. Only the last
 sequence of a split is padded (after its eos), so almost no position is wasted.
-The language-modelling pipelines (`masked_lm`, `causal_lm`) read these rows and
-differ only in the transform that makes a training example of each.
+`Packer` packs a stream (preparation writes its rows to shards);
+`pack_documents` packs a list in memory the same way. The pretraining pipeline
+(`pretraining`) reads these rows; `masked_lm` and `causal_lm` differ only in
+the transform that makes a training example of each.
 """
 
 import hashlib
@@ -15,9 +17,54 @@ from typing import Sequence
 import grain
 import numpy as np
 
-from linformer_jax.data import prepare
 from linformer_jax.data import shards
 from linformer_jax.errors import ConfigError
+
+
+class Packer:
+  """RoBERTa's FULL-SENTENCES packing, streamed: documents joined by eos, cut
+  into rows of bos + seq_len - 2 tokens + eos; the last row padded."""
+
+  def __init__(
+      self,
+      seq_len: int,
+      *,
+      bos_id: int,
+      eos_id: int,
+      pad_id: int,
+      carry: Sequence[int] = (),
+      started: bool = False,
+  ):
+    self.chunk = seq_len - 2
+    self.seq_len = seq_len
+    self.bos, self.eos, self.pad = bos_id, eos_id, pad_id
+    self.carry = np.asarray(carry, np.int32)
+    self.started = started
+
+  def add(self, stream: np.ndarray) -> np.ndarray:
+    """Appends a unit's stream (eos before it unless first); returns full rows."""
+    if not stream.size:
+      return np.zeros([0, self.seq_len], np.int32)
+    head = [np.array([self.eos], np.int32)] if self.started else []
+    self.started = True
+    tokens = np.concatenate([self.carry, *head, stream])
+    full = tokens.size // self.chunk
+    self.carry = tokens[full * self.chunk :]
+    rows = np.empty([full, self.seq_len], np.int32)
+    rows[:, 0], rows[:, -1] = self.bos, self.eos
+    rows[:, 1:-1] = tokens[: full * self.chunk].reshape(full, self.chunk)
+    return rows
+
+  def finish(self) -> np.ndarray:
+    """The last, partial row (bos, the rest, eos, padding), if any."""
+    if not self.carry.size:
+      return np.zeros([0, self.seq_len], np.int32)
+    row = np.full([1, self.seq_len], self.pad, np.int32)
+    row[0, 0] = self.bos
+    row[0, 1 : 1 + self.carry.size] = self.carry
+    row[0, 1 + self.carry.size] = self.eos
+    self.carry = np.zeros([0], np.int32)
+    return row
 
 
 def pack_documents(
@@ -27,14 +74,14 @@ def pack_documents(
 
   Concatenating the rows without their first token, their last eos and any
   padding gives back the documents joined by eos, token for token. It is the
-  packing preparation streams (`prepare.Packer`), over a list in memory.
+  packing preparation streams (`Packer`), over a list in memory.
   """
   if seq_len < 3:
     raise ConfigError(
         f'config.model.max_len={seq_len} is too short: a sequence '
         'needs bos, eos and at least one token (use >= 3).'
     )
-  packer = prepare.Packer(seq_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+  packer = Packer(seq_len, bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
   rows = [packer.add(np.asarray(tokens, np.int32)) for tokens in token_lists]
   rows.append(packer.finish())
   sequences = np.concatenate(rows)

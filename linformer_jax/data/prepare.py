@@ -5,7 +5,7 @@ enough to hold in memory: a text file (or a 32 MiB block of a larger one), or
 a chunk of documents of the embedded corpus or of a TFDS dataset. Worker processes (all
 cores by default) read and tokenize units in parallel; this process packs
 their token streams, in order, with the FULL-SENTENCES rule of
-`masked_lm.pack_documents` (documents joined by eos, cut into rows of
+`packing.Packer` (documents joined by eos, cut into rows of
 bos + seq_len - 2 tokens + eos) and writes the rows to shards
 (`shards.ShardWriter`). At most two units per worker are in flight, so memory
 stays bounded whatever the corpus size.
@@ -22,13 +22,14 @@ import json
 import multiprocessing
 import os
 import pathlib
-import sys
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from linformer_jax.data import corpus
+from linformer_jax.data import cache
+from linformer_jax.data import packing
 from linformer_jax.data import shards
+from linformer_jax.data import sources
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.data import units
 from linformer_jax.errors import ConfigError
@@ -103,55 +104,6 @@ def _ordered_map(
       yield pending.pop(0).get()
 
 
-# ---------------------------------------------------------------- packing
-
-
-class Packer:
-  """RoBERTa's FULL-SENTENCES packing, streamed: documents joined by eos, cut
-  into rows of bos + seq_len - 2 tokens + eos; the last row padded."""
-
-  def __init__(
-      self,
-      seq_len: int,
-      *,
-      bos_id: int,
-      eos_id: int,
-      pad_id: int,
-      carry: Sequence[int] = (),
-      started: bool = False,
-  ):
-    self.chunk = seq_len - 2
-    self.seq_len = seq_len
-    self.bos, self.eos, self.pad = bos_id, eos_id, pad_id
-    self.carry = np.asarray(carry, np.int32)
-    self.started = started
-
-  def add(self, stream: np.ndarray) -> np.ndarray:
-    """Appends a unit's stream (eos before it unless first); returns full rows."""
-    if not stream.size:
-      return np.zeros([0, self.seq_len], np.int32)
-    head = [np.array([self.eos], np.int32)] if self.started else []
-    self.started = True
-    tokens = np.concatenate([self.carry, *head, stream])
-    full = tokens.size // self.chunk
-    self.carry = tokens[full * self.chunk :]
-    rows = np.empty([full, self.seq_len], np.int32)
-    rows[:, 0], rows[:, -1] = self.bos, self.eos
-    rows[:, 1:-1] = tokens[: full * self.chunk].reshape(full, self.chunk)
-    return rows
-
-  def finish(self) -> np.ndarray:
-    """The last, partial row (bos, the rest, eos, padding), if any."""
-    if not self.carry.size:
-      return np.zeros([0, self.seq_len], np.int32)
-    row = np.full([1, self.seq_len], self.pad, np.int32)
-    row[0, 0] = self.bos
-    row[0, 1 : 1 + self.carry.size] = self.carry
-    row[0, 1 + self.carry.size] = self.eos
-    self.carry = np.zeros([0], np.int32)
-    return row
-
-
 # ---------------------------------------------------------------- preparation
 
 
@@ -205,7 +157,7 @@ def prepare_part(
     for record in shards.read_records(folder / shard['name']):
       content.update(record)
   counts = np.asarray(manifest['unigram_counts'], np.int64)
-  packer = Packer(
+  packer = packing.Packer(
       seq_len,
       bos_id=tokenizer.bos_id,
       eos_id=tokenizer.eos_id,
@@ -267,25 +219,15 @@ def prepare_part(
 
 
 def source_signature(data_config: Mapping[str, Any], split: str) -> Dict[str, Any]:
-  """Everything the documents of `split` depend on (file names, sizes and
-  modification times; never their contents, so it is cheap)."""
-  source = data_config['source']
-  signature: Dict[str, Any] = {'source': source, 'split': split}
-  if source == 'embedded':
-    signature['python'] = list(sys.version_info[:3])
-  elif source == 'text_files':
-    files = corpus.list_text_files(data_config['path'])
-    signature['files'] = [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
-    signature['split_files'] = {
-        k: sorted(v) for k, v in dict(data_config.get('split_files') or {}).items()
-    }
-  elif source == 'tfds':
-    signature.update(
-        name=data_config['tfds_name'],
-        key=data_config['tfds_text_key'],
-        data_dir=data_config.get('tfds_data_dir') or '',
-    )
-  return signature
+  """Everything the documents of `split` depend on: the source's name, the
+  split and the source's own `signature` (file names, sizes and modification
+  times, a dataset's name; never the text, so it is cheap)."""
+  source = sources.source_of(data_config)
+  return {
+      'source': data_config['source'],
+      'split': split,
+      **source.signature(data_config, split),
+  }
 
 
 def split_signature(
@@ -296,7 +238,7 @@ def split_signature(
       'data': source_signature(data_config, split),
       'tokenizer': tokenizer.fingerprint,
       'seq_len': seq_len,
-      'document_chars': corpus.TEXT_FILE_DOCUMENT_CHARS,
+      'document_chars': sources.text_files.TEXT_FILE_DOCUMENT_CHARS,
   }
 
 
@@ -308,7 +250,7 @@ def split_folder(
   if data_config.get('prepared_dir'):
     return pathlib.Path(os.path.expanduser(data_config['prepared_dir'])) / split
   digest = hashlib.sha256(json.dumps(signature, sort_keys=True).encode()).hexdigest()[:20]
-  return corpus.cache_root(data_config.get('cache_dir')) / 'prepared' / f'{split}-{digest}'
+  return cache.cache_root(data_config.get('cache_dir')) / 'prepared' / f'{split}-{digest}'
 
 
 def workers_of(data_config: Mapping[str, Any]) -> int:

@@ -1,14 +1,20 @@
 """One object per task: its data, model head, loss, metrics and reference results.
 
-`config.task` names the task ('masked_lm', 'causal_lm' or 'classification');
-`task_of` returns its object. Everything that differs between tasks lives
-here, so the run builder and the training loop never branch on the task, and
-a new task is one new class added to `TASKS`.
+`config.task` names the task ('masked_lm', 'causal_lm' or 'classification')
+in `TASKS`; `task_of` returns its object. Everything that differs between
+tasks lives here, so the run builder and the training loop never branch on the
+task. A new task is one `Task` subclass registered under a new name, in a file
+named in config.extensions (docs/examples/shuffled_text_task.py):
+
+  @tasks.TASKS.register('my_task')
+  class MyTask(tasks.Task):
+    name = 'my_task'
+    ...
 """
 
 import abc
 import math
-from typing import Any, Dict, Iterable, Tuple
+from typing import Any, Dict, Iterable, Tuple, Type
 
 import flax.linen as nn
 import jax
@@ -23,6 +29,7 @@ from linformer_jax.data import masked_lm
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.registry import Registry
 from linformer_jax.training import fine_tuning
 from linformer_jax.training import train_steps
 
@@ -57,7 +64,12 @@ def majority_accuracy(train_label_counts: np.ndarray, batches: Iterable[Batch]) 
 
 
 class Task(abc.ABC):
-  """What a run needs to know about its task."""
+  """What a run needs to know about its task; holds no state.
+
+  Attributes:
+    name: the config.task value it is registered under in `TASKS` (results
+      files record it).
+  """
 
   name: str
 
@@ -125,24 +137,15 @@ class Task(abc.ABC):
     return (state.replace(params=params), f'Initialised parameters from {config.init_from}.')
 
 
-class MaskedLanguageModelling(Task):
-  """RoBERTa's masked-LM pretraining on packed sequences (`data.masked_lm`)."""
+class LanguageModelling(Task):
+  """What masked and causal language modelling share: packed rows of
+  config.model.max_len tokens, a loss at chosen positions, and a unigram model
+  of the training split as the reference to beat."""
 
-  name = 'masked_lm'
-
-  def build_data(self, config, workdir, *, process_index, process_count, train):
-    return masked_lm.build_datasets(
-        config, workdir, process_index=process_index, process_count=process_count, train=train
-    )
-
-  def create_model(self, model_config, config):
-    del config
-    return models.MaskedLanguageModel(model_config)
-
-  def loss_sums(self, model, config):
-    return train_steps.masked_lm_loss(
-        model, masked_lm.max_predictions(config.model.max_len, config.data.mask_rate)
-    )
+  # The metric counting the positions the loss was taken at.
+  positions_metric: str
+  # What the closing line calls the perplexity.
+  perplexity_label: str
 
   def batch_shapes(self, config):
     shape = (config.batch_size, config.model.max_len)
@@ -160,7 +163,7 @@ class MaskedLanguageModelling(Task):
         'loss': loss,
         'accuracy': sums['correct_sum'] / weight,
         'perplexity': math.exp(min(loss, 700.0)),
-        'masked_tokens': sums['weight_sum'],
+        self.positions_metric: sums['weight_sum'],
     }
 
   def describe(self, split, metrics):
@@ -174,17 +177,46 @@ class MaskedLanguageModelling(Task):
 
   def summary(self, results):
     return (
-        f'{results["eval_split"]} perplexity {results["eval_perplexity"]:.1f} '
+        f'{results["eval_split"]} {self.perplexity_label} {results["eval_perplexity"]:.1f} '
         f'after {results["step"]} steps (a unigram model: '
         f'{results["unigram_perplexity"]:.1f})'
     )
 
 
-class CausalLanguageModelling(MaskedLanguageModelling):
+TASKS: Registry[Type[Task]] = Registry('config.task')
+
+
+@TASKS.register('masked_lm')
+class MaskedLanguageModelling(LanguageModelling):
+  """RoBERTa's masked-LM pretraining on packed sequences (`data.masked_lm`)."""
+
+  name = 'masked_lm'
+  positions_metric = 'masked_tokens'
+  perplexity_label = 'perplexity'
+
+  def build_data(self, config, workdir, *, process_index, process_count, train):
+    return masked_lm.build_datasets(
+        config, workdir, process_index=process_index, process_count=process_count, train=train
+    )
+
+  def create_model(self, model_config, config):
+    del config
+    return models.MaskedLanguageModel(model_config)
+
+  def loss_sums(self, model, config):
+    return train_steps.masked_lm_loss(
+        model, masked_lm.max_predictions(config.model.max_len, config.data.mask_rate)
+    )
+
+
+@TASKS.register('causal_lm')
+class CausalLanguageModelling(LanguageModelling):
   """Next-token prediction on the packed sequences of masked-LM pretraining
   (`data.causal_lm`), with a left-to-right model (config.model.causal)."""
 
   name = 'causal_lm'
+  positions_metric = 'predicted_tokens'
+  perplexity_label = 'next-token perplexity'
 
   def build_data(self, config, workdir, *, process_index, process_count, train):
     return causal_lm.build_datasets(
@@ -202,19 +234,8 @@ class CausalLanguageModelling(MaskedLanguageModelling):
     del config
     return train_steps.next_token_loss(model)
 
-  def metrics(self, sums):
-    metrics = super().metrics(sums)
-    metrics['predicted_tokens'] = metrics.pop('masked_tokens')
-    return metrics
 
-  def summary(self, results):
-    return (
-        f'{results["eval_split"]} next-token perplexity {results["eval_perplexity"]:.1f} '
-        f'after {results["step"]} steps (a unigram model: '
-        f'{results["unigram_perplexity"]:.1f})'
-    )
-
-
+@TASKS.register('classification')
 class Classification(Task):
   """One label per sequence or pair (`data.classification`): fine-tuning from
   config.init_from's encoder, or training from scratch as in the LRA."""
@@ -279,18 +300,10 @@ class Classification(Task):
     )
 
 
-TASKS = {
-    task.name: task
-    for task in (MaskedLanguageModelling(), CausalLanguageModelling(), Classification())
-}
-
-
 def task_of(config: ml_collections.ConfigDict) -> Task:
-  """The task object of config.task (default 'masked_lm')."""
-  name = config.get('task', 'masked_lm')
-  if name not in TASKS:
-    raise ConfigError(f'config.task={name!r} is not allowed: use one of {tuple(TASKS)}.')
-  return TASKS[name]
+  """The task object of config.task (default 'masked_lm'); ConfigError listing
+  the registered tasks for another name."""
+  return TASKS.get(config.get('task', 'masked_lm'))()
 
 
 def evaluate_batches(

@@ -5,7 +5,8 @@ download, so they are the default pretraining corpus. Measured with CPython
 3.11.7: train 357 documents, 1.72 M characters (372 k tokens with an
 8000-piece SentencePiece model); validation 23 documents, 0.098 M characters
 (22 k tokens). Extraction takes under a second, once, in a child interpreter;
-later runs read a JSON cache.
+later runs read a JSON cache. It is config.data.source='embedded', with the
+splits 'train' and 'validation'.
 """
 
 import hashlib
@@ -14,9 +15,10 @@ import os
 import pathlib
 import subprocess
 import sys
-from typing import List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
-from linformer_jax.data import corpus
+from linformer_jax.data import cache
+from linformer_jax.data.sources import base
 from linformer_jax.errors import ConfigError
 
 EMBEDDED_SPLITS = ('train', 'validation')
@@ -83,10 +85,23 @@ def embedded_documents(split: str, cache_dir: Optional[str] = None) -> List[str]
   ]
 
 
+@base.REGISTRY.register('embedded')
+class Embedded(base.PretrainingSource):
+  """Python's own documentation (`embedded_documents`), cached in config.data.cache_dir."""
+
+  def documents(self, data_config: Mapping[str, Any], split: str) -> Iterator[str]:
+    return iter(embedded_documents(split, data_config.get('cache_dir') or None))
+
+  def signature(self, data_config: Mapping[str, Any], split: str) -> Dict[str, Any]:
+    """The Python version, whose documentation the corpus is."""
+    del data_config, split
+    return {'python': list(sys.version_info[:3])}
+
+
 def _embedded_titled_documents(cache_dir: Optional[str]) -> List[Tuple[str, str]]:
   """All (title, text) pairs, extracted once per Python version and cached."""
   version = '.'.join(map(str, sys.version_info[:3]))
-  cache_file = corpus.cache_root(cache_dir) / f'embedded_docs_py{version}.json'
+  cache_file = cache.cache_root(cache_dir) / f'embedded_docs_py{version}.json'
   if not cache_file.exists():
     cache_file.parent.mkdir(parents=True, exist_ok=True)
     temporary = cache_file.with_suffix(f'.tmp{os.getpid()}')
@@ -96,7 +111,7 @@ def _embedded_titled_documents(cache_dir: Optional[str]) -> List[Tuple[str, str]
     # sys.path, so a file named like a standard module (a `tabnanny.py` where
     # the command runs) is never imported in its place; the package is
     # appended after the standard library.
-    package_parent = str(pathlib.Path(__file__).resolve().parents[2])
+    package_parent = str(pathlib.Path(__file__).resolve().parents[3])
     subprocess.run(
         [
             sys.executable,
@@ -105,7 +120,7 @@ def _embedded_titled_documents(cache_dir: Optional[str]) -> List[Tuple[str, str]
             'ignore',
             '-c',
             'import sys; sys.path.append(sys.argv[2]); '
-            'from linformer_jax.data import embedded; '
+            'from linformer_jax.data.sources import embedded; '
             'embedded._write_embedded_documents(sys.argv[1])',
             str(temporary),
             package_parent,

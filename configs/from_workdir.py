@@ -45,8 +45,9 @@ def encoder_of(config: ml_collections.ConfigDict, init_from: str) -> ml_collecti
   """`config` set to fine-tune the encoder of run `init_from` ('' leaves it as
   it is): config.init_from, the model fields that fix the encoder's arrays
   (sizes, attention, k, sharing, projection, layer norms, a checkpoint's
-  segments) and the data fields that fix its token ids, from the run's
-  config.json. The task's own fields (pooling, dropout, data) stay config's."""
+  segments), the extensions that register the run's own parts, and the data
+  fields that fix its token ids, from the run's config.json. The task's own
+  fields (pooling, dropout, data) stay config's."""
   if not init_from:
     return config
   saved = get_config(init_from)
@@ -59,4 +60,7 @@ def encoder_of(config: ml_collections.ConfigDict, init_from: str) -> ml_collecti
   for field in run_config.DATA_FIELDS_FIXED_BY_A_RUN:
     if field in saved.get('data', {}):
       config.data[field] = saved.data[field]
+  # The run's own parts (e.g. a projection registered by a file of its own).
+  extensions = tuple(saved.get('extensions', ())) + tuple(config.get('extensions', ()))
+  config.extensions = tuple(dict.fromkeys(extensions))
   return config

@@ -9,6 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import finetune_sst2
+from configs import from_workdir
 from linformer_jax.analysis import sweep as sweep_lib
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import attention_kinds
@@ -189,6 +191,13 @@ def test_a_tiny_training_run_with_both_examples(tmp_path):
   assert results['step'] == 4
   losses = losses_by_step(str(tmp_path))
   assert losses and all(math.isfinite(loss) for loss in losses.values())
+  # The run's config.json keeps the files, and a fine-tuning config built
+  # on the run (configs/finetune_sst2.py:RUN) imports them too.
+  assert from_workdir.get_config(str(tmp_path)).extensions == (STRIDED, SCALED)
+  fine_tuning = from_workdir.encoder_of(finetune_sst2.get_config(), str(tmp_path))
+  assert fine_tuning.extensions == (STRIDED, SCALED)
+  assert fine_tuning.model.projection == 'strided'
+  assert fine_tuning.model.attention == 'scaled_linformer'
 
 
 def test_a_sweep_variant_may_name_its_own_extension():

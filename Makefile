@@ -19,17 +19,19 @@ $(VENV)/.installed: requirements.txt
 train: venv
 	$(VENV_PYTHON) -m linformer_jax.train --config configs/default.py --workdir runs/default
 
-# Runs the whole test suite (a few minutes on 2 CPU cores); pytest's exit
-# code 5 (no tests collected) counts as a failure.
+# Runs the whole test suite, one pytest-xdist worker per core, a test file
+# per worker at a time (module fixtures run once); pytest's exit code 5 (no
+# tests collected) counts as a failure.
+PYTEST_PARALLEL := -n auto --dist loadfile
 test: venv
-	$(VENV_PYTHON) -m pytest -q; status=$$?; \
+	$(VENV_PYTHON) -m pytest -q $(PYTEST_PARALLEL); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status
 
 # The edit loop: the suite without the tests marked slow (subprocess runs, the
 # notebook, two processes).
 test-fast: venv
-	$(VENV_PYTHON) -m pytest -q -m "not slow"
+	$(VENV_PYTHON) -m pytest -q $(PYTEST_PARALLEL) -m "not slow"
 
 # Lint (ruff) and format check (pyink, Google style as Flax writes it); both are
 # configured in pyproject.toml. `make format` rewrites the tree to pass.

@@ -39,6 +39,10 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 # the folder (set per session below), and every program cached however fast
 # it compiled and however small it is.
 CACHE_FOLDER_VARIABLE = 'JAX_COMPILATION_CACHE_DIR'
+# The session's folder, set once by the process that runs pytest; and the
+# variable pytest-xdist sets in each of its workers.
+SESSION_CACHE_VARIABLE = 'LINFORMER_JAX_TEST_COMPILATION_CACHE'
+XDIST_WORKER_VARIABLE = 'PYTEST_XDIST_WORKER'
 CACHE_EVERY_PROGRAM = {
     'jax_persistent_cache_min_compile_time_secs': 0,
     'jax_persistent_cache_min_entry_size_bytes': 0,
@@ -48,9 +52,14 @@ CACHE_EVERY_PROGRAM = {
 def pytest_configure(config):
   """Points JAX's compilation cache at a fresh folder before any test module
   is imported (JAX decides once per process, at its first compilation,
-  whether a cache is used); the programs the tests start inherit it."""
+  whether a cache is used). The programs the tests start inherit it, and so
+  do the workers of `pytest -n`, which start after this ran in the
+  controlling process."""
   del config
-  folder = tempfile.mkdtemp(prefix='linformer_jax_compilation_cache_')
+  folder = os.environ.get(SESSION_CACHE_VARIABLE)
+  if not folder:
+    folder = tempfile.mkdtemp(prefix='linformer_jax_compilation_cache_')
+    os.environ[SESSION_CACHE_VARIABLE] = folder
   os.environ[CACHE_FOLDER_VARIABLE] = folder
   for name, value in CACHE_EVERY_PROGRAM.items():
     os.environ[name.upper()] = str(value)
@@ -58,9 +67,30 @@ def pytest_configure(config):
   jax.config.update(CACHE_FOLDER_VARIABLE.lower(), folder)
 
 
+# The files that take longest, run first: with one file per worker at a time
+# (`make test`), a long file started last would leave the other cores idle.
+LONGEST_FILES_FIRST = (
+    'test_sharding.py',
+    'test_train.py',
+    'test_data_benchmark.py',
+    'test_reliability.py',
+    'test_classification.py',
+    'test_notebook.py',
+    'test_sweep.py',
+)
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+  rank = {name: index for index, name in enumerate(LONGEST_FILES_FIRST)}
+  # A stable sort: the order within each file is kept.
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 def pytest_unconfigure(config):
   del config
-  shutil.rmtree(os.environ.pop(CACHE_FOLDER_VARIABLE, ''), ignore_errors=True)
+  if XDIST_WORKER_VARIABLE not in os.environ:  # the folder is the controlling process's
+    shutil.rmtree(os.environ.pop(SESSION_CACHE_VARIABLE, ''), ignore_errors=True)
 
 
 @pytest.fixture(scope='session', autouse=True)

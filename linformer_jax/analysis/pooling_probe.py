@@ -67,8 +67,10 @@ def _capture(module: Any, method_name: str) -> bool:
 
 def _value_matrices(encoder: Any, config) -> List[Any]:
   """Per layer the value projection F ([n, k] or [heads, n, k]) of a Linformer
-  with a matrix projection; None for full attention and other projections."""
-  if config.attention == 'full' or config.projection not in ('linear', 'random'):
+  with a matrix projection (weights [n, k]); None for full attention and
+  other projections."""
+  kind = config.projection_kind
+  if not config.attention_kind.uses_projection or not (kind.has_weights and kind.weight_ndim == 2):
     return [None] * config.num_layers
   matrices = []
   for layer in range(config.num_layers):

@@ -149,7 +149,7 @@ def context_queries_and_keys(
       layers.append((q, k, padding_mask))
       continue
     weight = None
-    if config.projection in ('linear', 'random', 'conv'):
+    if config.projection_kind.has_weights:
       owner = ('shared_projection',) if config.sharing == 'layerwise' else path + ('projection',)
       weight = _captured(encoder, owner)[0]
     keys, key_mask = config.projection_kind.compress(

@@ -55,6 +55,11 @@ class SequenceProjectionKind:
     self.name = name
 
   @property
+  def has_weights(self) -> bool:
+    """Whether it holds weights: it defines its own `make_weight`."""
+    return type(self).make_weight is not SequenceProjectionKind.make_weight
+
+  @property
   def supports_causal(self) -> bool:
     """Whether `block_summaries` works: a windowed kind, or one defining its own."""
     own = type(self).block_summaries is not SequenceProjectionKind.block_summaries

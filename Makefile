@@ -28,8 +28,8 @@ test: venv
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status
 
-# The edit loop: the suite without the tests marked slow (subprocess runs, the
-# notebook, two processes).
+# The edit loop: the suite without the tests marked slow (end-to-end runs of
+# the training loop and the benchmarks, subprocesses, the notebook).
 test-fast: venv
 	$(VENV_PYTHON) -m pytest -q $(PYTEST_PARALLEL) -m "not slow"
 

@@ -13,7 +13,8 @@ For the whole session JAX's persistent compilation cache lives in one fresh
 temporary folder, named by the JAX_* variables below so that programs started
 by the tests share it: each program is compiled once per session.
 
-Tests that start other processes are marked `slow` (see pytest.ini):
+End-to-end tests are marked `slow` (see pytest.ini), those sharing a run
+through a fixture by END_TO_END_FIXTURES below:
 `pytest -m "not slow"` is the fast loop, plain `pytest` runs everything.
 """
 
@@ -80,8 +81,25 @@ LONGEST_FILES_FIRST = (
 )
 
 
+# Fixtures that run a training or a benchmark once for their module's tests,
+# by file: every test using one is `slow` (an end-to-end run; see pytest.ini).
+END_TO_END_FIXTURES = {
+    'test_benchmark.py': ('grid', 'efficient_grid', 'budget_grid'),
+    'test_causal_benchmark.py': ('run',),
+    'test_classification.py': ('pretrained',),
+    'test_generation.py': ('causal_run',),
+    'test_pooling_probe.py': ('pretrained',),
+    'test_sweep.py': ('finished_sweep',),
+    'test_tokenizer_safety.py': ('stopped_run',),
+    'test_train.py': ('finished_run',),
+}
+
+
 def pytest_collection_modifyitems(config, items):
   del config
+  for item in items:
+    if set(END_TO_END_FIXTURES.get(item.path.name, ())) & set(item.fixturenames):
+      item.add_marker(pytest.mark.slow)
   rank = {name: index for index, name in enumerate(LONGEST_FILES_FIRST)}
   # A stable sort: the order within each file is kept.
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

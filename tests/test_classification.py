@@ -288,6 +288,7 @@ def test_runs_fine_tuned_before_mean_pooling_became_the_default_load_unchanged(
     run_config.check_same_model(saved_before_the_field, today, workdir)
 
 
+@pytest.mark.slow
 def test_a_short_run_learns_the_toy_task(tmp_path):
   write_sentiment_tsv(tmp_path / 'data', count=256)
   config = tiny_classifier_config(
@@ -375,6 +376,7 @@ def test_fine_tuning_from_a_folder_without_a_run_is_refused(tmp_path):
     trainer.train_and_evaluate(config, str(tmp_path / 'run'))
 
 
+@pytest.mark.slow
 def test_listops_trains_from_scratch_on_generated_trees(tmp_path):
   config = tiny_classifier_config(
       tmp_path,

@@ -170,6 +170,7 @@ def test_the_manifest_covers_every_item_file(two_steps):
   assert all(files[name]['bytes'] == os.path.getsize(os.path.join(folder, name)) for name in files)
 
 
+@pytest.mark.slow
 def test_a_run_resumes_exactly_from_the_newest_intact_checkpoint(tmp_path):
   """Damage to the two newest of three checkpoints costs the steps after the
   oldest, which are taken again to the same losses and parameters."""

@@ -109,6 +109,7 @@ def test_reference_models_score_their_evaluation_batches():
   assert tasks.majority_accuracy(np.array([2, 5]), batches) == pytest.approx(2 / 3)
 
 
+@pytest.mark.slow
 def test_evaluation_only_loading_matches_the_run_and_builds_no_training_iterator(tmp_path):
   config = tiny_config(total_steps=4, warmup_steps=2, eval_every=4, log_every=2, checkpoint_every=4)
   workdir = str(tmp_path)

@@ -52,6 +52,7 @@ def test_a_tiny_run_writes_results_metrics_events_and_checkpoints(finished_run):
   assert last < first
 
 
+@pytest.mark.slow
 def test_resume_is_exact(tmp_path):
   config = tiny_config(total_steps=12, log_every=1, eval_every=6, checkpoint_every=100)
   straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
@@ -118,6 +119,7 @@ def test_sigkill_resumes_from_the_last_checkpoint(tmp_path, run_command):
   assert steps == list(range(1, saved + 3))
 
 
+@pytest.mark.slow
 def test_a_non_finite_step_is_never_saved_and_the_kept_checkpoint_resumes(tmp_path):
   """The guard checks parameters, not only the loss.
 
@@ -164,6 +166,7 @@ def test_a_non_finite_step_is_never_saved_and_the_kept_checkpoint_resumes(tmp_pa
   assert results['step'] == 6 and np.isfinite(results['eval_loss'])
 
 
+@pytest.mark.slow
 def test_a_run_that_diverges_before_any_checkpoint_says_none_was_saved(tmp_path):
   """With no checkpoint yet, the error says so and advises a fresh start."""
   config = tiny_config(

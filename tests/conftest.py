@@ -13,8 +13,9 @@ For the whole session JAX's persistent compilation cache lives in one fresh
 temporary folder, named by the JAX_* variables below so that programs started
 by the tests share it: each program is compiled once per session.
 
-End-to-end tests are marked `slow` (see pytest.ini), those sharing a run
-through a fixture by END_TO_END_FIXTURES below:
+End-to-end tests are marked `slow` (see pytest.ini): those sharing a run
+through a fixture by END_TO_END_FIXTURES below, and the cases of a check
+repeated over many variants beyond the FAST_CASES representatives.
 `pytest -m "not slow"` is the fast loop, plain `pytest` runs everything.
 """
 
@@ -95,11 +96,36 @@ END_TO_END_FIXTURES = {
 }
 
 
+# Checks repeated over many variants: `make test` runs every case, the fast
+# loop these representatives (a Linformer and a Transformer, a learned and a
+# fixed projection); the other cases are `slow`.
+FAST_CASES = {
+    'test_model_output_is_padding_invariant': ('full-linear-False', 'linformer-mean-False'),
+    'test_every_learned_projection_gets_a_nonzero_gradient': ('linear-none', 'conv-layerwise'),
+    'test_every_pooling_is_padding_invariant': ('mean-linformer', 'attention-full'),
+    'test_changing_later_tokens_changes_no_earlier_logit': ('linear-none', 'transformer'),
+    'test_chunked_inference_gives_the_same_logits_with_padding': ('full', 'none'),
+}
+
+
 def pytest_collection_modifyitems(config, items):
   del config
+  cases_seen = {}
   for item in items:
-    if set(END_TO_END_FIXTURES.get(item.path.name, ())) & set(item.fixturenames):
+    end_to_end = set(END_TO_END_FIXTURES.get(item.path.name, ())) & set(item.fixturenames)
+    fast_cases = FAST_CASES.get(getattr(item, 'originalname', ''))
+    another_case = fast_cases is not None and item.callspec.id not in fast_cases
+    if fast_cases is not None:
+      cases_seen.setdefault(item.originalname, set()).add(item.callspec.id)
+    if end_to_end or another_case:
       item.add_marker(pytest.mark.slow)
+  for name, seen in cases_seen.items():
+    # (Fewer cases than representatives: a selection of single cases.)
+    if len(seen) > len(FAST_CASES[name]) and not set(FAST_CASES[name]) <= seen:
+      raise pytest.UsageError(
+          f'tests/conftest.py FAST_CASES names cases of {name} that no longer exist: '
+          f'{sorted(set(FAST_CASES[name]) - seen)}; name some of {sorted(seen)}.'
+      )
   rank = {name: index for index, name in enumerate(LONGEST_FILES_FIRST)}
   # A stable sort: the order within each file is kept.
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

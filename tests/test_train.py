@@ -75,6 +75,7 @@ def test_one_run_per_workdir_and_a_dead_runs_lock_never_blocks(tmp_path, run_com
   workdir = str(tmp_path / 'run')
   first = start_endless_run(run_command, workdir)
   wait_for_step(workdir, 2, first)
+  first.send_signal(signal.SIGSTOP)  # it keeps its lock, and leaves the cores to the others
   second = run_command('train', *tiny_flags(workdir))
   errors = [line for line in second.stderr.splitlines() if line.startswith('error:')]
   assert second.returncode == 2, second.stderr

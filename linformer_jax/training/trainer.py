@@ -111,6 +111,15 @@ class Run:
     self.store = CheckpointStore(
         checkpoint_directory(workdir), keep=config.keep_checkpoints, owner=True
     )
+    try:
+      self._build(config, workdir)
+    except BaseException:
+      # Stops the store's background threads before the error ends the
+      # program: one still running at exit prints a traceback of its own.
+      self.store.close()
+      raise
+
+  def _build(self, config: ml_collections.ConfigDict, workdir: str) -> None:
     resuming = self.store.latest_step() is not None
     if resuming:
       run_config.check_same_model(self.store.restore_config(), config, workdir)

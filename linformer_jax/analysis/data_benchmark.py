@@ -66,22 +66,10 @@ _MIB = 2**20
 class Settings:
   """What to measure; invalid values raise a ConfigError naming the flag.
 
-  Attributes:
-    out: folder of the corpora, runs and results.
-    sizes_mb: training corpus sizes in MiB.
-    config_path: the config file the commands run with.
-    config: that config with `config_overrides` applied.
-    config_overrides: dotted fields the user overrode; every command gets them.
-    seq_len: prepared sequence length (model.max_len); 0 keeps the config's.
-    stages: which of STAGES to run.
-    seed: seeds the corpus's document orders.
-    loader_batch_size: sequences per loader batch.
-    loader_seconds: how long the loader is timed (after the warm-up).
-    loader_warmup_batches: batches read before the timing starts.
-
-  The fields but the config's are also the command's flags of their names
-  (`settings_flags`); config_path, config and config_overrides come from its
-  --config.
+  Each field made with `setting` is also the command's flag of its name, its
+  help text the field's description (`settings_flags`). The others come from
+  --config: config_path, the config file every command runs with; config, that
+  file with config_overrides, the dotted fields the user overrode, applied.
   """
 
   config_path: str

@@ -23,7 +23,6 @@ import numpy as np
 from linformer_jax.data import pretraining
 from linformer_jax.model import models
 from linformer_jax.training import tasks
-from linformer_jax.training import train_steps
 
 # The share of rows whose tokens are shuffled.
 SHUFFLED_SHARE = 0.5
@@ -58,8 +57,9 @@ class ShuffleSome(grain.transforms.RandomMap):
 
 
 @tasks.TASKS.register('shuffled_text')
-class ShuffledText(tasks.Task):
-  """Shuffled or kept: a two-class task on the pretraining rows."""
+class ShuffledText(tasks.Classification):
+  """Shuffled or kept: a two-class task on the pretraining rows. The loss,
+  metrics and fine-tuning from config.init_from are classification's."""
 
   name = 'shuffled_text'
 
@@ -79,10 +79,6 @@ class ShuffledText(tasks.Task):
     del config
     return models.SequenceClassifier(model_config, num_classes=2)
 
-  def loss_sums(self, model, config):
-    del config
-    return train_steps.classification_loss(model)
-
   def batch_shapes(self, config):
     rows = (config.batch_size, config.model.max_len)
     return {
@@ -92,17 +88,6 @@ class ShuffledText(tasks.Task):
         'labels': ((config.batch_size,), jnp.int32),
         'weights': ((config.batch_size,), jnp.float32),
     }
-
-  def metrics(self, sums):
-    weight = max(sums['weight_sum'], 1.0)
-    return {
-        'loss': sums['loss_sum'] / weight,
-        'accuracy': sums['correct_sum'] / weight,
-        'examples': sums['weight_sum'],
-    }
-
-  def describe(self, split, metrics):
-    return f'{split} loss {metrics["loss"]:.4f}, accuracy {metrics["accuracy"]:.4f}'
 
   def reference_results(self, data):
     # Always answering "kept": the accuracy a model blind to order gets.

@@ -54,6 +54,37 @@ def test_tensorboard_event_file_is_written(tmp_path):
   ]
 
 
+def test_loggers_opened_in_the_same_second_write_files_of_their_own(tmp_path):
+  workdir = str(tmp_path)
+  for step in (1, 2):
+    logger = MetricLogger(workdir, total_steps=2)
+    logger.write_scalars(step, {'train_loss': float(step)})
+    logger.close()
+  files = [name for name in os.listdir(workdir) if name.startswith('events.out.tfevents')]
+  steps = [
+      event.step
+      for name in files
+      for event in event_file_loader.EventFileLoader(os.path.join(workdir, name)).Load()
+      if event.summary.value
+  ]
+  assert len(files) == 2 and sorted(steps) == [1, 2]
+
+
+def test_writing_metrics_never_imports_tensorflow(tmp_path, run_python):
+  """TensorFlow's import takes seconds, in every command that trains."""
+  code = f"""
+import sys
+from linformer_jax.training import trainer
+from linformer_jax.training.metric_writers import MetricLogger
+logger = MetricLogger({str(tmp_path)!r}, total_steps=1)
+logger.write_scalars(1, {{'train_loss': 1.0}})
+logger.close()
+assert 'tensorflow' not in sys.modules, 'TensorFlow was imported'
+"""
+  result = run_python("-c", code)
+  assert result.returncode == 0, result.stderr
+
+
 def test_non_primary_processes_write_no_files(tmp_path):
   workdir = str(tmp_path / 'run')
   logger = MetricLogger(workdir, total_steps=10, is_primary=False)

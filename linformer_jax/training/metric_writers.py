@@ -1,33 +1,37 @@
 """Training metrics: TensorBoard event files, a JSON-lines file and progress.
 
-This is the project's only module that writes metrics. `MetricLogger` sends
-every scalar to clu's default writer (absl log and TensorBoard event files in
-the workdir) and appends it to `WORKDIR/metrics.jsonl`, one JSON object per
+This is the project's only module that writes metrics. `MetricLogger` logs
+every scalar (absl), writes it to a TensorBoard event file in the workdir
+(`EventFile`) and appends it to `WORKDIR/metrics.jsonl`, one JSON object per
 line: `{"step": 120, "train_loss": 5.1, ...}`. `read_metrics` reads that file
 back, for tests, notebooks and plotting tools that should not need TensorBoard.
+
+Event files are written with TensorBoard's protocol buffers alone: TensorFlow's
+summary writer (clu's default writer uses it) costs seconds of import in every
+run for a few scalars.
 
 Only the primary process (process 0) writes files; the others only log.
 """
 
 import contextlib
 import errno
-import glob
+import itertools
 import json
 import os
+import socket
+import struct
 import time
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 from absl import logging
 import numpy as np
+from tensorboard.compat.proto import event_pb2
+from tensorboard.compat.proto import summary_pb2
+from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
 from linformer_jax.errors import is_disk_full
 
 METRICS_FILE = 'metrics.jsonl'
-
-
-def _events_files(workdir: str) -> List[str]:
-  """The TensorBoard events files in `workdir`."""
-  return glob.glob(os.path.join(glob.escape(workdir), 'events.out.tfevents.*'))
 
 
 def _metrics_path(workdir: str) -> str:
@@ -52,6 +56,53 @@ def read_metrics(workdir: str) -> List[Dict[str, Any]]:
   return [json.loads(line) for line in _complete_lines(_metrics_path(workdir))]
 
 
+# Event files of one process are told apart by a counter: two loggers may open
+# files in the same workdir within one second (a run stopped and resumed).
+_event_file_numbers = itertools.count()
+
+
+class EventFile:
+  """A TensorBoard event file of scalar summaries, flushed after every step.
+
+  The file is a sequence of records (TFRecord framing: the length, its masked
+  CRC-32C, the data, its masked CRC-32C), each an `Event` protocol buffer; the
+  first names the format version. TensorBoard reads `simple_value` summaries
+  as its scalars.
+  """
+
+  def __init__(self, directory: str):
+    name = (
+        f'events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.'
+        f'{os.getpid()}.{next(_event_file_numbers)}.v2'
+    )
+    self.path = os.path.join(directory, name)
+    self._file = open(self.path, 'xb')  # pylint: disable=consider-using-with
+    try:
+      self._write(event_pb2.Event(wall_time=time.time(), file_version='brain.Event:2'))
+    except OSError:
+      # No header (a full disk): no file either, rather than an empty one.
+      with contextlib.suppress(OSError):
+        self._file.close()
+      os.remove(self.path)
+      raise
+
+  def _write(self, event: event_pb2.Event) -> None:
+    data = event.SerializeToString()
+    header = struct.pack('<Q', len(data))
+    self._file.write(header + struct.pack('<I', masked_crc32c(header)))
+    self._file.write(data + struct.pack('<I', masked_crc32c(data)))
+    self._file.flush()
+
+  def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
+    values = [summary_pb2.Summary.Value(tag=name, simple_value=v) for name, v in scalars.items()]
+    self._write(
+        event_pb2.Event(wall_time=time.time(), step=step, summary=summary_pb2.Summary(value=values))
+    )
+
+  def close(self) -> None:
+    self._file.close()
+
+
 def _format_duration(seconds: float) -> str:
   """A short duration such as '45s', '4m35s' or '2h05m'."""
   seconds = int(round(seconds))
@@ -73,24 +124,21 @@ class MetricLogger:
       total_steps: the step the run ends at, for the progress line's ETA.
       is_primary: whether this is process 0, the one that writes files.
     """
-    # clu's writers import TensorFlow, which takes seconds; importing here
-    # keeps `read_metrics` and programs that stop before training fast.
-    from clu import metric_writers  # pylint: disable=g-import-not-at-top
-
     self.workdir = workdir
     self.total_steps = total_steps
     self.is_primary = is_primary
+    self._events = None
     if is_primary:
       os.makedirs(workdir, exist_ok=True)
-    self._events_before = set(_events_files(workdir)) if is_primary else set()
-    self._writer = metric_writers.create_default_writer(workdir, just_logging=not is_primary)
+      with self._disk_full_as_os_error():
+        self._events = EventFile(workdir)
     self._last_step = 0
     self._last_time = time.monotonic()
 
   @contextlib.contextmanager
   def _disk_full_as_os_error(self) -> Iterator[None]:
-    """TensorFlow reports a full disk as its own (or clu's asynchronous)
-    error; it becomes an OSError naming the workdir, as for any file."""
+    """A full disk, whatever reports it, becomes an OSError naming the
+    workdir (a write's own error names no file)."""
     try:
       yield
     except Exception as error:  # pylint: disable=broad-except
@@ -123,8 +171,11 @@ class MetricLogger:
       raise ValueError("'step' is reserved for the step number; rename the metric.")
     values = {name: float(np.asarray(value)) for name, value in scalars.items()}
     step = int(step)
-    with self._disk_full_as_os_error():
-      self._writer.write_scalars(step, values)
+    line = ', '.join(f'{name}={values[name]:.6g}' for name in sorted(values))
+    logging.info('[%d] %s', step, line)
+    if self._events is not None:
+      with self._disk_full_as_os_error():
+        self._events.write_scalars(step, values)
     if self.is_primary:
       # One write of a whole line per record: a concurrent reader sees either
       # no record or a complete one (see _complete_lines).
@@ -168,13 +219,7 @@ class MetricLogger:
     return {'steps_per_sec': steps_per_sec, 'tokens_per_sec': tokens_per_sec}
 
   def close(self) -> None:
-    """Flushes and closes the writers; removes an events file this logger
-    created that stayed empty (its header could not be written: a full disk)."""
-    try:
+    """Closes the event file."""
+    if self._events is not None:
       with self._disk_full_as_os_error():
-        self._writer.close()
-    finally:
-      if self.is_primary:
-        for path in set(_events_files(self.workdir)) - self._events_before:
-          if os.path.getsize(path) == 0:
-            os.remove(path)
+        self._events.close()

@@ -30,6 +30,7 @@ import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from absl import logging
+from clu import parameter_overview
 import jax
 from jax.experimental import multihost_utils
 import ml_collections
@@ -354,6 +355,9 @@ def _train_and_evaluate(
       f'{run.data.train_sequences:,} training and {run.data.eval_sequences:,} '
       f'{config.data.eval_split} sequences of {tokens_per_step // config.batch_size} tokens; '
       f'training steps {first_step + 1}..{config.total_steps}.'
+  )
+  parameter_overview.log_parameter_overview(
+      run.state.params, include_stats=False, msg='The parameters:', jax_logging_process=0
   )
   logger = MetricLogger(
       workdir, total_steps=config.total_steps, is_primary=jax.process_index() == 0

@@ -15,7 +15,9 @@ import os
 import sys
 
 DEVICES = int(sys.argv[1])
-os.environ['XLA_FLAGS'] = f'--xla_force_host_platform_device_count={DEVICES}'
+os.environ['XLA_FLAGS'] = (
+    f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={DEVICES}"
+)
 os.environ['JAX_PLATFORMS'] = 'cpu'
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

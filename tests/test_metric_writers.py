@@ -81,7 +81,7 @@ logger.write_scalars(1, {{'train_loss': 1.0}})
 logger.close()
 assert 'tensorflow' not in sys.modules, 'TensorFlow was imported'
 """
-  result = run_python("-c", code)
+  result = run_python('-c', code)
   assert result.returncode == 0, result.stderr
 
 

@@ -15,8 +15,8 @@ import sys
 import traceback
 from typing import Callable, Iterator, List
 
-# TensorFlow (imported by the TensorBoard writer) prints C++ start-up notices;
-# it only writes summaries here, so its oneDNN kernels are not needed either.
+# TensorFlow (imported only by TFDS data sources) prints C++ start-up notices;
+# it only reads datasets here, so its oneDNN kernels are not needed either.
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
 

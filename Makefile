@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 VENV_PYTHON := $(VENV)/bin/python
 
-.PHONY: train test test-fast lint format venv torch-baseline
+.PHONY: train test test-fast lint format venv venv-gpu venv-tpu torch-baseline
 
 venv: $(VENV)/.installed
 
@@ -13,6 +13,15 @@ $(VENV)/.installed: requirements.txt
 	$(VENV_PYTHON) -m pip install --quiet --upgrade pip
 	$(VENV_PYTHON) -m pip install --quiet -r requirements.txt
 	touch $@
+
+# An accelerator's environment: .venv plus JAX's CUDA 12 plugin and NVIDIA's
+# libraries, or libtpu, at the jax version of requirements.txt. Runs then
+# check the backend they find against config.platform (docs/scaling.md).
+venv-gpu: venv
+	$(VENV_PYTHON) -m pip install --quiet -r requirements-gpu.txt
+
+venv-tpu: venv
+	$(VENV_PYTHON) -m pip install --quiet -r requirements-tpu.txt
 
 # Pretrains the default small Linformer on the embedded corpus (Python's own
 # documentation): under 10 minutes on 2 CPU cores, prints validation perplexity.

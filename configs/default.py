@@ -39,6 +39,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Python files (or module names) imported first: your own registered projections,
   # attention kinds, data sources or tasks (docs/extending.md).
   config.extensions = ()
+  # The backend the run expects, 'cpu', 'gpu' or 'tpu' ('' = whichever JAX finds);
+  # any other stops the run before it writes anything.
+  config.platform = ''
   config.mesh_shape = (-1, 1)  # devices along ('data', 'model'); -1 = all remaining
   # Logical parameter axes -> mesh axes (None = replicated); see linformer_jax/training/sharding.py.
   config.axis_rules = (('batch', 'data'), ('heads', 'model'), ('mlp', 'model'), ('vocab', 'model'))

@@ -22,12 +22,15 @@ os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
 
 from linformer_jax import xla_cpu  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-# Before JAX starts a backend: XLA:CPU without YNNPACK fusions (see xla_cpu).
-os.environ['XLA_FLAGS'] = xla_cpu.without_library_fusions(os.environ.get('XLA_FLAGS', ''))
+# Before JAX starts a backend: XLA:CPU without YNNPACK fusions (see xla_cpu),
+# where the CPU will be the backend.
+if xla_cpu.cpu_is_the_backend():
+  os.environ['XLA_FLAGS'] = xla_cpu.without_library_fusions(os.environ.get('XLA_FLAGS', ''))
 
 from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import ml_collections  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ml_collections import config_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -159,13 +162,18 @@ def define_config_file_flag(default: str, help_text: str) -> None:
 
 
 def start_processes() -> None:
-  """Connects to the other processes of a multi-process run, if any."""
+  """Connects to the other processes of a multi-process run, if any, checks
+  the backend against config.platform and prints it (process 0), before
+  anything is written."""
   multihost.initialize(
       flags.FLAGS.coordinator_address,
       flags.FLAGS.num_processes,
       flags.FLAGS.process_id,
       flags.FLAGS.cpu_collectives,
   )
+  multihost.check_platform(flags.FLAGS.config.get('platform', ''))
+  if jax.process_index() == 0:
+    print(multihost.device_summary(), flush=True)
 
 
 def fail(message: str) -> None:

@@ -18,11 +18,28 @@ side in docs/benchmarks.md, "XLA:CPU's library fusions"):
 `--xla_cpu_experimental_ynn_fusion_type=` (an empty list: none) unless the
 flags already set it, so a user who wants the fusions back passes the flag
 with a list, e.g. `+dot` for jaxlib's default. XLA reads XLA_FLAGS when JAX
-starts its first backend, so it must be set before any computation; other
-backends ignore CPU flags.
+starts its first backend, so it must be set before any computation, that is
+before JAX says which backend it found: `cpu_is_the_backend` tells from the
+environment (JAX_PLATFORMS, or no accelerator plugin installed), and the
+entry points set CPU flags only then.
 """
 
+import importlib.util
 import os
+
+# The packages that give JAX an accelerator backend (requirements-gpu.txt,
+# requirements-tpu.txt).
+ACCELERATOR_PACKAGES = ('jax_cuda12_plugin', 'jax_cuda13_plugin', 'libtpu')
+
+
+def cpu_is_the_backend() -> bool:
+  """Whether JAX will pick the CPU: JAX_PLATFORMS names it first, or, without
+  JAX_PLATFORMS, no accelerator plugin is installed."""
+  platforms = os.environ.get('JAX_PLATFORMS', '').strip()
+  if platforms:
+    return platforms.split(',')[0].strip() == 'cpu'
+  return not any(importlib.util.find_spec(package) for package in ACCELERATOR_PACKAGES)
+
 
 LIBRARY_FUSIONS_FLAG = '--xla_cpu_experimental_ynn_fusion_type'
 

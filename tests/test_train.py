@@ -86,6 +86,8 @@ def test_one_run_per_workdir_and_a_dead_runs_lock_never_blocks(tmp_path, run_com
       'train', *tiny_flags(workdir), '--config.total_steps=2', '--config.warmup_steps=1'
   )
   assert third.returncode == 0, third.stderr
+  # A run's first line names the backend it found.
+  assert third.stdout.splitlines()[0] == 'backend cpu: 1 device (cpu), 1 process'
 
 
 @pytest.mark.slow

@@ -9,13 +9,9 @@ axis is worth raising when the sum does not fit a device.
 
 from typing import Dict, Sequence
 
-import jax
-import jax.numpy as jnp
 import ml_collections
 
-from linformer_jax.training import run_builder
-from linformer_jax.training import sharding as sharding_lib
-from linformer_jax.training import train_steps
+from linformer_jax.analysis import matmul_dtypes
 
 
 def train_step_memory(
@@ -24,12 +20,7 @@ def train_step_memory(
   """XLA's per-device memory figures of the train step on one mesh, in bytes."""
   config = config.copy_and_resolve_references()
   config.mesh_shape = tuple(mesh_shape)
-  parts = run_builder.build_parts(config)
-  optimizer = train_steps.create_optimizer(config)
-  abstract_state = parts.abstract_train_state(optimizer)
-  train_step = parts.jit_train_step(optimizer, abstract_state)
-  key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding_lib.replicated(parts.mesh))
-  compiled = train_step.lower(abstract_state, parts.abstract_batch(), key).compile()
+  compiled = matmul_dtypes.lowered_train_step(config).compile()
   analysis = compiled.memory_analysis()
   return {
       'arguments': analysis.argument_size_in_bytes,

@@ -23,14 +23,17 @@ itself and the paper's matrix projection. The other sequence projections live
 in `linformer_jax.model.projections`, one module each, and the attention kinds
 (full, Linformer, causal Linformer) in `linformer_jax.model.attention_kinds`.
 
-The softmax, its reductions and the sequence projections accumulate in float32
-even when the inputs are bfloat16; outputs come back in the input dtype.
+Matrix products take the inputs' dtype (bfloat16 under model.dtype='bfloat16')
+and accumulate in float32 (`precision.einsum`); the softmax runs in float32;
+outputs come back in the input dtype.
 """
 
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
+
+from linformer_jax.model import precision
 
 Array = jax.Array
 
@@ -77,15 +80,15 @@ def attend(q: Array, k: Array, v: Array, key_mask: Optional[Array] = None) -> Ar
     [batch, q_length, heads, head_dim] in the dtype of `q`.
   """
   head_dim = q.shape[-1]
-  logits = jnp.einsum('bqhd,bkhd->bhqk', q, k, preferred_element_type=jnp.float32)
+  logits = precision.einsum('bqhd,bkhd->bhqk', q, k.astype(q.dtype))
   logits = logits / jnp.sqrt(jnp.float32(head_dim))
   if key_mask is not None:
     mask = key_mask[:, None, None, :] if key_mask.ndim == 2 else key_mask[:, None]
     logits = jnp.where(mask, logits, MASKED_LOGIT)
   weights = jax.nn.softmax(logits, axis=-1)
-  out = jnp.einsum(
-      'bhqk,bkhd->bqhd', weights, v.astype(jnp.float32), preferred_element_type=jnp.float32
-  )
+  # The probabilities round to v's dtype for the product (as a bfloat16 flash
+  # attention kernel does); the sum over keys accumulates in float32.
+  out = precision.einsum('bhqk,bkhd->bqhd', weights.astype(v.dtype), v)
   return out.astype(q.dtype)
 
 
@@ -186,9 +189,8 @@ def project_sequence(
   rows = rows_for_length(matrix, x.shape[1], name)
   x = zero_padding(x, key_padding_mask)
   equation = 'bnhd,nk->bkhd' if rows.ndim == 2 else 'bnhd,hnk->bkhd'
-  # Upcast rather than ask for float32 accumulation of bfloat16 operands: the
-  # sum runs over up to max_len positions, and XLA:CPU has no such mixed dot.
-  out = jnp.einsum(equation, x.astype(jnp.float32), rows.astype(jnp.float32))
+  # The sum runs over up to max_len positions: it accumulates in float32.
+  out = precision.einsum(equation, x, rows.astype(x.dtype))
   return out.astype(x.dtype)
 
 

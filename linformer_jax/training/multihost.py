@@ -92,3 +92,42 @@ def initialize(
     jax.distributed.initialize()
     return True
   return False
+
+
+# The platforms `config.platform` may name, as `jax.default_backend()` names
+# them ('gpu' for CUDA and ROCm).
+PLATFORMS = ('cpu', 'gpu', 'tpu')
+# How each accelerator's JAX is installed (docs/scaling.md).
+_INSTALL_HINTS = {
+    'gpu': '`make venv-gpu`, or pip install -r requirements-gpu.txt',
+    'tpu': '`make venv-tpu`, or pip install -r requirements-tpu.txt',
+    'cpu': 'JAX_PLATFORMS=cpu in the environment',
+}
+
+
+def check_platform(expected: str) -> str:
+  """Starts JAX's backend and returns its name; a backend other than the
+  expected one ('' = any) is a ConfigError saying how to get the right one."""
+  if expected and expected not in PLATFORMS:
+    raise ConfigError(
+        f"config.platform={expected!r} is not a platform; use one of {PLATFORMS} or '' (any)."
+    )
+  backend = jax.default_backend()
+  if expected and backend != expected:
+    devices = ', '.join(sorted({device.device_kind for device in jax.devices()}))
+    raise ConfigError(
+        f'config.platform={expected!r} but JAX found the {backend} backend ({devices}): '
+        f'install JAX for {expected} ({_INSTALL_HINTS[expected]}), or set '
+        f"--config.platform={backend} (or '') to run on it."
+    )
+  return backend
+
+
+def device_summary() -> str:
+  """'backend gpu: 8 devices (NVIDIA H100 80GB HBM3), 1 process'."""
+  kinds = ', '.join(sorted({device.device_kind for device in jax.devices()}))
+  devices, processes = jax.device_count(), jax.process_count()
+  return (
+      f'backend {jax.default_backend()}: {devices} device{"s" if devices > 1 else ""} '
+      f'({kinds}), {processes} process{"es" if processes > 1 else ""}'
+  )

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from linformer_jax.model import attention
+from linformer_jax.model import precision
 from linformer_jax.model import projections
 from linformer_jax.model.projections import SequenceProjectionKind
 
@@ -120,12 +121,9 @@ def _attend_block_and_summaries(
     [batch, q_length, heads, head_dim] in float32.
   """
   scale = 1.0 / jnp.sqrt(jnp.float32(q.shape[-1]))
-  f32 = jnp.float32
-  block_logits = jnp.einsum('bqhd,bkhd->bhqk', q, block_k, preferred_element_type=f32) * scale
+  block_logits = precision.einsum('bqhd,bkhd->bhqk', q, block_k.astype(q.dtype)) * scale
   key_spec, value_spec = ('bhds', 'bhsd') if head_major else ('bshd', 'bshd')
-  summary_logits = (
-      jnp.einsum(f'bqhd,{key_spec}->bhqs', q, summary_k, preferred_element_type=f32) * scale
-  )
+  summary_logits = precision.einsum(f'bqhd,{key_spec}->bhqs', q, summary_k.astype(q.dtype)) * scale
   block_logits = jnp.where(block_mask[:, None], block_logits, attention.MASKED_LOGIT)
   summary_logits = jnp.where(summary_mask[:, None, None], summary_logits, attention.MASKED_LOGIT)
   weights = jax.nn.softmax(jnp.concatenate([block_logits, summary_logits], axis=-1), axis=-1)
@@ -134,8 +132,11 @@ def _attend_block_and_summaries(
   block_len = block_k.shape[1]
   block_weights = jnp.where(block_mask[:, None], weights[..., :block_len], 0.0)
   summary_weights = jnp.where(summary_mask[:, None, None], weights[..., block_len:], 0.0)
-  out = jnp.einsum('bhqk,bkhd->bqhd', block_weights, block_v.astype(f32))
-  return out + jnp.einsum(f'bhqs,{value_spec}->bqhd', summary_weights, summary_v.astype(f32))
+  dtype = block_v.dtype
+  out = precision.einsum('bhqk,bkhd->bqhd', block_weights.astype(dtype), block_v)
+  return out + precision.einsum(
+      f'bhqs,{value_spec}->bqhd', summary_weights.astype(dtype), summary_v.astype(dtype)
+  )
 
 
 def causal_block_attention(

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from linformer_jax.model import attention
 from linformer_jax.model import logical_axes as axes
+from linformer_jax.model import precision
 from linformer_jax.model.projections.base import REGISTRY
 from linformer_jax.model.projections.base import SequenceProjectionKind
 from linformer_jax.model.projections.windows import to_windows
@@ -44,7 +45,7 @@ def conv_sequence(
   x_real = attention.zero_padding(x, key_padding_mask)
   windows, mask = to_windows(x_real, key_padding_mask, max_len, window)
   equation = 'bwjhc,jcd->bwhd' if kernel.ndim == 3 else 'bwjhc,hjcd->bwhd'
-  out = jnp.einsum(equation, windows.astype(jnp.float32), kernel.astype(jnp.float32))
+  out = precision.einsum(equation, windows, kernel.astype(windows.dtype))
   return out.astype(x.dtype), jnp.any(mask, axis=2)
 
 

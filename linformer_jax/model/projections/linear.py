@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from linformer_jax.model import attention
 from linformer_jax.model import logical_axes as axes
+from linformer_jax.model import precision
 from linformer_jax.model.projections.base import REGISTRY
 from linformer_jax.model.projections.base import SequenceProjectionKind
 
@@ -54,14 +55,14 @@ def compress_matrix_input(
         f'Compressing a layer input takes a matrix shared by all heads; got weight shape '
         f"{getattr(weight, 'shape', None)}."
     )
-  rows = attention.rows_for_length(weight, x.shape[1], name).astype(jnp.float32)
+  rows = attention.rows_for_length(weight, x.shape[1], name).astype(x.dtype)
   if key_padding_mask is None:
-    real = jnp.ones(x.shape[:2], jnp.float32)
+    real = jnp.ones(x.shape[:2], x.dtype)
   else:
-    real = key_padding_mask.astype(jnp.float32)
+    real = key_padding_mask.astype(x.dtype)
     x = jnp.where(key_padding_mask[:, :, None], x, jnp.zeros_like(x))
-  compressed = jnp.einsum('bnd,nk->bkd', x.astype(jnp.float32), rows)
-  return compressed.astype(x.dtype), jnp.einsum('bn,nk->bk', real, rows)
+  compressed = precision.einsum('bnd,nk->bkd', x, rows)
+  return compressed.astype(x.dtype), precision.einsum('bn,nk->bk', real, rows)
 
 
 def block_diagonal_summaries(

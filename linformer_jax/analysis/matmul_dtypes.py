@@ -1,0 +1,118 @@
+"""Which dtypes the train step's matrix products take, counted in FLOPs.
+
+The library of `python -m linformer_jax.matmul_dtypes`. It lowers (never
+compiles or runs) the real train step from abstract inputs and reads every
+`stablehlo.dot_general` of the StableHLO text: its operand and result types
+and its FLOPs, 2 x (result elements) x (contracted elements). A function the
+step calls several times (a private `func.func` reached by `call`) counts once
+per call. A loop body counts once: the train step's loop over micro-batches
+holds the whole model, so the shares are those of one micro-batch.
+
+Under `model.dtype='bfloat16'` the products should take bfloat16 operands; the
+share of FLOPs that does not is the share that runs at a slower rate on an
+accelerator's matrix units.
+"""
+
+import collections
+import dataclasses
+import math
+import re
+from typing import Dict, List, Tuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from linformer_jax.training import run_builder
+from linformer_jax.training import sharding as sharding_lib
+from linformer_jax.training import train_steps
+
+# (lhs element type, rhs element type, result element type), as StableHLO
+# spells them: 'bf16', 'f32', ...
+DotTypes = Tuple[str, str, str]
+
+_FUNCTION = re.compile(r'^\s*func\.func (?:public |private )?@([\w.$-]+)\(')
+_CALL = re.compile(r'\bcall @([\w.$-]+)\(')
+_DOT = re.compile(
+    r'stablehlo\.dot_general .*?contracting_dims = \[([\d, ]*)\] x \[[\d, ]*\].*?'
+    r': \(tensor<([^>]*)>, tensor<([^>]*)>\) -> tensor<([^>]*)>'
+)
+
+
+def _shape_and_type(tensor_type: str) -> Tuple[List[int], str]:
+  """'8x512x768xbf16' -> ([8, 512, 768], 'bf16'); 'f32' -> ([], 'f32')."""
+  *dims, element = tensor_type.split('x')
+  return [int(d) for d in dims], element
+
+
+def dot_flops(stablehlo_text: str) -> Dict[DotTypes, int]:
+  """FLOPs of the module's matrix products by their types, from its entry
+  function `main`, counting each function once per call."""
+  own: Dict[str, collections.Counter] = {}
+  calls: Dict[str, collections.Counter] = {}
+  current = None
+  for line in stablehlo_text.splitlines():
+    header = _FUNCTION.match(line)
+    if header:
+      current = header.group(1)
+      own[current], calls[current] = collections.Counter(), collections.Counter()
+      continue
+    if current is None:
+      continue
+    for callee in _CALL.findall(line):
+      calls[current][callee] += 1
+    dot = _DOT.search(line)
+    if dot:
+      contracted = [int(d) for d in dot.group(1).split(',') if d.strip()]
+      lhs_shape, lhs_type = _shape_and_type(dot.group(2))
+      _, rhs_type = _shape_and_type(dot.group(3))
+      out_shape, out_type = _shape_and_type(dot.group(4))
+      flops = 2 * math.prod(out_shape) * math.prod(lhs_shape[d] for d in contracted)
+      own[current][(lhs_type, rhs_type, out_type)] += flops
+  if 'main' not in own:
+    raise ValueError('The StableHLO text has no function @main.')
+
+  totals: Dict[str, collections.Counter] = {}
+
+  def total(name: str) -> collections.Counter:
+    if name not in totals:
+      counted = collections.Counter(own[name])
+      for callee, count in calls[name].items():
+        for types, flops in total(callee).items():
+          counted[types] += count * flops
+      totals[name] = counted
+    return totals[name]
+
+  return dict(total('main'))
+
+
+@dataclasses.dataclass(frozen=True)
+class MatmulDtypes:
+  """The matrix FLOPs of one lowered train step, by operand dtypes."""
+
+  flops: Dict[DotTypes, int]
+
+  @property
+  def total(self) -> int:
+    return sum(self.flops.values())
+
+  def share_with_operands(self, element_type: str) -> float:
+    """The share of FLOPs whose two operands are both `element_type`."""
+    matching = sum(f for (lhs, rhs, _), f in self.flops.items() if lhs == rhs == element_type)
+    return matching / self.total
+
+
+def lowered_train_step(config: ml_collections.ConfigDict) -> jax.stages.Lowered:
+  """The config's train step, lowered for its mesh from abstract inputs."""
+  parts = run_builder.build_parts(config)
+  optimizer = train_steps.create_optimizer(config)
+  abstract_state = parts.abstract_train_state(optimizer)
+  train_step = parts.jit_train_step(optimizer, abstract_state)
+  key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding_lib.replicated(parts.mesh))
+  return train_step.lower(abstract_state, parts.abstract_batch(), key)
+
+
+def train_step_matmul_dtypes(config: ml_collections.ConfigDict) -> MatmulDtypes:
+  """The matrix FLOPs of the config's train step by operand and result dtype."""
+  config = config.copy_and_resolve_references()
+  return MatmulDtypes(dot_flops(lowered_train_step(config).as_text()))

@@ -35,6 +35,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_every = 200  # steps between evaluations (and at the end)
   config.checkpoint_every = 500  # steps between checkpoints (and at the end)
   config.keep_checkpoints = 2  # newest checkpoints kept in WORKDIR/checkpoints
+  # (FIRST, LAST): a jax.profiler trace of those steps in WORKDIR/profile; () = none.
+  config.profile_steps = ()
   config.init_from = ''  # another run's workdir to take parameters from ('' = none)
   # Python files (or module names) imported first: your own registered projections,
   # attention kinds, data sources or tasks (docs/extending.md).

@@ -132,3 +132,26 @@ def test_progress_prints_a_line_with_rates_and_eta(tmp_path, capsys, monkeypatch
       'step 240/1000 | 6 steps/s | 1,536 tokens/s | ETA 2m07s',
       'step 250/1000 | 0.00185 steps/s | 0 tokens/s | ETA 112h30m',
   ]
+
+
+def test_excluded_time_and_flops_give_the_rates_and_mfu(tmp_path, capsys, monkeypatch):
+  logger = MetricLogger(str(tmp_path), total_steps=100)
+  now = [0.0]
+  monkeypatch.setattr(time, 'monotonic', lambda: now[0])
+  logger.discard_after(0)
+  now[0] = 30.0
+  logger.exclude(20.0)  # an evaluation: 10 steps in the 10 s left
+  rates = logger.progress(10, tokens_per_step=100, flops_per_step=4e12, peak_flops=8e12)
+  now[0] = 32.0
+  no_peak = logger.progress(12, tokens_per_step=100, flops_per_step=4e12)
+  logger.close()
+  assert rates == {
+      'steps_per_sec': 1.0,
+      'tokens_per_sec': 100.0,
+      'tflops_per_device': 4.0,
+      'mfu': 0.5,
+  }
+  assert no_peak == {'steps_per_sec': 1.0, 'tokens_per_sec': 100.0, 'tflops_per_device': 4.0}
+  first, second = capsys.readouterr().out.splitlines()
+  assert '4 TFLOP/s per device | MFU 50.0% |' in first
+  assert 'MFU' not in second

@@ -182,23 +182,38 @@ class MetricLogger:
       with open(_metrics_path(self.workdir), 'a') as f:
         f.write(json.dumps({'step': step, **values}) + '\n')
 
+  def exclude(self, seconds: float) -> None:
+    """Leaves `seconds` (an evaluation, a checkpoint) out of the next rates."""
+    self._last_time += seconds
+
   def progress(
-      self, step: int, *, tokens_per_step: int, loss: Optional[float] = None
+      self,
+      step: int,
+      *,
+      tokens_per_step: int,
+      loss: Optional[float] = None,
+      flops_per_step: float = 0.0,
+      peak_flops: Optional[float] = None,
   ) -> Dict[str, float]:
     """Logs and prints a progress line; returns the rates since the last call.
 
     For example `step 120/1000 | loss 5.123 | 3.2 steps/s | 26,000 tokens/s |
     ETA 4m35s`. Rates are measured in wall time since the previous call (or
-    since the logger was created or `discard_after` was called), so the first
-    one includes compilation time.
+    since the logger was created or `discard_after` was called), less the time
+    given to `exclude`. With the FLOPs a device runs per step, the line also
+    shows TFLOP/s per device, and with the device's peak FLOP/s the FLOPs
+    utilisation (`mfu`).
 
     Args:
       step: the step just taken.
       tokens_per_step: tokens processed per step (batch size times length).
       loss: the training loss to show, if any.
+      flops_per_step: FLOPs one device runs per step (0 = unknown).
+      peak_flops: the device's peak FLOP/s (None = unknown).
 
     Returns:
-      {'steps_per_sec': ..., 'tokens_per_sec': ...}, to write as scalars.
+      {'steps_per_sec': ..., 'tokens_per_sec': ..., and where known
+      'tflops_per_device', 'mfu'}, to write as scalars.
     """
     now = time.monotonic()
     # Two calls within one clock tick must not divide by zero.
@@ -211,12 +226,20 @@ class MetricLogger:
     parts = [f'step {step}/{self.total_steps}']
     if loss is not None:
       parts.append(f'loss {float(loss):.3f}')
-    parts += [f'{steps_per_sec:.3g} steps/s', f'{tokens_per_sec:,.0f} tokens/s', f'ETA {eta}']
+    parts += [f'{steps_per_sec:.3g} steps/s', f'{tokens_per_sec:,.0f} tokens/s']
+    rates = {'steps_per_sec': steps_per_sec, 'tokens_per_sec': tokens_per_sec}
+    if flops_per_step:
+      rates['tflops_per_device'] = flops_per_step * steps_per_sec / 1e12
+      parts.append(f"{rates['tflops_per_device']:.3g} TFLOP/s per device")
+      if peak_flops:
+        rates['mfu'] = flops_per_step * steps_per_sec / peak_flops
+        parts.append(f"MFU {rates['mfu']:.1%}")
+    parts.append(f'ETA {eta}')
     line = ' | '.join(parts)
     logging.info(line)
     if self.is_primary:
       print(line, flush=True)
-    return {'steps_per_sec': steps_per_sec, 'tokens_per_sec': tokens_per_sec}
+    return rates
 
   def close(self) -> None:
     """Closes the event file."""

@@ -38,6 +38,16 @@ def validate(config: ml_collections.ConfigDict) -> ModelConfig:
     value = config[field]
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
       raise ConfigError(f'config.{field}={value!r} is not allowed: use a positive integer.')
+  profile_steps = tuple(config.get('profile_steps', ()) or ())
+  if profile_steps and (
+      len(profile_steps) != 2
+      or not all(isinstance(s, int) and not isinstance(s, bool) for s in profile_steps)
+      or not 1 <= profile_steps[0] <= profile_steps[1]
+  ):
+    raise ConfigError(
+        f'config.profile_steps={profile_steps!r} must be two steps (FIRST, LAST) with '
+        "1 <= FIRST <= LAST, e.g. --config.profile_steps='(10, 12)', or () for no trace."
+    )
   for field in _NON_NEGATIVE_FLOATS + ('adam_eps',):
     value = config[field]
     # NaN passes every comparison, so finiteness is checked first.

@@ -39,6 +39,7 @@ import numpy as np
 from linformer_jax.checkpoints.store import CheckpointStore
 from linformer_jax.checkpoints.store import checkpoint_directory
 from linformer_jax.errors import ConfigError
+from linformer_jax.training import compiled_step
 from linformer_jax.training import run_builder
 from linformer_jax.training import run_config
 from linformer_jax.training import tasks
@@ -72,6 +73,13 @@ def report(message: str) -> None:
   logging.info(message)
   if jax.process_index() == 0:
     print(message, flush=True)
+
+
+def _size(size_bytes: int) -> str:
+  """'1.25 GiB', or '3.4 MiB' below a GiB."""
+  if size_bytes >= compiled_step.GIB:
+    return f'{size_bytes / compiled_step.GIB:.2f} GiB'
+  return f'{size_bytes / 2**20:.1f} MiB'
 
 
 def _prefixed(prefix: str, metrics: Dict[str, float]) -> Dict[str, float]:
@@ -312,6 +320,17 @@ def exclusive_workdir(workdir: str) -> Iterator[None]:
     os.close(folder)
 
 
+# Where `config.profile_steps` writes its trace (TensorBoard's profile plugin
+# reads WORKDIR/profile/plugins/profile/...).
+PROFILE_FOLDER = 'profile'
+
+
+def _profile_steps(config: ml_collections.ConfigDict) -> Optional[Tuple[int, int]]:
+  """config.profile_steps (checked by run_config.validate) as (first, last), or None."""
+  steps = tuple(config.get('profile_steps', ()) or ())
+  return steps if steps else None
+
+
 def train_and_evaluate(
     config: ml_collections.ConfigDict, workdir: str, *, stop_after: Optional[int] = None
 ) -> Optional[Dict[str, Any]]:
@@ -345,8 +364,6 @@ def _train_and_evaluate(
   start_time = time.time()
   run = Run(config, workdir)
   task = run.task
-  os.makedirs(workdir, exist_ok=True)
-  _write_json(os.path.join(workdir, 'config.json'), config.to_dict())
   first_step = int(run.state.step)
   parameter_count = int(sum(x.size for x in jax.tree_util.tree_leaves(run.state.params)))
   tokens_per_step = math.prod(task.batch_shapes(config)['inputs'][0])
@@ -356,6 +373,24 @@ def _train_and_evaluate(
       f'{config.data.eval_split} sequences of {tokens_per_step // config.batch_size} tokens; '
       f'training steps {first_step + 1}..{config.total_steps}.'
   )
+  dropout_key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
+  cost = compiled_step.StepCost(0, 0, 0.0)
+  if first_step < config.total_steps:
+    # Compiled before the loop writes anything: a step that cannot fit stops here.
+    compile_start = time.monotonic()
+    try:
+      run.train_step, cost = compiled_step.compile_train_step(run, dropout_key)
+      compiled_step.check_fits(cost, config)
+    except BaseException:
+      run.store.close()
+      raise
+    report(
+        f'train step compiled in {time.monotonic() - compile_start:.1f} s: per device '
+        f'{_size(cost.total_bytes)} (arguments {_size(cost.argument_bytes)}, temporaries '
+        f'{_size(cost.temporary_bytes)}), {cost.flops / 1e9:.3g} GFLOP per step.'
+    )
+  os.makedirs(workdir, exist_ok=True)
+  _write_json(os.path.join(workdir, 'config.json'), config.to_dict())
   parameter_overview.log_parameter_overview(
       run.state.params, include_stats=False, msg='The parameters:', jax_logging_process=0
   )
@@ -363,15 +398,26 @@ def _train_and_evaluate(
       workdir, total_steps=config.total_steps, is_primary=jax.process_index() == 0
   )
   logger.discard_after(first_step)
-  dropout_key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
   termination = _TerminationRequest()
   guard = FiniteGuard(workdir, run.store)
   last = config.total_steps
   eval_metrics: Optional[Dict[str, float]] = None
+  peak_flops = compiled_step.peak_flops(jax.devices()[0].device_kind)
+  profile = _profile_steps(config)
   try:
     for step in range(first_step + 1, last + 1):
+      if profile and step == profile[0]:
+        jax.profiler.start_trace(os.path.join(workdir, PROFILE_FOLDER))
       batch = run.device_batch(next(run.data.train_iterator))
-      run.state, metrics = run.train_step(run.state, batch, dropout_key)
+      try:
+        run.state, metrics = run.train_step(run.state, batch, dropout_key)
+      except jax.errors.JaxRuntimeError as error:
+        if compiled_step.is_out_of_memory(error):
+          raise compiled_step.out_of_memory_error(error, config) from None
+        raise
+      if profile and step == profile[1]:
+        jax.block_until_ready(metrics)
+        jax.profiler.stop_trace()
       guard.add(step, metrics)
       run.store.check_for_errors()  # A background save that failed stops the run now.
       log, evaluate, save = (
@@ -386,14 +432,24 @@ def _train_and_evaluate(
         scalars = jax.device_get(metrics)
         scalars = {name: float(value) for name, value in scalars.items() if name != 'finite'}
         scalars['learning_rate'] = float(run.schedule(step - 1))
-        scalars.update(logger.progress(step, tokens_per_step=tokens_per_step, loss=scalars['loss']))
+        scalars.update(
+            logger.progress(
+                step,
+                tokens_per_step=tokens_per_step,
+                loss=scalars['loss'],
+                flops_per_step=cost.flops,
+                peak_flops=peak_flops,
+            )
+        )
         logger.write_scalars(step, _prefixed('train', scalars))
+      paused = time.monotonic()  # evaluations and saves are left out of the rates
       if evaluate:
         eval_metrics = run.evaluate()
         logger.write_scalars(step, _prefixed('eval', eval_metrics))
         report(f'step {step}: ' + task.describe(config.data.eval_split, eval_metrics))
       if save:
         run.save()
+      logger.exclude(time.monotonic() - paused)
       if stop:
         run.save(force=True)
         return None

@@ -1,0 +1,124 @@
+"""The train step compiled before the first step: its memory and its FLOPs.
+
+A run compiles its train step ahead of time (`compile_train_step`) and then
+calls the compiled executable. XLA's analyses of that executable give:
+
+- the memory a device needs (arguments, the state and a batch, plus
+  temporaries), compared with what the device has before anything runs: a step
+  that cannot fit stops the run with one line saying what to change;
+- the FLOPs a device runs per step (XLA's cost analysis of the partitioned
+  program, recomputation included), from which the progress line reports
+  TFLOP/s per device and FLOPs utilisation (MFU) against the device's peak
+  bfloat16 rate, where the device is in `PEAK_BF16_FLOPS`. On a CPU there is
+  no such peak: MFU is left out.
+
+An out-of-memory error raised while the step runs (`is_out_of_memory`) gets
+the same one-line message.
+"""
+
+import dataclasses
+from typing import Any, Optional, Tuple
+
+import jax
+import ml_collections
+import psutil
+
+from linformer_jax.errors import ConfigError
+
+GIB = 2**30
+
+# Dense bfloat16 peak FLOP/s per device, by a substring of `device.device_kind`
+# (first match wins): NVIDIA's and Google's published figures, without sparsity.
+PEAK_BF16_FLOPS = (
+    ('H100', 989e12),  # H100 SXM; the PCIe card peaks at 756e12
+    ('H200', 989e12),
+    ('A100', 312e12),
+    ('TPU v6 lite', 918e12),  # v6e
+    ('TPU v5 lite', 197e12),  # v5e
+    ('TPU v5', 459e12),  # v5p
+    ('TPU v4', 275e12),
+)
+
+
+def peak_flops(device_kind: str) -> Optional[float]:
+  """The device's peak bfloat16 FLOP/s, or None if it is not in the table."""
+  for name, flops in PEAK_BF16_FLOPS:
+    if name in device_kind:
+      return flops
+  return None
+
+
+def device_memory_bytes(device: jax.Device) -> Tuple[int, str]:
+  """The memory one device may use, and where the figure comes from.
+
+  An accelerator reports its own limit; CPU devices share the host's
+  available memory."""
+  stats = device.memory_stats() if device.platform != 'cpu' else None
+  if stats and stats.get('bytes_limit'):
+    return int(stats['bytes_limit']), f'{device.device_kind} memory'
+  available = psutil.virtual_memory().available // max(jax.local_device_count(), 1)
+  return int(available), 'host memory available per device'
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCost:
+  """What one device needs for one compiled train step."""
+
+  argument_bytes: int
+  temporary_bytes: int
+  flops: float  # per device per step; 0 where XLA gives no cost analysis
+
+  @property
+  def total_bytes(self) -> int:
+    return self.argument_bytes + self.temporary_bytes
+
+
+def what_to_change(config: ml_collections.ConfigDict) -> str:
+  """The settings that lower a step's memory, for error messages."""
+  return (
+      f'lower --config.batch_size={config.batch_size} (or raise '
+      f'--config.grad_accum_steps={config.grad_accum_steps}), lower '
+      f'--config.model.max_len={config.model.max_len}, or spread the model over more '
+      f'devices with --config.mesh_shape (now {tuple(config.mesh_shape)})'
+  )
+
+
+def compile_train_step(run: Any, dropout_key: jax.Array) -> Tuple[Any, StepCost]:
+  """Compiles `run.train_step` for the run's state, batch and key; returns the
+  executable and its cost per device."""
+  key = jax.ShapeDtypeStruct(dropout_key.shape, dropout_key.dtype)
+  batch = run.parts.abstract_batch()
+  compiled = run.train_step.lower(run.abstract_state, batch, key).compile()
+  memory = compiled.memory_analysis()
+  costs = compiled.cost_analysis()
+  if isinstance(costs, (list, tuple)):  # one entry per program in older jax
+    costs = costs[0] if costs else {}
+  return compiled, StepCost(
+      argument_bytes=int(memory.argument_size_in_bytes) if memory else 0,
+      temporary_bytes=int(memory.temp_size_in_bytes) if memory else 0,
+      flops=float((costs or {}).get('flops', 0.0)),
+  )
+
+
+def check_fits(cost: StepCost, config: ml_collections.ConfigDict) -> None:
+  """A ConfigError if one step needs more memory than a device has."""
+  available, source = device_memory_bytes(jax.local_devices()[0])
+  if cost.total_bytes > available:
+    raise ConfigError(
+        f'The train step needs {cost.total_bytes / GIB:.2f} GiB per device (arguments '
+        f'{cost.argument_bytes / GIB:.2f}, temporaries {cost.temporary_bytes / GIB:.2f}) '
+        f'but {available / GIB:.2f} GiB is there ({source}): {what_to_change(config)}.'
+    )
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+  """Whether a runtime error is XLA running out of device memory."""
+  return isinstance(error, jax.errors.JaxRuntimeError) and 'RESOURCE_EXHAUSTED' in str(error)
+
+
+def out_of_memory_error(error: BaseException, config: ml_collections.ConfigDict) -> ConfigError:
+  """The one-line error for an out-of-memory error raised while running."""
+  first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+  return ConfigError(
+      f'The device ran out of memory ({first_line[:200]}): {what_to_change(config)}.'
+  )

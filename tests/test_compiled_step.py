@@ -1,0 +1,88 @@
+"""The train step compiled before the loop: memory checked against the
+device's, out-of-memory errors in one line, FLOPs for MFU, profiler traces."""
+
+import os
+
+import jax
+import pytest
+from run_helpers import tiny_config
+
+from linformer_jax.errors import ConfigError
+from linformer_jax.training import compiled_step
+from linformer_jax.training import trainer
+
+
+@pytest.mark.parametrize(
+    'kind, peak',
+    [
+        ('NVIDIA H100 80GB HBM3', 989e12),
+        ('NVIDIA A100-SXM4-80GB', 312e12),
+        ('TPU v5 lite', 197e12),
+        ('TPU v5p', 459e12),
+        ('TPU v4', 275e12),
+        ('TPU v6 lite', 918e12),
+        ('cpu', None),
+    ],
+)
+def test_the_peak_of_each_device_kind(kind, peak):
+  assert compiled_step.peak_flops(kind) == peak
+
+
+def test_a_step_that_does_not_fit_stops_before_the_workdir_is_written(tmp_path, monkeypatch):
+  monkeypatch.setattr(compiled_step, 'device_memory_bytes', lambda device: (2**20, 'a test'))
+  workdir = tmp_path / 'run'
+  with pytest.raises(ConfigError) as error:
+    trainer.train_and_evaluate(tiny_config(), str(workdir))
+  message = str(error.value)
+  assert 'The train step needs' in message and 'GiB per device' in message
+  assert '0.00 GiB is there (a test)' in message
+  assert '--config.batch_size=4' in message and '--config.model.max_len=32' in message
+  assert not (workdir / 'config.json').exists() and not (workdir / 'metrics.jsonl').exists()
+
+
+def test_the_step_cost_comes_from_xla(tmp_path):
+  run = trainer.Run(tiny_config(), str(tmp_path))
+  try:
+    key = jax.random.PRNGKey(0)
+    _, cost = compiled_step.compile_train_step(run, key)
+  finally:
+    run.store.close()
+  # tiny: 2 layers of width 32 over 4 x 32 tokens, forward and backward:
+  # at least 3 x 2 x (tokens) x (dense weights of the layers).
+  dense = 2 * (4 * 32 * 32 + 2 * 32 * 64)
+  assert cost.flops > 3 * 2 * 128 * dense
+  assert cost.argument_bytes > 4 * 28_132  # the parameters alone, float32
+  assert cost.temporary_bytes > 0
+
+
+def test_an_out_of_memory_error_becomes_one_line_naming_what_to_change():
+  config = tiny_config()
+  error = jax.errors.JaxRuntimeError(
+      'RESOURCE_EXHAUSTED: Out of memory while trying to allocate 289.00GiB.\nmore lines'
+  )
+  assert compiled_step.is_out_of_memory(error)
+  assert not compiled_step.is_out_of_memory(jax.errors.JaxRuntimeError('INTERNAL: other'))
+  message = str(compiled_step.out_of_memory_error(error, config))
+  assert '\n' not in message and 'allocate 289.00GiB' in message
+  assert '--config.batch_size=4' in message
+
+
+@pytest.mark.slow
+def test_profile_steps_write_a_trace_tensorboard_reads(tmp_path):
+  workdir = tmp_path / 'run'
+  trainer.train_and_evaluate(
+      tiny_config(total_steps=4, warmup_steps=1, profile_steps=(2, 3), eval_every=4), str(workdir)
+  )
+  traces = [
+      name
+      for folder, _, names in os.walk(workdir / trainer.PROFILE_FOLDER)
+      for name in names
+      if name.endswith('.xplane.pb')
+  ]
+  assert len(traces) == 1
+
+
+@pytest.mark.parametrize('steps', [(3,), (0, 2), (4, 2), ('a', 'b')])
+def test_bad_profile_steps_are_refused(tmp_path, steps):
+  with pytest.raises(ConfigError, match='config.profile_steps'):
+    trainer.train_and_evaluate(tiny_config(profile_steps=steps), str(tmp_path / 'run'))

@@ -95,4 +95,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.query_blocks_per_step = 0  # causal Linformer: query blocks at once (0 = all)
   config.model.inference_chunk = 0  # inference: queries and MLP in chunks of this size (0 = all)
   config.model.attention_kernel = 'einsum'  # bidirectional softmax: 'einsum', 'xla' or 'cudnn'
+  # What a layer keeps for the backward pass: 'none' (all), or recompute the layer and
+  # keep 'full' (nothing), 'dots' (matmul outputs), 'dots_no_batch' (dense outputs).
+  config.model.remat = 'none'
+  # One nn.scan over the layers (parameters stacked on a 'layers' axis; compiled once)
+  # instead of a Python loop; needs one projected_len for all layers.
+  config.model.scan_layers = False
   return config

@@ -30,8 +30,8 @@ def main(argv: List[str]) -> None:
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}')
   print(f'{jax.device_count()} devices; per-device MiB of the compiled train step')
-  print('| mesh (data, model) | arguments | temporaries | total |')
-  print('|---|---|---|---|')
+  print('| mesh (data, model) | arguments | temporaries | total | GFLOP per step | compile s |')
+  print('|---|---|---|---|---|---|')
   for text in _MESHES.value:
     try:
       mesh_shape = tuple(int(size) for size in text.split(','))
@@ -40,7 +40,8 @@ def main(argv: List[str]) -> None:
     memory = train_step_memory(FLAGS.config, mesh_shape)
     print(
         f'| {mesh_shape} | {memory["arguments"] / MIB:.1f} | '
-        f'{memory["temporaries"] / MIB:.1f} | {memory["total"] / MIB:.1f} |',
+        f'{memory["temporaries"] / MIB:.1f} | {memory["total"] / MIB:.1f} | '
+        f'{memory["flops"] / 1e9:,.1f} | {memory["compile_seconds"]:.1f} |',
         flush=True,
     )
 

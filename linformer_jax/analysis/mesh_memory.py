@@ -7,6 +7,7 @@ temporaries, and their sum. It helps to choose `config.mesh_shape`: the 'model'
 axis is worth raising when the sum does not fit a device.
 """
 
+import time
 from typing import Dict, Sequence
 
 import ml_collections
@@ -16,14 +17,20 @@ from linformer_jax.analysis import matmul_dtypes
 
 def train_step_memory(
     config: ml_collections.ConfigDict, mesh_shape: Sequence[int]
-) -> Dict[str, int]:
-  """XLA's per-device memory figures of the train step on one mesh, in bytes."""
+) -> Dict[str, float]:
+  """XLA's per-device figures of the train step on one mesh: memory in bytes,
+  FLOPs per step (its cost analysis) and the compile time in seconds."""
   config = config.copy_and_resolve_references()
   config.mesh_shape = tuple(mesh_shape)
+  start = time.monotonic()
   compiled = matmul_dtypes.lowered_train_step(config).compile()
+  compile_seconds = time.monotonic() - start
   analysis = compiled.memory_analysis()
+  costs = compiled.cost_analysis() or {}
   return {
       'arguments': analysis.argument_size_in_bytes,
       'temporaries': analysis.temp_size_in_bytes,
       'total': analysis.argument_size_in_bytes + analysis.temp_size_in_bytes,
+      'flops': float(costs.get('flops', 0.0)),
+      'compile_seconds': compile_seconds,
   }

@@ -387,6 +387,7 @@ def compute_spectrum(
     raise ConfigError(f'--num_sequences={num_sequences}: use a positive number.')
   if index < 1:
     raise ConfigError(f'--index={index}: use a positive (1-based) index.')
+  ModelConfig.from_config(config.model).require_unscanned('spectrum')
   loaded = run_builder.load_for_evaluation(config, workdir)
   model_config = loaded.parts.model_config
   step = make_spectrum_step(loaded.parts.model)

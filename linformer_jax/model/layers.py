@@ -35,6 +35,14 @@ from linformer_jax.model import logical_axes as axes
 from linformer_jax.model import projections
 from linformer_jax.model.model_config import ModelConfig
 
+# model.remat -> the jax.checkpoint policy of each encoder layer (None: no remat).
+REMAT_POLICIES = {
+    'none': None,
+    'full': jax.checkpoint_policies.nothing_saveable,
+    'dots': jax.checkpoint_policies.checkpoint_dots,
+    'dots_no_batch': jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
 Array = jax.Array
 # Variable collection of the state that decoding carries from token to token.
 CACHE = 'cache'
@@ -334,3 +342,39 @@ class EncoderLayer(nn.Module):
     if cfg.pre_layer_norm:
       return in_chunks(lambda rows: rows + mlp(norm(rows)), x, chunk)
     return in_chunks(lambda rows: norm(rows + mlp(rows)), x, chunk)
+
+
+def encoder_layer_class(cfg: ModelConfig):
+  """EncoderLayer, or with model.remat its rematerialised form: the backward
+  pass recomputes what the policy does not keep. Parameter names are the same."""
+  policy = REMAT_POLICIES[cfg.remat]
+  if policy is None:
+    return EncoderLayer
+  # Argument 4 (self is 0) is `deterministic`, a Python bool.
+  return nn.remat(EncoderLayer, policy=policy, static_argnums=(4,))
+
+
+class ScannedLayer(nn.Module):
+  """One step of `nn.scan` over the encoder layers: (x, ...) -> (x, None)."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, padding_mask, shared_projection, deterministic, decode_position=None):
+    layer = encoder_layer_class(self.config)(self.config, 0, name='layer')
+    return layer(x, padding_mask, shared_projection, deterministic, decode_position), None
+
+
+def scanned_layers(cfg: ModelConfig, name: str) -> nn.Module:
+  """All encoder layers as one `nn.scan`: each parameter (and decoding cache)
+  gains a leading axis of num_layers, logical axis `layers`; the layer is
+  compiled once. The call is (x, padding_mask, shared_projection,
+  deterministic, decode_position) -> (x, None)."""
+  return nn.scan(
+      ScannedLayer,
+      variable_axes={'params': 0, 'cache': 0},
+      split_rngs={'params': True, 'dropout': True},
+      in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+      length=cfg.num_layers,
+      metadata_params={nn.PARTITION_NAME: axes.LAYERS},
+  )(cfg, name=name)

@@ -17,3 +17,4 @@ PROJECTED_LENGTH = 'projected_length'  # compressed sequence positions (k)
 CONV_WINDOW = 'conv_window'  # positions in one convolution window
 CLASSES = 'classes'  # classification labels
 SEGMENTS = 'segments'  # input segments (first / second sentence)
+LAYERS = 'layers'  # encoder layers stacked by model.scan_layers

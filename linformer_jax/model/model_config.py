@@ -23,6 +23,12 @@ SHARING_MODES = ('none', 'headwise', 'kv', 'layerwise')
 # How a classifier summarises the sequence: the first token's vector, or the
 # mean over the real (non-padding) tokens.
 POOLING_TYPES = ('first', 'mean', 'attention')
+# What each encoder layer keeps for the backward pass (`model.remat`): 'none'
+# keeps every activation; the others recompute the layer from its input, keeping
+# nothing else ('full'), the outputs of its matrix products ('dots'), or those
+# without batch axes, that is the dense layers' but not attention's ('dots_no_batch');
+# see layers.REMAT_POLICIES.
+REMAT_POLICIES = ('none', 'full', 'dots', 'dots_no_batch')
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
 
@@ -55,6 +61,8 @@ class ModelConfig:
   query_blocks_per_step: int = 0
   inference_chunk: int = 0
   attention_kernel: str = 'einsum'
+  remat: str = 'none'
+  scan_layers: bool = False
 
   def __post_init__(self):
     if isinstance(self.projected_len, list):
@@ -73,6 +81,14 @@ class ModelConfig:
           f'known fields are: {", ".join(sorted(known))}.'
       )
     return cls(**values)
+
+  def require_unscanned(self, reader: str) -> None:
+    """A ConfigError if the layers are scanned: `reader` finds layers by name."""
+    if self.scan_layers:
+      raise ConfigError(
+          f'{reader} reads layers by name (layers_0, layers_1, ...) and does not take a model '
+          'with config.model.scan_layers=True; use a run trained with scan_layers=False.'
+      )
 
   @property
   def head_dim(self) -> int:
@@ -167,6 +183,16 @@ class ModelConfig:
           self.block_len,
           f'a causal Linformer needs blocks that divide max_len={self.max_len}',
       )
+    per_layer = self.projected_len if isinstance(self.projected_len, tuple) else ()
+    if self.scan_layers and len(set(per_layer)) > 1:
+      raise _field_error(
+          'scan_layers',
+          self.scan_layers,
+          f'scanned layers share one shape, so projected_len={self.projected_len} must be '
+          'one k for every layer (or set --config.model.scan_layers=False)',
+      )
+    if self.remat not in REMAT_POLICIES:
+      raise _field_error('remat', self.remat, f'use one of {REMAT_POLICIES}')
     if self.dtype not in DTYPES:
       raise _field_error('dtype', self.dtype, f'use one of {tuple(DTYPES)}')
     if not 0.0 <= self.dropout_rate < 1.0:

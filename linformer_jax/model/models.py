@@ -24,11 +24,12 @@ from linformer_jax.model import logical_axes as axes
 from linformer_jax.model.layers import CACHE
 from linformer_jax.model.layers import DENSE_INIT
 from linformer_jax.model.layers import PROJECTION_NAMES
-from linformer_jax.model.layers import EncoderLayer
 from linformer_jax.model.layers import SequenceProjection
 from linformer_jax.model.layers import dense
+from linformer_jax.model.layers import encoder_layer_class
 from linformer_jax.model.layers import layer_norm
 from linformer_jax.model.layers import partitioned
+from linformer_jax.model.layers import scanned_layers
 from linformer_jax.model.model_config import ModelConfig
 
 Array = jax.Array
@@ -68,7 +69,11 @@ class Encoder(nn.Module):
       self.shared_projection = SequenceProjection(
           cfg, cfg.projected_len_for_layer(0), per_head=False, share_key_value=True
       )
-    self.layers = [EncoderLayer(cfg, i) for i in range(cfg.num_layers)]
+    if cfg.scan_layers:
+      self.layer_stack = scanned_layers(cfg, name='layers')
+    else:
+      layer_class = encoder_layer_class(cfg)
+      self.layers = [layer_class(cfg, i) for i in range(cfg.num_layers)]
     if cfg.pre_layer_norm:
       self.final_norm = layer_norm('final_norm', cfg)
 
@@ -119,8 +124,11 @@ class Encoder(nn.Module):
       x = self.embedding_norm(x)
     x = self.dropout(x, deterministic=deterministic)
     shared = self.shared_projection() if hasattr(self, 'shared_projection') else (None, None)
-    for layer in self.layers:
-      x = layer(x, padding_mask, shared, deterministic, decode_position)
+    if cfg.scan_layers:
+      x, _ = self.layer_stack(x, padding_mask, shared, deterministic, decode_position)
+    else:
+      for layer in self.layers:
+        x = layer(x, padding_mask, shared, deterministic, decode_position)
     if cfg.pre_layer_norm:
       x = self.final_norm(x)
     return x

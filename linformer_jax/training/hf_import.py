@@ -35,6 +35,7 @@ from linformer_jax.checkpoints.store import CheckpointStore
 from linformer_jax.checkpoints.store import checkpoint_directory
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
+from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.training import run_builder
 from linformer_jax.training import train_steps
 
@@ -110,6 +111,7 @@ def import_checkpoint(
     ConfigError: see `hf_checkpoint.read_folder` and `to_params`, a workdir
       that exists, a config the model cannot be built from; nothing is written.
   """
+  ModelConfig.from_config(config.model).require_unscanned('import_checkpoint')
   _check_workdir(workdir)
   checkpoint = hf_checkpoint.read_folder(hf_conversion.resolve_source(source))
   unused = hf_checkpoint.unused_tensors(checkpoint)

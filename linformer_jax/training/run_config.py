@@ -27,7 +27,7 @@ _NON_NEGATIVE_FLOATS = ('learning_rate', 'end_learning_rate', 'weight_decay', 'g
 MODEL_DEFAULTS = {field.name: field.default for field in dataclasses.fields(ModelConfig)}
 # Model fields that change how a pass is computed, not what it computes: a run
 # may be resumed or evaluated with other values.
-EXECUTION_FIELDS = ('query_blocks_per_step', 'inference_chunk', 'attention_kernel')
+EXECUTION_FIELDS = ('query_blocks_per_step', 'inference_chunk', 'attention_kernel', 'remat')
 # Data fields that change the token ids, and so the meaning of the parameters.
 DATA_FIELDS_FIXED_BY_A_RUN = ('tokenizer', 'vocab_size')
 

@@ -86,3 +86,16 @@ def test_profile_steps_write_a_trace_tensorboard_reads(tmp_path):
 def test_bad_profile_steps_are_refused(tmp_path, steps):
   with pytest.raises(ConfigError, match='config.profile_steps'):
     trainer.train_and_evaluate(tiny_config(profile_steps=steps), str(tmp_path / 'run'))
+
+
+def test_scanned_layers_count_every_layers_flops(tmp_path):
+  """XLA's cost analysis counts a loop body once; a scanned run's FLOPs are
+  those of the same step with a Python loop over the layers."""
+  costs = {}
+  for scan in (False, True):
+    run = trainer.Run(tiny_config(**{'model.scan_layers': scan}), str(tmp_path / str(scan)))
+    try:
+      _, costs[scan] = compiled_step.compile_train_step(run, jax.random.PRNGKey(0))
+    finally:
+      run.store.close()
+  assert costs[True].flops == pytest.approx(costs[False].flops, rel=1e-6)

@@ -6,8 +6,8 @@ calls the compiled executable. XLA's analyses of that executable give:
 - the memory a device needs (arguments, the state and a batch, plus
   temporaries), compared with what the device has before anything runs: a step
   that cannot fit stops the run with one line saying what to change;
-- the FLOPs a device runs per step (XLA's cost analysis of the partitioned
-  program, recomputation included), from which the progress line reports
+- the FLOPs a device runs per step (`step_flops`: XLA's cost analysis of the
+  lowered step, recomputation included, over the devices), from which the progress line reports
   TFLOP/s per device and FLOPs utilisation (MFU) against the device's peak
   bfloat16 rate, where the device is in `PEAK_BF16_FLOPS`. On a CPU there is
   no such peak: MFU is left out.
@@ -24,6 +24,8 @@ import ml_collections
 import psutil
 
 from linformer_jax.errors import ConfigError
+from linformer_jax.training import run_builder
+from linformer_jax.training import train_steps
 
 GIB = 2**30
 
@@ -88,16 +90,43 @@ def compile_train_step(run: Any, dropout_key: jax.Array) -> Tuple[Any, StepCost]
   executable and its cost per device."""
   key = jax.ShapeDtypeStruct(dropout_key.shape, dropout_key.dtype)
   batch = run.parts.abstract_batch()
-  compiled = run.train_step.lower(run.abstract_state, batch, key).compile()
+  lowered = run.train_step.lower(run.abstract_state, batch, key)
+  compiled = lowered.compile()
   memory = compiled.memory_analysis()
-  costs = compiled.cost_analysis()
-  if isinstance(costs, (list, tuple)):  # one entry per program in older jax
-    costs = costs[0] if costs else {}
   return compiled, StepCost(
       argument_bytes=int(memory.argument_size_in_bytes) if memory else 0,
       temporary_bytes=int(memory.temp_size_in_bytes) if memory else 0,
-      flops=float((costs or {}).get('flops', 0.0)),
+      flops=step_flops(run.config, lowered),
   )
+
+
+def _flops(analysed: Any) -> float:
+  costs = analysed.cost_analysis()
+  if isinstance(costs, (list, tuple)):  # one entry per program in older jax
+    costs = costs[0] if costs else {}
+  return float((costs or {}).get('flops', 0.0))
+
+
+def step_flops(config: ml_collections.ConfigDict, lowered: Any) -> float:
+  """FLOPs one device runs per step of the config's lowered train step.
+
+  XLA's cost analysis of the lowered program (before XLA's own rewrites;
+  recomputation by `model.remat` included), over the devices. It counts a
+  loop's body once: the step's loop over micro-batches holds all of its work
+  but the optimizer update, so the figure is scaled by grad_accum_steps; and
+  scanned layers are analysed as the same step with a Python loop over them.
+  """
+  if config.model.get('scan_layers', False):
+    unscanned = config.copy_and_resolve_references()
+    unscanned.model.scan_layers = False
+    parts = run_builder.build_parts(unscanned)
+    optimizer = train_steps.create_optimizer(unscanned)
+    abstract_state = parts.abstract_train_state(optimizer)
+    key = jax.ShapeDtypeStruct((2,), jax.numpy.uint32)
+    lowered = parts.jit_train_step(optimizer, abstract_state).lower(
+        abstract_state, parts.abstract_batch(), key
+    )
+  return _flops(lowered) * config.grad_accum_steps / jax.device_count()
 
 
 def check_fits(cost: StepCost, config: ml_collections.ConfigDict) -> None:

@@ -106,13 +106,23 @@ def test_packing_rejects_too_short_sequences_and_empty_input():
 # Masking.
 
 
-def test_masking_rate_and_80_10_10_split():
+@pytest.mark.parametrize('whole_batch', [False, True])
+def test_masking_rate_and_80_10_10_split(whole_batch):
+  """The same distribution whether rows are masked one by one (evaluation) or
+  a whole batch at once (the training loader)."""
   packed = packing.pack_documents(
       random_documents(0, count=3000), 128, bos_id=1, eos_id=2, pad_id=0
   )
   masking = masked_lm.DynamicMasking(BYTES, 0.15)
-  examples = [masking.random_map(row, np.random.default_rng(i)) for i, row in enumerate(packed)]
-  batch = {key: np.stack([e[key] for e in examples]) for key in examples[0]}
+  if whole_batch:
+    batch = masking.random_map(packed, np.random.default_rng(0))
+  else:
+    examples = [masking.random_map(row, np.random.default_rng(i)) for i, row in enumerate(packed)]
+    batch = {key: np.stack([e[key] for e in examples]) for key in examples[0]}
+  # Each row's count is its candidates times the rate, randomly rounded.
+  expected = 0.15 * (~np.isin(packed, BYTES.special_ids)).sum(axis=1)
+  counts = batch['weights'].sum(axis=1)
+  assert np.all((counts == np.floor(expected)) | (counts == np.ceil(expected)))
   inputs, targets, weights = batch['inputs'], batch['targets'], batch['weights']
   np.testing.assert_array_equal(targets, packed)
   np.testing.assert_array_equal(batch['padding_mask'], packed != 0)

@@ -41,6 +41,7 @@ from linformer_jax.analysis import spectrum
 from linformer_jax.analysis.settings_flags import setting
 from linformer_jax.checkpoints.store import CheckpointStore
 from linformer_jax.errors import ConfigError
+from linformer_jax.model import layers
 from linformer_jax.model import models
 from linformer_jax.training import run_builder
 
@@ -61,7 +62,7 @@ class Features:
 
 def _capture(module: Any, method_name: str) -> bool:
   return spectrum.capture_intermediates(module, method_name) or (
-      method_name == '__call__' and isinstance(module, models.EncoderLayer)
+      method_name == '__call__' and isinstance(module, layers.EncoderLayer)
   )
 
 

@@ -33,6 +33,7 @@ def shuffled_batches(
     process_count: int = 1,
     worker_count: int = 0,
     transforms: Sequence[Any] = (),
+    batch_transforms: Sequence[Any] = (),
 ) -> grain.DataLoaderIterator:
   """Endless batches of `source`, this process's shard, shuffled every epoch.
 
@@ -46,6 +47,8 @@ def shuffled_batches(
       `__main__` guard and parsed absl flags in the program).
     transforms: grain transforms (Map, RandomMap) applied to each record
       before batching.
+    batch_transforms: grain transforms applied to each batch (numpy arrays
+      [batch_size, ...]), after batching.
   """
   shard = grain.sharding.ShardOptions(
       shard_index=process_index, shard_count=process_count, drop_remainder=True
@@ -57,7 +60,11 @@ def shuffled_batches(
       data_source=source,
       sampler=sampler,
       shard_options=shard,
-      operations=[*transforms, grain.transforms.Batch(batch_size, drop_remainder=True)],
+      operations=[
+          *transforms,
+          grain.transforms.Batch(batch_size, drop_remainder=True),
+          *batch_transforms,
+      ],
       worker_count=worker_count,
       # Reading a row of an in-memory array needs no threads; grain's default
       # 16 reader threads made batches 2-3x slower on 2 cores (GIL contention).

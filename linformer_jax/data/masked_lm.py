@@ -43,27 +43,36 @@ def mask_tokens(
     is_special: np.ndarray,
     replacement_ids: np.ndarray,
 ) -> Batch:
-  """RoBERTa masking of one sequence; returns one example of a batch dict.
+  """RoBERTa masking of a sequence [seq_len] or of a batch [batch, seq_len] at
+  once (vectorised: no Python loop over rows); returns the examples' dict.
 
-  `is_special` is a bool per vocabulary id (True: never chosen); random
+  In each row the number of loss positions is randomly rounded (as fairseq):
+  int(mask_rate * candidates + u), u uniform in [0, 1), so its expectation is
+  exactly mask_rate * candidates, also for short rows. They are a uniform
+  random subset of the row's candidates (the tokens whose `is_special` entry
+  is False): the candidates with the smallest uniform keys. Random
   replacements are drawn uniformly from `replacement_ids`.
   """
   tokens = np.asarray(tokens, np.int32)
-  candidates = np.flatnonzero(~is_special[tokens])
-  # Randomized rounding (as fairseq): the expected count is exactly
-  # mask_rate * candidates, also for short sequences.
-  num_chosen = int(mask_rate * candidates.size + rng.random())
-  chosen = rng.choice(candidates, size=num_chosen, replace=False)
-  action = rng.random(num_chosen)
-  inputs = tokens.copy()
-  inputs[chosen[action < MASK_TOKEN_SHARE]] = mask_id
-  randomized = chosen[
-      (action >= MASK_TOKEN_SHARE) & (action < MASK_TOKEN_SHARE + RANDOM_TOKEN_SHARE)
-  ]
-  inputs[randomized] = rng.choice(replacement_ids, size=randomized.size)
-  weights = np.zeros(tokens.shape, np.float32)
-  weights[chosen] = 1.0
-  return {'inputs': inputs, 'targets': tokens, 'weights': weights, 'padding_mask': tokens != pad_id}
+  rows = tokens.reshape(-1, tokens.shape[-1])
+  candidate = ~is_special[rows]
+  num_chosen = (mask_rate * candidate.sum(axis=1) + rng.random(len(rows))).astype(np.int64)
+  keys = np.where(candidate, rng.random(rows.shape), 2.0)  # non-candidates sort last
+  ranks = np.argsort(np.argsort(keys, axis=1), axis=1)
+  chosen = ranks < num_chosen[:, None]
+  action = rng.random(rows.shape)
+  inputs = rows.copy()
+  inputs[chosen & (action < MASK_TOKEN_SHARE)] = mask_id
+  randomized = (
+      chosen & (action >= MASK_TOKEN_SHARE) & (action < MASK_TOKEN_SHARE + RANDOM_TOKEN_SHARE)
+  )
+  inputs[randomized] = rng.choice(replacement_ids, size=int(randomized.sum()))
+  return {
+      'inputs': inputs.reshape(tokens.shape),
+      'targets': tokens,
+      'weights': chosen.astype(np.float32).reshape(tokens.shape),
+      'padding_mask': tokens != pad_id,
+  }
 
 
 def max_predictions(seq_len: int, mask_rate: float) -> int:
@@ -77,7 +86,11 @@ def max_predictions(seq_len: int, mask_rate: float) -> int:
 
 
 class DynamicMasking(grain.transforms.RandomMap):
-  """`mask_tokens` as a grain transform; holds only ids, so it pickles cheaply."""
+  """`mask_tokens` as a grain transform, of a sequence or of a whole batch
+  (`on_batches`: the training loader masks each batch at once); holds only
+  ids, so it pickles cheaply."""
+
+  on_batches = True
 
   def __init__(self, tokenizer: tokenizer_lib.Tokenizer, mask_rate: float):
     self._mask_rate = _check_mask_rate(mask_rate)

@@ -107,7 +107,12 @@ def create_train_iterator(
       process_index=process_index,
       process_count=process_count,
       worker_count=worker_count,
-      transforms=[transform],
+      # A transform that takes whole batches (masking) runs once per batch.
+      **(
+          {'batch_transforms': [transform]}
+          if getattr(transform, 'on_batches', False)
+          else {'transforms': [transform]}
+      ),
   )
 
 

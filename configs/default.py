@@ -63,6 +63,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.vocab_size = 8000  # SentencePiece vocabulary size
   config.data.mask_rate = 0.15  # fraction of tokens masked (80% <mask>, 10% random, 10% kept)
   config.data.worker_count = 0  # grain worker processes (0 = in the main process)
+  config.data.read_threads = 0  # grain reader threads (0: read in the loader's own thread)
+  config.data.prefetch_buffer = 0  # records grain's reader threads read ahead
   # Cache for extracted/packed data ('' = $LINFORMER_JAX_CACHE_DIR or ~/.cache/linformer_jax).
   config.data.cache_dir = ''
   # Prepared ArrayRecord shards of each split ('' = a folder of the cache named by

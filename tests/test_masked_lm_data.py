@@ -363,6 +363,8 @@ def test_build_datasets_from_text_files(tmp_path, books):
         ('batch_size', 0),
         ('seed', 2**32),
         ('data.worker_count', -1),
+        ('data.read_threads', -1),
+        ('data.prefetch_buffer', -2),
     ],
 )
 def test_build_datasets_names_the_bad_field(tmp_path, field, value, books):

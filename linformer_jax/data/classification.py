@@ -219,8 +219,11 @@ def create_train_iterator(
     process_index: int = 0,
     process_count: int = 1,
     worker_count: int = 0,
+    read_threads: int = 0,
+    prefetch_buffer: int = 0,
 ) -> grain.DataLoaderIterator:
-  """Endless shuffled training batches of this process's shard (resumable)."""
+  """Endless shuffled training batches of this process's shard (resumable);
+  read_threads and prefetch_buffer as `loaders.shuffled_batches` takes them."""
   source = EncodedRecords(split)
   if len(source) < batch_size * process_count:
     raise ConfigError(
@@ -234,6 +237,8 @@ def create_train_iterator(
       process_index=process_index,
       process_count=process_count,
       worker_count=worker_count,
+      read_threads=read_threads,
+      prefetch_buffer=prefetch_buffer,
   )
 
 
@@ -427,6 +432,8 @@ def build_datasets(
           process_index=process_index,
           process_count=process_count,
           worker_count=data.worker_count,
+          read_threads=data.get('read_threads', 0),
+          prefetch_buffer=data.get('prefetch_buffer', 0),
       )
     eval_batches = create_eval_batches(
         evaluation,

@@ -34,6 +34,8 @@ def shuffled_batches(
     worker_count: int = 0,
     transforms: Sequence[Any] = (),
     batch_transforms: Sequence[Any] = (),
+    read_threads: int = 0,
+    prefetch_buffer: int = 0,
 ) -> grain.DataLoaderIterator:
   """Endless batches of `source`, this process's shard, shuffled every epoch.
 
@@ -49,7 +51,15 @@ def shuffled_batches(
       before batching.
     batch_transforms: grain transforms applied to each batch (numpy arrays
       [batch_size, ...]), after batching.
+    read_threads, prefetch_buffer: grain's reader threads and the records
+      they read ahead (config.data.read_threads, config.data.prefetch_buffer).
+      Reading a row of an in-memory array or a memory-mapped shard needs no
+      threads: on 2 cores grain's default of 16 made batches 2-3x slower (GIL
+      contention), hence 0 and 0; a source that waits on storage wants them.
   """
+  for field, value in (('read_threads', read_threads), ('prefetch_buffer', prefetch_buffer)):
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+      raise ConfigError(f'config.data.{field}={value!r} is not allowed: use an integer >= 0.')
   shard = grain.sharding.ShardOptions(
       shard_index=process_index, shard_count=process_count, drop_remainder=True
   )
@@ -66,8 +76,8 @@ def shuffled_batches(
           *batch_transforms,
       ],
       worker_count=worker_count,
-      # Reading a row of an in-memory array needs no threads; grain's default
-      # 16 reader threads made batches 2-3x slower on 2 cores (GIL contention).
-      read_options=grain.ReadOptions(num_threads=0, prefetch_buffer_size=0),
+      read_options=grain.ReadOptions(
+          num_threads=read_threads, prefetch_buffer_size=prefetch_buffer
+      ),
   )
   return iter(loader)

@@ -6,11 +6,12 @@ ArrayRecord shards of packed rows (`prepare`, `packing`: `[bos] chunk [eos]`
 rows of seq_len tokens) and read with random access. The training iterator
 shuffles the rows, shards them over processes and can be restored from its
 state; evaluation batches are deterministic. What makes a training example of a
-row is the task's per-sequence *transform*, an argument here: `masked_lm`
-masks, `causal_lm` sets next-token targets. A random transform (a grain
-`RandomMap`) draws from a generator grain derives from the seed and the row's
-position in the stream, so the same seed gives the same batches and a restored
-iterator continues exactly.
+row is the task's *transform*, an argument here: `masked_lm` masks (a whole
+training batch at once: its `on_batches`), `causal_lm` sets next-token targets
+row by row. A random transform (a grain `RandomMap`) draws from a generator
+grain derives from the seed and the row's (or batch's) position in the
+stream, so the same seed gives the same batches and a restored iterator
+continues exactly.
 
 Every batch is a dict of numpy arrays of shape [batch, seq_len] with the keys
 the transform gives; the masked and causal ones give
@@ -66,6 +67,8 @@ def create_train_iterator(
     process_index: int = 0,
     process_count: int = 1,
     worker_count: int = 0,
+    read_threads: int = 0,
+    prefetch_buffer: int = 0,
 ) -> grain.DataLoaderIterator:
   """An endless iterator of training batches for this process.
 
@@ -83,6 +86,7 @@ def create_train_iterator(
     process_index, process_count: this process's shard and the shard count.
     worker_count: grain worker processes (0 = in this process; >0 needs a
       `__main__` guard and parsed absl flags in the program).
+    read_threads, prefetch_buffer: see `loaders.shuffled_batches`.
 
   Returns:
     A `grain.DataLoaderIterator`; `get_state()` returns bytes and
@@ -107,6 +111,8 @@ def create_train_iterator(
       process_index=process_index,
       process_count=process_count,
       worker_count=worker_count,
+      read_threads=read_threads,
+      prefetch_buffer=prefetch_buffer,
       # A transform that takes whole batches (masking) runs once per batch.
       **(
           {'batch_transforms': [transform]}
@@ -366,6 +372,8 @@ def _datasets(
         process_index=process_index,
         process_count=process_count,
         worker_count=data.worker_count,
+        read_threads=data.get('read_threads', 0),
+        prefetch_buffer=data.get('prefetch_buffer', 0),
     )
   eval_batches = create_eval_batches(
       evaluation,

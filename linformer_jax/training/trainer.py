@@ -75,13 +75,6 @@ def report(message: str) -> None:
     print(message, flush=True)
 
 
-def _size(size_bytes: int) -> str:
-  """'1.25 GiB', or '3.4 MiB' below a GiB."""
-  if size_bytes >= compiled_step.GIB:
-    return f'{size_bytes / compiled_step.GIB:.2f} GiB'
-  return f'{size_bytes / 2**20:.1f} MiB'
-
-
 def _prefixed(prefix: str, metrics: Dict[str, float]) -> Dict[str, float]:
   return {f'{prefix}_{name}': value for name, value in metrics.items()}
 
@@ -172,11 +165,15 @@ class Run:
     """This process's rows of a batch as global arrays split over the mesh."""
     return self.parts.device_batch(local_batch)
 
-  def save(self, force: bool = False) -> None:
+  def save(self, force: bool = False, data_position: Optional[bytes] = None) -> None:
+    """Saves the state; `data_position` is the iterator's state after the
+    batches the saved steps consumed (default: its state now; a loop that
+    read ahead passes the one it kept)."""
     # Every process reads its own shard, so the checkpoint keeps every
     # process's iterator position (orbax writes JSON from process 0 only), and
     # the tokenizer's fingerprint, so that no other tokenizer resumes it.
-    states = _gather_bytes(self.data.train_iterator.get_state())
+    position = data_position if data_position is not None else self.data.train_iterator.get_state()
+    states = _gather_bytes(position)
     data_state = {
         'process_states': [state.decode('latin-1') for state in states],
         'tokenizer_sha256': self.data.tokenizer_sha256,
@@ -384,11 +381,7 @@ def _train_and_evaluate(
     except BaseException:
       run.store.close()
       raise
-    report(
-        f'train step compiled in {time.monotonic() - compile_start:.1f} s: per device '
-        f'{_size(cost.total_bytes)} (arguments {_size(cost.argument_bytes)}, temporaries '
-        f'{_size(cost.temporary_bytes)}), {cost.flops / 1e9:.3g} GFLOP per step.'
-    )
+    report(f'train step compiled in {time.monotonic() - compile_start:.1f} s: {cost.describe()}.')
   os.makedirs(workdir, exist_ok=True)
   _write_json(os.path.join(workdir, 'config.json'), config.to_dict())
   parameter_overview.log_parameter_overview(
@@ -404,17 +397,25 @@ def _train_and_evaluate(
   eval_metrics: Optional[Dict[str, float]] = None
   peak_flops = compiled_step.peak_flops(jax.devices()[0].device_kind)
   profile = _profile_steps(config)
+  iterator = run.data.train_iterator
+  # The batch of step t + 1 is read and put on the devices while step t runs
+  # (dispatch is asynchronous); a checkpoint keeps the iterator's position
+  # after step t's batch, so a resumed run reads step t + 1's batch again.
+  next_batch = run.device_batch(next(iterator)) if first_step < last else None
   try:
     for step in range(first_step + 1, last + 1):
       if profile and step == profile[0]:
         jax.profiler.start_trace(os.path.join(workdir, PROFILE_FOLDER))
-      batch = run.device_batch(next(run.data.train_iterator))
+      batch = next_batch
       try:
         run.state, metrics = run.train_step(run.state, batch, dropout_key)
       except jax.errors.JaxRuntimeError as error:
         if compiled_step.is_out_of_memory(error):
           raise compiled_step.out_of_memory_error(error, config) from None
         raise
+      consumed = iterator.get_state()
+      if step < last:
+        next_batch = run.device_batch(next(iterator))
       if profile and step == profile[1]:
         jax.block_until_ready(metrics)
         jax.profiler.stop_trace()
@@ -448,14 +449,14 @@ def _train_and_evaluate(
         logger.write_scalars(step, _prefixed('eval', eval_metrics))
         report(f'step {step}: ' + task.describe(config.data.eval_split, eval_metrics))
       if save:
-        run.save()
+        run.save(data_position=consumed)
       logger.exclude(time.monotonic() - paused)
       if stop:
-        run.save(force=True)
+        run.save(force=True, data_position=consumed)
         return None
       if termination.requested:
         logging.warning('SIGTERM received: saving the checkpoint of step %d.', step)
-        run.save(force=True)
+        run.save(force=True, data_position=consumed)
         run.store.wait()
         raise SystemExit(128 + signal.SIGTERM)
   finally:

@@ -19,13 +19,9 @@ import math
 import re
 from typing import Dict, List, Tuple
 
-import jax
-import jax.numpy as jnp
 import ml_collections
 
-from linformer_jax.training import run_builder
-from linformer_jax.training import sharding as sharding_lib
-from linformer_jax.training import train_steps
+from linformer_jax.training import compiled_step
 
 # (lhs element type, rhs element type, result element type), as StableHLO
 # spells them: 'bf16', 'f32', ...
@@ -102,17 +98,7 @@ class MatmulDtypes:
     return matching / self.total
 
 
-def lowered_train_step(config: ml_collections.ConfigDict) -> jax.stages.Lowered:
-  """The config's train step, lowered for its mesh from abstract inputs."""
-  parts = run_builder.build_parts(config)
-  optimizer = train_steps.create_optimizer(config)
-  abstract_state = parts.abstract_train_state(optimizer)
-  train_step = parts.jit_train_step(optimizer, abstract_state)
-  key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding_lib.replicated(parts.mesh))
-  return train_step.lower(abstract_state, parts.abstract_batch(), key)
-
-
 def train_step_matmul_dtypes(config: ml_collections.ConfigDict) -> MatmulDtypes:
   """The matrix FLOPs of the config's train step by operand and result dtype."""
   config = config.copy_and_resolve_references()
-  return MatmulDtypes(dot_flops(lowered_train_step(config).as_text()))
+  return MatmulDtypes(dot_flops(compiled_step.lowered_train_step(config).as_text()))

@@ -12,7 +12,6 @@ from typing import Dict, Sequence
 
 import ml_collections
 
-from linformer_jax.analysis import matmul_dtypes
 from linformer_jax.training import compiled_step
 
 
@@ -24,7 +23,7 @@ def train_step_memory(
   config = config.copy_and_resolve_references()
   config.mesh_shape = tuple(mesh_shape)
   start = time.monotonic()
-  lowered = matmul_dtypes.lowered_train_step(config)
+  lowered = compiled_step.lowered_train_step(config)
   compiled = lowered.compile()
   compile_seconds = time.monotonic() - start
   analysis = compiled.memory_analysis()

@@ -7,10 +7,10 @@ calls the compiled executable. XLA's analyses of that executable give:
   temporaries), compared with what the device has before anything runs: a step
   that cannot fit stops the run with one line saying what to change;
 - the FLOPs a device runs per step (`step_flops`: XLA's cost analysis of the
-  lowered step, recomputation included, over the devices), from which the progress line reports
-  TFLOP/s per device and FLOPs utilisation (MFU) against the device's peak
-  bfloat16 rate, where the device is in `PEAK_BF16_FLOPS`. On a CPU there is
-  no such peak: MFU is left out.
+  lowered step, recomputation included, over the devices), from which the
+  progress line reports TFLOP/s per device and FLOPs utilisation (MFU)
+  against the device's peak bfloat16 rate, where the device is in
+  `PEAK_BF16_FLOPS`. On a CPU there is no such peak: MFU is left out.
 
 An out-of-memory error raised while the step runs (`is_out_of_memory`) gets
 the same one-line message.
@@ -20,11 +20,13 @@ import dataclasses
 from typing import Any, Optional, Tuple
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import psutil
 
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import run_builder
+from linformer_jax.training import sharding as sharding_lib
 from linformer_jax.training import train_steps
 
 GIB = 2**30
@@ -99,6 +101,17 @@ def what_to_change(config: ml_collections.ConfigDict) -> str:
   )
 
 
+def lowered_train_step(config: ml_collections.ConfigDict) -> jax.stages.Lowered:
+  """The config's train step, lowered for its mesh from abstract inputs
+  (nothing is compiled or run: for analyses of any config on any host)."""
+  parts = run_builder.build_parts(config)
+  optimizer = train_steps.create_optimizer(config)
+  abstract_state = parts.abstract_train_state(optimizer)
+  train_step = parts.jit_train_step(optimizer, abstract_state)
+  key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding_lib.replicated(parts.mesh))
+  return train_step.lower(abstract_state, parts.abstract_batch(), key)
+
+
 def compile_train_step(run: Any, dropout_key: jax.Array) -> Tuple[Any, StepCost]:
   """Compiles `run.train_step` for the run's state, batch and key; returns the
   executable and its cost per device."""
@@ -133,13 +146,7 @@ def step_flops(config: ml_collections.ConfigDict, lowered: Any) -> float:
   if config.model.get('scan_layers', False):
     unscanned = config.copy_and_resolve_references()
     unscanned.model.scan_layers = False
-    parts = run_builder.build_parts(unscanned)
-    optimizer = train_steps.create_optimizer(unscanned)
-    abstract_state = parts.abstract_train_state(optimizer)
-    key = jax.ShapeDtypeStruct((2,), jax.numpy.uint32)
-    lowered = parts.jit_train_step(optimizer, abstract_state).lower(
-        abstract_state, parts.abstract_batch(), key
-    )
+    lowered = lowered_train_step(unscanned)
   return _flops(lowered) * config.grad_accum_steps / jax.device_count()
 
 

@@ -413,7 +413,15 @@ def _train_and_evaluate(
         if compiled_step.is_out_of_memory(error):
           raise compiled_step.out_of_memory_error(error, config) from None
         raise
-      consumed = iterator.get_state()
+      log, evaluate, save = (
+          is_due(step, every, last)
+          for every in (config.log_every, config.eval_every, config.checkpoint_every)
+      )
+      stop = stop_after is not None and stop_after <= step < last
+      terminate = termination.requested
+      # The iterator's position after this step's batch, read before the next
+      # batch, for a checkpoint of this step.
+      consumed = iterator.get_state() if save or stop or terminate else None
       if step < last:
         next_batch = run.device_batch(next(iterator))
       if profile and step == profile[1]:
@@ -421,12 +429,7 @@ def _train_and_evaluate(
         jax.profiler.stop_trace()
       guard.add(step, metrics)
       run.store.check_for_errors()  # A background save that failed stops the run now.
-      log, evaluate, save = (
-          is_due(step, every, last)
-          for every in (config.log_every, config.eval_every, config.checkpoint_every)
-      )
-      stop = stop_after is not None and stop_after <= step < last
-      if not (log or evaluate or save or stop or termination.requested):
+      if not (log or evaluate or save or stop or terminate):
         continue
       guard.check()
       if log:
@@ -454,7 +457,7 @@ def _train_and_evaluate(
       if stop:
         run.save(force=True, data_position=consumed)
         return None
-      if termination.requested:
+      if terminate:
         logging.warning('SIGTERM received: saving the checkpoint of step %d.', step)
         run.save(force=True, data_position=consumed)
         run.store.wait()

@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 VENV_PYTHON := $(VENV)/bin/python
 
-.PHONY: train test test-fast lint format venv venv-gpu venv-tpu torch-baseline
+.PHONY: train test test-fast lint format venv venv-gpu venv-tpu xla-targets torch-baseline
 
 venv: $(VENV)/.installed
 
@@ -23,6 +23,17 @@ venv-gpu: venv
 venv-tpu: venv
 	$(VENV_PYTHON) -m pip install --quiet -r requirements-tpu.txt
 
+# XLA's GPU and TPU plugins, for compiling (never running) steps for an H100 or
+# a TPU slice from this host: `mesh_memory --target` (docs/scaling.md). About
+# 2 GiB, in their own folder so that no other command sees an accelerator.
+XLA_TARGETS := .xla-targets
+xla-targets: $(XLA_TARGETS)/.installed
+
+$(XLA_TARGETS)/.installed: requirements-xla-targets.txt | venv
+	rm -rf $(XLA_TARGETS)
+	$(VENV_PYTHON) -m pip install --quiet --no-deps --target $(XLA_TARGETS) -r requirements-xla-targets.txt
+	touch $@
+
 # Pretrains the default small Linformer on the embedded corpus (Python's own
 # documentation): under 10 minutes on 2 CPU cores, prints validation perplexity.
 train: venv
@@ -32,14 +43,14 @@ train: venv
 # per worker at a time (module fixtures run once); pytest's exit code 5 (no
 # tests collected) counts as a failure.
 PYTEST_PARALLEL := -n auto --dist loadfile
-test: venv
+test: venv xla-targets
 	$(VENV_PYTHON) -m pytest -q $(PYTEST_PARALLEL); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status
 
 # The edit loop: the suite without the tests marked slow (end-to-end runs of
 # the training loop and the benchmarks, subprocesses, the notebook).
-test-fast: venv
+test-fast: venv xla-targets
 	$(VENV_PYTHON) -m pytest -q $(PYTEST_PARALLEL) -m "not slow"
 
 # Lint (ruff) and format check (pyink, Google style as Flax writes it); both are

@@ -1,36 +1,245 @@
-"""Per-device memory of the compiled train step on several meshes.
+"""Per-device memory and FLOPs of the compiled train step, on this host or a target.
 
 The library of `python -m linformer_jax.mesh_memory`. It compiles (never runs)
-the train step for a mesh from abstract inputs and returns XLA's memory analysis
-per device: the arguments (parameters, optimizer state and the batch share), the
-temporaries, and their sum. It helps to choose `config.mesh_shape`: the 'model'
-axis is worth raising when the sum does not fit a device.
+the train step from abstract inputs for a mesh over this host's devices, or
+over the devices of an accelerator this host does not have (`xla_targets`: a
+TPU slice or H100s), and reads XLA's analyses of the executable:
+
+- memory per device: the arguments (parameters, optimizer state and the batch
+  share) and the temporaries; against the device's usable memory, whether the
+  step fits. XLA:TPU refuses to compile a step whose temporaries exceed HBM,
+  naming what it needed; that is reported as not fitting, with the need;
+- FLOPs per device: the model's (XLA's cost analysis of the step lowered on
+  this host's CPU, recomputation chosen by `model.remat` included) and, on
+  TPU, the compiled program's, whose ratio to the model's is the
+  rematerialisation XLA:TPU added on its own to fit HBM;
+- the largest per-device batch that fits (`largest_batch`): memory grows
+  linearly with the batch, so two compiles give the slope, a third checks
+  the batch it predicts and a fourth the next one up.
 """
 
+import dataclasses
+import re
 import time
-from typing import Dict, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
+import jax
 import ml_collections
 
+from linformer_jax.analysis import xla_targets
 from linformer_jax.training import compiled_step
+from linformer_jax.training import sharding as sharding_lib
+
+GIB = 2**30
+# XLA:TPU's refusal: '... HLO temporaries (29.90G) exceeds available HBM (15.75G).'
+_TPU_OUT_OF_MEMORY = re.compile(r'\(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)')
+_UNITS = {'K': 2**10, 'M': 2**20, 'G': 2**30, 'T': 2**40}
+MAX_SEARCH_COMPILES = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class StepMemory:
+  """One compile of the train step; bytes and FLOPs are per device.
+
+  `usable_bytes` is None on this host's CPU (no fixed limit). A step XLA
+  refused to compile for lack of memory has `fits=False`, zero arguments,
+  and its need as `temporary_bytes`."""
+
+  per_device_batch: int
+  argument_bytes: int
+  temporary_bytes: int
+  usable_bytes: Optional[int]
+  fits: bool
+  model_flops: float
+  compiled_flops: Optional[float]
+  compile_seconds: float
+
+  @property
+  def total_bytes(self) -> int:
+    return self.argument_bytes + self.temporary_bytes
+
+  @property
+  def compiler_flops_ratio(self) -> Optional[float]:
+    """Compiled over model FLOPs: above 1 where XLA recomputed to fit memory."""
+    if not self.compiled_flops or not self.model_flops or not self.fits:
+      return None
+    return self.compiled_flops / self.model_flops
+
+
+def _with_batch(
+    config: ml_collections.ConfigDict, mesh_shape: Sequence[int], per_device_batch: int, devices
+):
+  config = config.copy_and_resolve_references()
+  config.mesh_shape = tuple(mesh_shape)
+  if per_device_batch:
+    data, _ = sharding_lib.resolve_mesh_shape(mesh_shape, len(devices))
+    config.batch_size = per_device_batch * data
+    config.grad_accum_steps = 1
+  return config
+
+
+def model_flops(config: ml_collections.ConfigDict, device_count: int) -> float:
+  """FLOPs per device of the step as the model defines it, counted on this
+  host's CPU: the same global batch on one device, over `device_count`."""
+  host = config.copy_and_resolve_references()
+  host.mesh_shape = (1, 1)
+  if host.model.get('attention_kernel', 'einsum') == 'cudnn':
+    host.model.attention_kernel = 'einsum'  # the same products; cuDNN lowers on GPUs only
+  cpu = jax.devices('cpu')[:1]
+  lowered = compiled_step.lowered_train_step(host, cpu)
+  return compiled_step.step_flops(host, lowered, cpu) / device_count
+
+
+def _out_of_memory_need(error: Exception) -> Optional[int]:
+  match = _TPU_OUT_OF_MEMORY.search(str(error))
+  if not match or 'RESOURCE_EXHAUSTED' not in str(error):
+    return None
+  return int(float(match.group(1)) * _UNITS[match.group(2)])
+
+
+def compile_step(
+    config: ml_collections.ConfigDict,
+    mesh_shape: Sequence[int],
+    devices: Optional[Sequence[jax.Device]] = None,
+    usable_bytes: Optional[int] = None,
+    per_device_batch: int = 0,
+) -> StepMemory:
+  """Compiles the step of `config` on a mesh of `devices` (default: this
+  host's) with `per_device_batch` rows per data shard (0: config.batch_size)."""
+  devices = list(devices) if devices is not None else jax.devices()
+  config = _with_batch(config, mesh_shape, per_device_batch, devices)
+  data, _ = sharding_lib.resolve_mesh_shape(config.mesh_shape, len(devices))
+  batch = config.batch_size // data
+  flops = model_flops(config, len(devices))
+  start = time.monotonic()
+  try:
+    compiled = compiled_step.lowered_train_step(config, devices).compile()
+  except jax.errors.JaxRuntimeError as error:
+    need = _out_of_memory_need(error)
+    if need is None:
+      raise
+    return StepMemory(batch, 0, need, usable_bytes, False, flops, None, time.monotonic() - start)
+  seconds = time.monotonic() - start
+  memory = compiled.memory_analysis()
+  arguments, temporaries = int(memory.argument_size_in_bytes), int(memory.temp_size_in_bytes)
+  compiled_flops = None
+  if devices[0].platform == 'tpu':
+    costs = compiled.cost_analysis()
+    costs = costs[0] if isinstance(costs, (list, tuple)) else costs
+    compiled_flops = float((costs or {}).get('flops', 0.0)) or None
+  fits = usable_bytes is None or arguments + temporaries <= usable_bytes
+  return StepMemory(
+      batch, arguments, temporaries, usable_bytes, fits, flops, compiled_flops, seconds
+  )
+
+
+def largest_batch(
+    measure: Callable[[int], StepMemory], first: StepMemory
+) -> Dict[str, Optional[float]]:
+  """The largest per-device batch whose step fits, from `measure(batch)`.
+
+  Starts from `first` (one compile already made), halves while it does not
+  fit, then fits memory = fixed + batch x per_sequence through two batches,
+  checks the batch that predicts, and steps until a batch fits and the next
+  one up does not (binary search, at most MAX_SEARCH_COMPILES compiles).
+
+  Returns:
+    'batch' (0 if one sequence does not fit), 'bytes_per_sequence' (the
+    slope; None if it could not be measured), 'total_bytes' at that batch and
+    'compiles'.
+  """
+  results = {first.per_device_batch: first}
+
+  def at(batch: int) -> StepMemory:
+    if batch not in results:
+      results[batch] = measure(batch)
+    return results[batch]
+
+  batch = first.per_device_batch
+  while not at(batch).fits and batch > 1:
+    batch = max(batch // 2, 1)
+  if not at(batch).fits:
+    return {'batch': 0, 'bytes_per_sequence': None, 'total_bytes': None, 'compiles': len(results)}
+  base, doubled = at(batch), at(2 * batch)
+  # A step XLA refused reports its temporaries only; its arguments are about the base's.
+  doubled_total = doubled.total_bytes + (0 if doubled.argument_bytes else base.argument_bytes)
+  slope = (doubled_total - base.total_bytes) / batch
+  predicted = batch + 1
+  if slope > 0:
+    predicted = max(int((base.usable_bytes - (base.total_bytes - slope * batch)) // slope), 1)
+  low = max(known for known, memory in results.items() if memory.fits)
+  above = [known for known, memory in results.items() if not memory.fits and known > low]
+  high = min(above) if above else None  # the smallest batch known not to fit
+  probe = predicted if low < predicted and (high is None or predicted < high) else low + 1
+  while len(results) < MAX_SEARCH_COMPILES and (high is None or high - low > 1):
+    if at(probe).fits:
+      low = probe
+    else:
+      high = probe
+    if high is None:  # after the prediction fits, the next batch up; then doubling
+      probe = low + 1 if low == predicted else 2 * low
+    else:
+      probe = (low + high) // 2
+  return {
+      'batch': low,
+      'bytes_per_sequence': slope if slope > 0 else None,
+      'total_bytes': at(low).total_bytes,
+      'compiles': len(results),
+  }
+
+
+def target_meshes(target_name: str) -> Dict[str, object]:
+  """The devices and usable memory per device of a named target
+  (`xla_targets.enable_plugins` must have run)."""
+  target = xla_targets.parse_target(target_name)
+  devices = xla_targets.target_devices(target)
+  per_chip = xla_targets.devices_per_chip(devices)
+  return {
+      'target': target,
+      'devices': devices,
+      'usable_bytes': target.usable_bytes_per_device(per_chip),
+  }
+
+
+def _gflop(flops: float) -> str:
+  gflop = flops / 1e9
+  return f'{gflop:,.1f}' if gflop >= 1 else f'{gflop:.3g}'
+
+
+def describe_rows(rows: List[Dict[str, object]]) -> str:
+  """A markdown table of rows {'target', 'mesh', 'memory': StepMemory}."""
+  lines = [
+      '| target | mesh (data, model) | batch per device | arguments | temporaries | total '
+      '| usable | fits | model GFLOP per device | compiled / model FLOPs | compile s |',
+      '|---|---|---|---|---|---|---|---|---|---|---|',
+  ]
+  size = compiled_step.size_text
+  for row in rows:
+    memory: StepMemory = row['memory']
+    refused = not memory.fits and not memory.argument_bytes
+    ratio = memory.compiler_flops_ratio
+    lines.append(
+        f'| {row["target"]} | {tuple(row["mesh"])} | {memory.per_device_batch} | '
+        f'{"-" if refused else size(memory.argument_bytes)} | '
+        f'{"needs " if refused else ""}{size(memory.temporary_bytes)} | '
+        f'{size(memory.total_bytes)} | '
+        f'{size(memory.usable_bytes) if memory.usable_bytes else "host"} | '
+        f'{"yes" if memory.fits else "no"} | {_gflop(memory.model_flops)} | '
+        f'{f"{ratio:.3f}" if ratio else "-"} | {memory.compile_seconds:.1f} |'
+    )
+  return '\n'.join(lines)
 
 
 def train_step_memory(
     config: ml_collections.ConfigDict, mesh_shape: Sequence[int]
 ) -> Dict[str, float]:
-  """XLA's per-device figures of the train step on one mesh: memory in bytes,
-  FLOPs per step (its cost analysis) and the compile time in seconds."""
-  config = config.copy_and_resolve_references()
-  config.mesh_shape = tuple(mesh_shape)
-  start = time.monotonic()
-  lowered = compiled_step.lowered_train_step(config)
-  compiled = lowered.compile()
-  compile_seconds = time.monotonic() - start
-  analysis = compiled.memory_analysis()
+  """This host's figures of the train step on one mesh: memory in bytes,
+  FLOPs per device per step and the compile time in seconds."""
+  memory = compile_step(config, mesh_shape)
   return {
-      'arguments': analysis.argument_size_in_bytes,
-      'temporaries': analysis.temp_size_in_bytes,
-      'total': analysis.argument_size_in_bytes + analysis.temp_size_in_bytes,
-      'flops': compiled_step.step_flops(config, lowered),
-      'compile_seconds': compile_seconds,
+      'arguments': memory.argument_bytes,
+      'temporaries': memory.temporary_bytes,
+      'total': memory.total_bytes,
+      'flops': memory.model_flops,
+      'compile_seconds': memory.compile_seconds,
   }

@@ -101,11 +101,28 @@ ATTENTION_KERNELS = ('einsum', 'xla', 'cudnn')
 def attend_with(
     kernel: str, q: Array, k: Array, v: Array, key_mask: Optional[Array] = None
 ) -> Array:
-  """`attend` by the chosen kernel; key_mask is [batch, kv_length] or None."""
+  """`attend` by the chosen kernel; key_mask is [batch, kv_length] or None.
+
+  cuDNN's kernel takes a padding mask as the number of keys per row (a
+  boolean mask would be a [q_length, kv_length] bias, the memory the kernel
+  exists to save): each row's padding must come after its real tokens, as
+  this project's data pipelines lay it out.
+  """
   if kernel == 'einsum':
     return attend(q, k, v, key_mask)
   if kernel not in ATTENTION_KERNELS:
     raise ValueError(f'attention kernel {kernel!r} is unknown; use one of {ATTENTION_KERNELS}.')
+  if kernel == 'cudnn' and key_mask is not None:
+    lengths = jnp.sum(key_mask, axis=-1, dtype=jnp.int32)
+    out = jax.nn.dot_product_attention(
+        q,
+        k,
+        v,
+        query_seq_lengths=jnp.full_like(lengths, q.shape[1]),
+        key_value_seq_lengths=lengths,
+        implementation=kernel,
+    )
+    return out.astype(q.dtype)
   mask = None if key_mask is None else key_mask[:, None, None, :]
   out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=kernel)
   return out.astype(q.dtype)

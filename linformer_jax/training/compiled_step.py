@@ -17,7 +17,7 @@ the same one-line message.
 """
 
 import dataclasses
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -79,12 +79,12 @@ class StepCost:
   def describe(self) -> str:
     """'per device 1.3 MiB (arguments 0.3 MiB, temporaries 1.0 MiB), 0.0169 GFLOP per step'."""
     return (
-        f'per device {_size(self.total_bytes)} (arguments {_size(self.argument_bytes)}, '
-        f'temporaries {_size(self.temporary_bytes)}), {self.flops / 1e9:.3g} GFLOP per step'
+        f'per device {size_text(self.total_bytes)} (arguments {size_text(self.argument_bytes)}, '
+        f'temporaries {size_text(self.temporary_bytes)}), {self.flops / 1e9:.3g} GFLOP per step'
     )
 
 
-def _size(size_bytes: int) -> str:
+def size_text(size_bytes: int) -> str:
   """'1.25 GiB', or '3.4 MiB' below a GiB."""
   if size_bytes >= GIB:
     return f'{size_bytes / GIB:.2f} GiB'
@@ -101,10 +101,15 @@ def what_to_change(config: ml_collections.ConfigDict) -> str:
   )
 
 
-def lowered_train_step(config: ml_collections.ConfigDict) -> jax.stages.Lowered:
+def lowered_train_step(
+    config: ml_collections.ConfigDict, devices: Optional[Sequence[jax.Device]] = None
+) -> jax.stages.Lowered:
   """The config's train step, lowered for its mesh from abstract inputs
-  (nothing is compiled or run: for analyses of any config on any host)."""
-  parts = run_builder.build_parts(config)
+  (nothing is compiled or run: for analyses of any config on any host).
+
+  The mesh spans `devices`, by default JAX's; the devices of an accelerator
+  topology (`analysis.xla_targets`) give a program that compiles for it."""
+  parts = run_builder.build_parts(config, devices)
   optimizer = train_steps.create_optimizer(config)
   abstract_state = parts.abstract_train_state(optimizer)
   train_step = parts.jit_train_step(optimizer, abstract_state)
@@ -134,7 +139,11 @@ def _flops(analysed: Any) -> float:
   return float((costs or {}).get('flops', 0.0))
 
 
-def step_flops(config: ml_collections.ConfigDict, lowered: Any) -> float:
+def step_flops(
+    config: ml_collections.ConfigDict,
+    lowered: Any,
+    devices: Optional[Sequence[jax.Device]] = None,
+) -> float:
   """FLOPs one device runs per step of the config's lowered train step.
 
   XLA's cost analysis of the lowered program (before XLA's own rewrites;
@@ -142,12 +151,14 @@ def step_flops(config: ml_collections.ConfigDict, lowered: Any) -> float:
   loop's body once: the step's loop over micro-batches holds all of its work
   but the optimizer update, so the figure is scaled by grad_accum_steps; and
   scanned layers are analysed as the same step with a Python loop over them.
+  `devices` are those the step was lowered for (by default JAX's).
   """
   if config.model.get('scan_layers', False):
     unscanned = config.copy_and_resolve_references()
     unscanned.model.scan_layers = False
-    lowered = lowered_train_step(unscanned)
-  return _flops(lowered) * config.grad_accum_steps / jax.device_count()
+    lowered = lowered_train_step(unscanned, devices)
+  device_count = len(devices) if devices is not None else jax.device_count()
+  return _flops(lowered) * config.grad_accum_steps / device_count
 
 
 def check_fits(cost: StepCost, config: ml_collections.ConfigDict) -> None:

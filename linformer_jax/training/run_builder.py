@@ -12,7 +12,7 @@ optimizer, no training iterator.
 import dataclasses
 import os
 import types
-from typing import Any, Dict, Mapping, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax
@@ -194,8 +194,13 @@ def check_same_tokenizer(data_state: Mapping[str, Any], data: Any, workdir: str)
   )
 
 
-def build_parts(config: ml_collections.ConfigDict) -> RunParts:
+def build_parts(
+    config: ml_collections.ConfigDict, devices: Optional[Sequence[jax.Device]] = None
+) -> RunParts:
   """Checks the config and builds the task, model and mesh of a run.
+
+  The mesh spans `devices` (by default all of JAX's devices): compile-only
+  analyses pass the devices of an accelerator this host does not have.
 
   Raises:
     ConfigError: a bad config field, or a mesh that cannot split the model or
@@ -203,7 +208,7 @@ def build_parts(config: ml_collections.ConfigDict) -> RunParts:
   """
   task = tasks.task_of(config)
   model_config = run_config.validate(config)
-  mesh = sharding_lib.create_mesh(config.mesh_shape)
+  mesh = sharding_lib.create_mesh(config.mesh_shape, devices)
   rules = sharding_lib.axis_rules(config)
   sharding_lib.check_divisibility(
       model_config,

@@ -1,0 +1,158 @@
+"""Compiling the train step for a TPU slice and an H100 from this CPU host.
+
+The set-up installs XLA's GPU and TPU plugins (`make xla-targets`, a no-op
+once they are there), then `mesh_memory --target` compiles a tiny model for a
+4-chip v5e slice and one H100 in a process of its own (the plugins must be on
+the path before JAX starts a backend, which this process has done).
+"""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from linformer_jax.analysis import mesh_memory
+from linformer_jax.analysis import xla_targets
+from linformer_jax.errors import ConfigError
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+GIB = 2**30
+
+
+@pytest.mark.parametrize(
+    'name, platform, topology, chips',
+    [
+        ('v5e-4', 'tpu', 'v5e:2x2', 4),
+        ('v5e-8', 'tpu', 'v5e:2x4', 8),
+        ('v4-32', 'tpu', 'v4:2x2x4', 16),
+        ('v5p-64', 'tpu', 'v5p:2x4x4', 32),
+        ('v6e-256', 'tpu', 'v6e:16x16', 256),
+        ('h100', 'cuda', '1x1x1', 1),
+        ('H100x8', 'cuda', '1x1x8', 8),
+        ('h100x16', 'cuda', '1x2x8', 16),
+    ],
+)
+def test_target_names_give_slices(name, platform, topology, chips):
+  target = xla_targets.parse_target(name)
+  assert (target.platform, target.topology, target.chips) == (platform, topology, chips)
+
+
+@pytest.mark.parametrize('name', ['v5e-3', 'v4-31', 'a100', 'h100x12', 'v5e', 'tpu'])
+def test_bad_target_names_say_what_to_use(name):
+  with pytest.raises(ConfigError, match=re.escape(f'--target={name!r}')):
+    xla_targets.parse_target(name)
+
+
+def test_gpu_memory_is_the_share_jax_allocates():
+  target = xla_targets.parse_target('h100')
+  usable = target.usable_bytes_per_device(1)
+  assert usable == int(xla_targets.H100_MEMORY_BYTES * xla_targets.GPU_MEMORY_FRACTION)
+  v4 = xla_targets.parse_target('v4-8')
+  assert v4.usable_bytes_per_device(2) == 16 * GIB  # one TensorCore of a 32 GiB chip
+
+
+def _linear_measure(fixed, per_sequence, usable, refuse_above=None):
+  """measure(batch) of a step whose memory is fixed + batch x per_sequence;
+  past `refuse_above` bytes the 'compiler' refuses, reporting temporaries only."""
+  calls = []
+
+  def measure(batch):
+    calls.append(batch)
+    total = fixed + batch * per_sequence
+    if refuse_above is not None and total > refuse_above:
+      return mesh_memory.StepMemory(batch, 0, total - 100, usable, False, 1.0, None, 0.0)
+    return mesh_memory.StepMemory(batch, 100, total - 100, usable, total <= usable, 1.0, None, 0.0)
+
+  return measure, calls
+
+
+@pytest.mark.parametrize('start', [1, 3, 8, 40, 64])
+def test_largest_batch_is_the_last_that_fits(start):
+  measure, calls = _linear_measure(fixed=1000, per_sequence=300, usable=10_000)
+  found = mesh_memory.largest_batch(measure, measure(start))
+  assert found['batch'] == 30  # 1000 + 30 x 300 = 10,000 fits; 31 does not
+  assert found['bytes_per_sequence'] == 300
+  assert found['total_bytes'] == 10_000
+  assert 31 in calls and found['compiles'] <= mesh_memory.MAX_SEARCH_COMPILES
+
+
+def test_largest_batch_through_compiler_refusals():
+  measure, _ = _linear_measure(fixed=1000, per_sequence=300, usable=10_000, refuse_above=10_000)
+  assert mesh_memory.largest_batch(measure, measure(16))['batch'] == 30
+
+
+def test_largest_batch_is_zero_when_one_sequence_does_not_fit():
+  measure, _ = _linear_measure(fixed=1000, per_sequence=300, usable=1200)
+  found = mesh_memory.largest_batch(measure, measure(4))
+  assert found == {'batch': 0, 'bytes_per_sequence': None, 'total_bytes': None, 'compiles': 3}
+
+
+@pytest.fixture(scope='module')
+def plugins():
+  """XLA's GPU and TPU plugins, installed by the Makefile if missing."""
+  folder = xla_targets.plugin_folder()
+  if not (folder / '.installed').exists():
+    subprocess.run(['make', '-C', str(REPO), 'xla-targets'], check=True)
+  return folder
+
+
+def _mesh_memory(*flags):
+  env = {**os.environ, 'PYTHONPATH': str(REPO)}
+  env.pop('JAX_PLATFORMS', None)
+  env.pop('XLA_FLAGS', None)
+  return subprocess.run(
+      [sys.executable, '-m', 'linformer_jax.mesh_memory', '--config', 'configs/tiny.py', *flags],
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=600,
+  )
+
+
+def _rows(stdout):
+  return {
+      cells[0]: cells
+      for line in stdout.splitlines()
+      if line.startswith('| ') and not line.startswith('| target')
+      for cells in [[cell.strip() for cell in line.strip('|').split('|')]]
+  }
+
+
+def test_tiny_model_compiles_for_a_v5e_slice_and_an_h100(plugins):
+  del plugins
+  result = _mesh_memory('--target=v5e-4', '--target=h100', '--config.model.dtype=bfloat16')
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'v5e-4: 4 x TPU v5 lite (v5e:2x2)' in result.stdout
+  assert 'h100: 1 x NVIDIA H100 80GB HBM3 (1x1x1)' in result.stdout
+  rows = _rows(result.stdout)
+  for target, batch in (('v5e-4', '1'), ('h100', '4')):  # tiny.py's batch of 4 over the devices
+    cells = rows[target]
+    assert cells[2] == batch and cells[7] == 'yes', cells
+    assert cells[5].endswith('iB') and float(cells[5].split()[0]) > 0, cells
+    assert float(cells[8]) > 0, cells
+  assert rows['v5e-4'][9] != '-'  # XLA:TPU's own FLOP count
+  assert rows['h100'][9] == '-'
+
+
+def test_cudnn_attention_compiles_for_an_h100(plugins):
+  del plugins
+  result = _mesh_memory(
+      '--target=h100',
+      '--config.model.attention=full',
+      '--config.model.attention_kernel=cudnn',
+      '--config.model.dtype=bfloat16',
+      '--config.model.num_heads=2',
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert _rows(result.stdout)['h100'][7] == 'yes'
+
+
+def test_unknown_target_is_one_line():
+  result = _mesh_memory('--target=v7x-3')
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines()[-1].startswith("error: --target='v7x-3'")
+  assert 'Traceback' not in result.stderr

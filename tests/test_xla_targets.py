@@ -25,6 +25,7 @@ GIB = 2**30
 @pytest.mark.parametrize(
     'name, platform, topology, chips',
     [
+        ('v5e-1', 'tpu', 'v5e:1x1', 1),
         ('v5e-4', 'tpu', 'v5e:2x2', 4),
         ('v5e-8', 'tpu', 'v5e:2x4', 8),
         ('v4-32', 'tpu', 'v4:2x2x4', 16),

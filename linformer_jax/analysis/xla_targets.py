@@ -225,7 +225,9 @@ def target_devices(target: Target) -> List[jax.Device]:
           target.name, 'cuda', target_config=H100_TARGET_CONFIG, topology=target.topology
       )
     else:
-      description = topologies.get_topology_desc(target.topology, platform='tpu')
+      # One chip is a host of its own (libtpu assumes hosts of 2x2 chips).
+      single = {'chips_per_host_bounds': (1, 1, 1)} if target.chips == 1 else {}
+      description = topologies.get_topology_desc(target.topology, platform='tpu', **single)
   except Exception as error:  # the plugin's own error, whatever its type
     raise ConfigError(
         f'XLA could not describe --target={target.name} ({target.topology}): '

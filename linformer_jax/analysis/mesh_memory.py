@@ -11,8 +11,8 @@ TPU slice or H100s), and reads XLA's analyses of the executable:
   naming what it needed; that is reported as not fitting, with the need;
 - FLOPs per device: the model's (XLA's cost analysis of the step lowered on
   this host's CPU, recomputation chosen by `model.remat` included) and, on
-  TPU, the compiled program's, whose ratio to the model's is the
-  rematerialisation XLA:TPU added on its own to fit HBM;
+  TPU with unscanned layers, the compiled program's, whose ratio to the
+  model's grows with the rematerialisation XLA:TPU adds on its own to fit HBM;
 - the largest per-device batch that fits (`largest_batch`): memory grows
   linearly with the batch, so two compiles give the slope, a third checks
   the batch it predicts and a fourth the next one up.
@@ -123,10 +123,13 @@ def compile_step(
   memory = compiled.memory_analysis()
   arguments, temporaries = int(memory.argument_size_in_bytes), int(memory.temp_size_in_bytes)
   compiled_flops = None
-  if devices[0].platform == 'tpu':
+  # XLA's cost analysis counts a loop's body once: the micro-batch loop holds
+  # all of a step's work but the update (scaled as compiled_step.step_flops
+  # does); a scan over layers has no such fix, so its count is left out.
+  if devices[0].platform == 'tpu' and not config.model.get('scan_layers', False):
     costs = compiled.cost_analysis()
     costs = costs[0] if isinstance(costs, (list, tuple)) else costs
-    compiled_flops = float((costs or {}).get('flops', 0.0)) or None
+    compiled_flops = float((costs or {}).get('flops', 0.0)) * config.grad_accum_steps or None
   fits = usable_bytes is None or arguments + temporaries <= usable_bytes
   return StepMemory(
       batch, arguments, temporaries, usable_bytes, fits, flops, compiled_flops, seconds

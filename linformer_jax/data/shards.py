@@ -204,8 +204,9 @@ class ShardedSequences(grain.sources.RandomAccessDataSource):
 
   Random access: a process reads only the records its sampler asks for, a
   batch's records with one read per shard (`__getitems__`), in the calling
-  thread. grain's ArrayRecord source started a thread pool for every batched
-  read, which on 2 cores cost more than the reads. Readers open on first use
+  thread. grain's ArrayRecord source starts a thread pool for every batched
+  read: 123 us a record in batches of 32, against 36 us read one by one, on 2
+  cores. Readers open on first use
   (one per shard, shared by threads as grain shares them) and are not pickled:
   a grain worker process opens its own.
 

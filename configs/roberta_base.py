@@ -27,7 +27,7 @@ def get_config():
   config.data.vocab_size = 32000
   config.data.max_eval_batches = 100
   # A thread keeps 2 batches ready while the device runs a step; one core makes
-  # 7.4 M tokens/s (docs/data.md), above the ~5 M an 8-GPU host needs. Add
+  # 7.3 M tokens/s (docs/data.md), above the ~5 M an 8-GPU host needs. Add
   # data.worker_count where a host needs more.
   config.data.read_threads = 1
   config.data.prefetch_buffer = 2

@@ -10,7 +10,7 @@ the record stream at once (its record keys, one batched read, the transforms,
 one stack). The batches are, bit for bit, those of grain's record-by-record
 pipeline (an `IndexSampler` over the records, the per-record transforms,
 `Batch`, the batch transforms) with worker_count=0; that pipeline spent about
-60 us of Python per record in its sampler, prefetch and statistics, half of a
+55 us of Python per record in its sampler, prefetch and statistics, half of a
 512-token record's cost (docs/data.md, "Loader throughput"). A worker process
 makes whole batches (worker w of W makes batches w, w + W, ...), so the
 batches are the same for every worker_count.

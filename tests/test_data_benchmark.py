@@ -8,13 +8,16 @@ tokenizer.
 import json
 import subprocess
 import sys
+import time
 
 import numpy as np
+import psutil
 import pytest
 
 from configs import tiny
 from linformer_jax.analysis import data_benchmark
 from linformer_jax.analysis import data_benchmark_report
+from linformer_jax.analysis import loader_throughput
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
 
@@ -80,14 +83,58 @@ def test_bad_settings_name_what_to_change(tmp_path, overrides, flag):
     settings(tmp_path, **overrides)
 
 
-def test_the_loader_rate_counts_masked_batches(tmp_path):
+def test_the_loader_rate_counts_masked_batches_and_their_cpu_time_per_core(tmp_path):
   sequences = np.random.default_rng(0).integers(4, 260, (64, 16), np.int32)
-  rates = data_benchmark.loader_throughput(
+  rates = loader_throughput.loader_throughput(
       sequences, tokenizer_lib.ByteTokenizer(), batch_size=8, seconds=0.2, warmup_batches=2
   )
   assert rates['batches'] >= 1 and rates['seconds'] >= 0.2
   assert rates['sequences_per_s'] == pytest.approx(rates['batches'] * 8 / rates['seconds'])
   assert rates['tokens_per_s'] == pytest.approx(16 * rates['sequences_per_s'])
+  # One process, no workers: at most one core (and a little for the clocks).
+  assert 0 < rates['cpu_seconds'] <= rates['seconds'] * 1.1
+  assert rates['cores_used'] == pytest.approx(rates['cpu_seconds'] / rates['seconds'])
+  assert rates['tokens_per_core_s'] == pytest.approx(
+      rates['batches'] * 8 * 16 / rates['cpu_seconds']
+  )
+
+
+def test_the_cpu_time_of_a_process_tree_counts_its_children():
+  busy = 'import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass'
+  child = subprocess.Popen([sys.executable, '-c', busy + '\ntime.sleep(30)'])
+  try:
+    process, deadline = psutil.Process(), time.monotonic() + 20
+    while sum(psutil.Process(child.pid).cpu_times()[:2]) < 0.4:
+      assert time.monotonic() < deadline
+      time.sleep(0.05)
+    own = sum(process.cpu_times()[:2])
+    assert loader_throughput.tree_cpu_seconds(process) >= own + 0.4
+  finally:
+    child.kill()
+    child.wait()
+
+
+def test_loader_settings_parse_and_repeats_summarize_as_best_and_median(tmp_path):
+  setting = loader_throughput.LoaderSetting.parse('2:1:4')
+  assert (setting.worker_count, setting.read_threads, setting.prefetch_buffer) == (2, 1, 4)
+  assert setting.label == '2:1:4'
+  runs = [
+      {
+          'sequences_per_s': rate / 16,
+          'tokens_per_s': rate,
+          'tokens_per_core_s': rate / cores,
+          'cores_used': cores,
+      }
+      for rate, cores in ((3e6, 1.5), (5e6, 2.0), (4e6, 1.0))
+  ]
+  summary = loader_throughput.summarize(setting, runs)
+  assert summary['best_tokens_per_s'] == 5e6 and summary['median_tokens_per_s'] == 4e6
+  assert summary['best_tokens_per_core_s'] == 4e6 and summary['median_cores_used'] == 1.5
+  assert summary['worker_count'] == 2 and summary['runs'] == runs
+  for text in ('2:1', 'a:0:0', '-1:0:0'):
+    with pytest.raises(ConfigError, match='--loader_settings'):
+      settings(tmp_path, loader_settings=[text])
+  assert settings(tmp_path).describe()['loader_settings'] == []
 
 
 def test_results_merge_by_size_and_the_table_has_a_column_per_size(tmp_path):
@@ -109,6 +156,41 @@ def test_results_merge_by_size_and_the_table_has_a_column_per_size(tmp_path):
   assert '| measure | 256 MB | 1024 MB |' in table
   assert '| prepare speed-up, all cores / 1 worker | 1.50x | – |' in table
   assert '| loader: masked sequences/s | – | 1,000 |' in table
+
+
+def test_the_table_reports_tokens_per_core_and_each_loader_setting(tmp_path):
+  runs = [
+      {'sequences_per_s': 1e4, 'tokens_per_s': 5.12e6, 'tokens_per_core_s': 4e6, 'cores_used': 1.28}
+  ]
+  summaries = {
+      setting.label: loader_throughput.summarize(setting, runs)
+      for setting in (loader_throughput.LoaderSetting(), loader_throughput.LoaderSetting(2, 0, 0))
+  }
+  loader = {
+      'sequences_per_s': 1e4,
+      'tokens_per_s': 5.12e6,
+      'tokens_per_core_s': 4e6,
+      'cores_used': 1.28,
+      'settings': summaries,
+  }
+  results = data_benchmark_report.merge_results(
+      None,
+      settings(tmp_path).describe(),
+      data_benchmark_report.machine_description(),
+      {'64': {'loader': loader}},
+  )
+  table = data_benchmark_report.markdown_table(results)
+  assert '| loader: tokens/s per core | 4,000,000 |' in table
+  assert '| loader: cores used | 1.28 |' in table
+  assert (
+      '| loader, 2 workers, 0 read threads, prefetch 0: M tokens/s, best / median | 5.12 / 5.12 |'
+      in table
+  )
+  assert (
+      '| loader, 0 workers, 0 read threads, prefetch 0: M tokens/s per core, best / median '
+      '| 4.00 / 4.00 |'
+  ) in table
+  assert 'CPU seconds' in table.splitlines()[0]
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ from linformer_jax.data import packing
 from linformer_jax.data import pretraining
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.data.sources import text_files
+from linformer_jax.errors import ConfigError
 
 BYTES = tokenizer_lib.ByteTokenizer()
 
@@ -215,7 +216,7 @@ def test_state_is_refused_on_different_data():
   changed = sequences.copy()
   changed[7, 5] += 1
   other = train_iterator(changed)
-  with pytest.raises(ValueError, match='DataSource'):
+  with pytest.raises(ConfigError, match='resume it with the same data'):
     other.set_state(iterator.get_state())
 
 

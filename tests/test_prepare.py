@@ -14,6 +14,7 @@ that says what to change; and memory that does not grow with the corpus.
 import collections
 import concurrent.futures
 import json
+import pickle
 import textwrap
 import threading
 import time
@@ -185,7 +186,7 @@ def test_prepared_rows_equal_packing_the_loaded_documents(
 
 def test_batched_reads_equal_single_reads(tmp_path, text_data):
   """ShardedSequences.__getitems__ (grain's batched read) gives the rows [i]
-  gives, across shard boundaries and in any order."""
+  gives, across shard boundaries and in any order, also once pickled."""
   folder = tmp_path / 'prepared' / 'train'
   signature, _ = prepare_into(text_data, folder, sequences_per_shard=5)
   source = shards.ShardedSequences(shards.PreparedSplit(folder, signature), SEQ_LEN)
@@ -193,6 +194,12 @@ def test_batched_reads_equal_single_reads(tmp_path, text_data):
   batched = source.__getitems__(order)
   for index, row in zip(order, batched):
     np.testing.assert_array_equal(row, source[index])
+  # A grain worker process gets a pickled copy, which opens its own readers.
+  copy = pickle.loads(pickle.dumps(source))
+  assert repr(copy) == repr(source)
+  np.testing.assert_array_equal(np.stack(copy.__getitems__(order)), np.stack(batched))
+  with pytest.raises(IndexError):
+    source.__getitems__([len(source)])
 
 
 @pytest.mark.slow

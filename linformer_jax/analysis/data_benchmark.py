@@ -6,7 +6,10 @@ The library of `python -m linformer_jax.data_benchmark`. For each corpus size:
             documents, whole, in a seeded order per file, and validation.txt.
   prepare   `prepare_data` with 1 worker and with all cores (sharing one
             tokenizer): input MiB/s and the peak summed RSS of its processes.
-  loader    `pretraining.create_train_iterator` on the shards: sequences/s, tokens/s.
+  loader    `pretraining.create_train_iterator` on the shards, for each loader
+            setting (grain workers, read threads, prefetch), repeated:
+            sequences/s, tokens/s, tokens/s per core and the cores it used
+            (`loader_throughput`).
   train     `train` for 2 steps from nothing, then resumed to 4 steps: seconds
             from the resumed process's start to its `step 3/4` line.
 
@@ -32,14 +35,13 @@ import numpy as np
 import psutil
 
 from linformer_jax.analysis import data_benchmark_report as report
+from linformer_jax.analysis import loader_throughput
 from linformer_jax.analysis.data_benchmark_report import FIRST_RUN_STEPS
 from linformer_jax.analysis.data_benchmark_report import SAMPLE_INTERVAL_S
 from linformer_jax.analysis.data_benchmark_report import config_flags
 from linformer_jax.analysis.data_benchmark_report import flag_value
 from linformer_jax.analysis.settings_flags import setting
-from linformer_jax.data import masked_lm
 from linformer_jax.data import prepare
-from linformer_jax.data import pretraining
 from linformer_jax.data import shards
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.data.sources import embedded
@@ -83,6 +85,12 @@ class Settings:
   loader_batch_size: int = setting(32, 'Sequences per loader batch.')
   loader_seconds: float = setting(10.0, 'Seconds the loader is timed.')
   loader_warmup_batches: int = setting(5, 'Loader batches read before the timing starts.')
+  loader_settings: Sequence[str] = setting(
+      (),
+      'Loader settings timed, WORKERS:THREADS:PREFETCH each (config.data.worker_count, '
+      "read_threads, prefetch_buffer); none: the config's.",
+  )
+  loader_repeats: int = setting(1, 'Timings of each loader setting; the table gives the best.')
 
   def __post_init__(self):
     object.__setattr__(self, 'sizes_mb', tuple(self.sizes_mb))
@@ -103,7 +111,10 @@ class Settings:
       )
     if self.seq_len < 3:
       raise ConfigError(f'--seq_len={self.seq_len} is not allowed: use an int >= 3.')
-    for name in ('loader_batch_size', 'loader_warmup_batches', 'loader_seconds'):
+    object.__setattr__(self, 'loader_settings', tuple(self.loader_settings))
+    for text in self.loader_settings:
+      loader_throughput.LoaderSetting.parse(text)
+    for name in ('loader_batch_size', 'loader_warmup_batches', 'loader_seconds', 'loader_repeats'):
       if not getattr(self, name) > 0:
         raise ConfigError(f'--{name}={getattr(self, name)} is not allowed: use a positive value.')
     # Now, not after an hour of preparation: the model must take seq_len, and so on.
@@ -305,51 +316,6 @@ def run_measured(
   return Measurement(wall_s, peak, marker_times[0] if marker_times else None)
 
 
-def loader_throughput(
-    source,
-    tokenizer: tokenizer_lib.Tokenizer,
-    *,
-    batch_size: int = 32,
-    mask_rate: float = 0.15,
-    seconds: float = 10.0,
-    warmup_batches: int = 5,
-    seed: int = 0,
-) -> Dict[str, float]:
-  """Masked training batches of `pretraining.create_train_iterator`, timed here.
-
-  Args:
-    source: packed sequences [num_sequences, seq_len]: an array, or a grain
-      source such as `shards.ShardedSequences`.
-    tokenizer: the split's tokenizer (special ids, vocabulary size).
-    batch_size, mask_rate, seed: as a training run passes them.
-    seconds: batches are read for at least this long after the warm-up.
-    warmup_batches: batches read before the clock starts.
-
-  Returns:
-    sequences_per_s, tokens_per_s (positions, padding included), batches, seconds.
-  """
-  iterator = pretraining.create_train_iterator(
-      source,
-      batch_size=batch_size,
-      seed=seed,
-      transform=masked_lm.DynamicMasking(tokenizer, mask_rate),
-  )
-  for _ in range(warmup_batches):
-    next(iterator)
-  batches, positions = 0, 0
-  start = time.perf_counter()
-  while batches == 0 or time.perf_counter() - start < seconds:
-    positions += next(iterator)['inputs'].size
-    batches += 1
-  elapsed = time.perf_counter() - start
-  return {
-      'sequences_per_s': batches * batch_size / elapsed,
-      'tokens_per_s': positions / elapsed,
-      'batches': batches,
-      'seconds': elapsed,
-  }
-
-
 class SizeBenchmark:
   """The stages of one corpus size; their files go to OUT/work_<size>MB/."""
 
@@ -413,27 +379,54 @@ class SizeBenchmark:
     results['speed_up'] = results['workers1']['wall_s'] / results['workers_all']['wall_s']
     return results
 
+  def loader_settings(self) -> List[loader_throughput.LoaderSetting]:
+    """The settings timed: --loader_settings, else the config's own."""
+    if self.settings.loader_settings:
+      return [loader_throughput.LoaderSetting.parse(text) for text in self.settings.loader_settings]
+    return [loader_throughput.LoaderSetting.of_config(self.settings.config.data)]
+
   def loader(self) -> Dict[str, Any]:
-    """Loader throughput on the all-cores shards."""
+    """Loader throughput on the all-cores shards, for each setting; the
+    top-level figures are the first setting's best."""
     if 'prepare' not in self.settings.stages:  # finishes or checks an earlier preparation
       self._prepare_data('workers_all', 0)
     data = apply_overrides(self.settings.config, self._prepared_overrides('workers_all')).data
     tokenizer = tokenizer_lib.build_tokenizer(data, str(self.tokenizer_dir), lambda: iter(()))
     signature = prepare.split_signature(data, 'train', tokenizer, self.settings.seq_len)
     prepared = shards.PreparedSplit(prepare.split_folder(data, 'train', signature), signature)
-    results = loader_throughput(
-        shards.ShardedSequences(prepared, self.settings.seq_len),
-        tokenizer,
-        batch_size=self.settings.loader_batch_size,
-        mask_rate=data.mask_rate,
-        seconds=self.settings.loader_seconds,
-        warmup_batches=self.settings.loader_warmup_batches,
-    )
-    self.progress(
-        f'loader: {results["sequences_per_s"]:,.0f} sequences/s, '
-        f'{results["tokens_per_s"]:,.0f} tokens/s'
-    )
-    return results
+    source = shards.ShardedSequences(prepared, self.settings.seq_len)
+    summaries = {}
+    for loader_setting in self.loader_settings():
+      runs = [
+          loader_throughput.loader_throughput(
+              source,
+              tokenizer,
+              batch_size=self.settings.loader_batch_size,
+              mask_rate=data.mask_rate,
+              seconds=self.settings.loader_seconds,
+              warmup_batches=self.settings.loader_warmup_batches,
+              setting=loader_setting,
+          )
+          for _ in range(self.settings.loader_repeats)
+      ]
+      summary = loader_throughput.summarize(loader_setting, runs)
+      summaries[loader_setting.label] = summary
+      self.progress(
+          f'loader, {loader_setting.describe()}: '
+          f'{summary["best_tokens_per_s"]:,.0f} tokens/s best, '
+          f'{summary["median_tokens_per_s"]:,.0f} median; '
+          f'{summary["best_tokens_per_core_s"]:,.0f} per core best, '
+          f'{summary["median_cores_used"]:.2f} cores'
+      )
+    first = next(iter(summaries.values()))
+    return {
+        **{
+            measure: first[f'best_{measure}']
+            for measure in ('sequences_per_s', 'tokens_per_s', 'tokens_per_core_s')
+        },
+        'cores_used': first['median_cores_used'],
+        'settings': summaries,
+    }
 
   def train(self) -> Dict[str, Any]:
     """A run of 2 steps from nothing, then the same workdir resumed to 4 steps."""

@@ -4,7 +4,7 @@ import os
 import pathlib
 import platform
 import re
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import ml_collections
 import psutil
@@ -55,6 +55,8 @@ TABLE_ROWS = (
     ('prepare_data start-up, s', 'prepare.startup_s', '{:.1f}'),
     ('loader: masked sequences/s', 'loader.sequences_per_s', '{:,.0f}'),
     ('loader: tokens/s', 'loader.tokens_per_s', '{:,.0f}'),
+    ('loader: tokens/s per core', 'loader.tokens_per_core_s', '{:,.0f}'),
+    ('loader: cores used', 'loader.cores_used', '{:.2f}'),
     (f'end to end, {FIRST_RUN_STEPS} steps from nothing, s', 'train.first.wall_s', '{:.1f}'),
     (
         f'restart: s to step {FIRST_RUN_STEPS + 1} when resumed',
@@ -64,11 +66,43 @@ TABLE_ROWS = (
 )
 
 
+def _loader_rows(sizes: Mapping[str, Any]) -> List[Tuple[str, str, str]]:
+  """Rows for each loader setting timed at any size: M tokens/s and M tokens/s
+  per core as best / median, and the median cores used."""
+  settings: Dict[str, Mapping[str, Any]] = {}
+  for entry in sizes.values():
+    settings.update(entry.get('loader', {}).get('settings', {}))
+  rows = []
+  for label, summary in settings.items():
+    name = (
+        f'loader, {summary["worker_count"]} workers, {summary["read_threads"]} read threads, '
+        f'prefetch {summary["prefetch_buffer"]}'
+    )
+    path = f'loader.settings.{label}'
+    rows += [
+        (f'{name}: M tokens/s, best / median', path, '{best_tokens_per_s} / {median_tokens_per_s}'),
+        (
+            f'{name}: M tokens/s per core, best / median',
+            path,
+            '{best_tokens_per_core_s} / {median_tokens_per_core_s}',
+        ),
+        (f'{name}: cores used', path, '{median_cores_used:.2f}'),
+    ]
+  return rows
+
+
 def _cell(entry: Mapping[str, Any], path: str, template: str) -> str:
   for key in path.split('.'):
     if not isinstance(entry, Mapping) or entry.get(key) is None:
       return '–'
     entry = entry[key]
+  if isinstance(entry, Mapping):  # a loader setting's summary, rates in millions
+    return template.format(
+        **{
+            key: f'{value / 1e6:.2f}' if key.endswith('_s') else value
+            for key, value in entry.items()
+        }
+    )
   return template.format(entry)
 
 
@@ -81,9 +115,14 @@ def markdown_table(results: Mapping[str, Any]) -> str:
       f'{machine["cpu_model"]}), {machine["ram_gib"]:.1f} GiB RAM. Settings: {" ".join(flags)}, '
       f'seq_len {settings["seq_len"]}, tokenizer {settings["tokenizer"]} '
       f'({settings["vocab_size"]}), loader batch {settings["loader_batch_size"]} for '
-      f'{settings["loader_seconds"]:g} s. Preparation rates are input MiB over the whole '
+      f'{settings["loader_seconds"]:g} s, {settings.get("loader_repeats", 1)} times a setting. '
+      'Preparation rates are input MiB over the whole '
       "prepare_data command's wall time (start-up included); peak RSS sums the command and "
-      f'its workers, sampled every {SAMPLE_INTERVAL_S * 1e3:.0f} ms.'
+      f'its workers, sampled every {SAMPLE_INTERVAL_S * 1e3:.0f} ms. Loader tokens are '
+      'positions of masked batches; per core, over the CPU seconds (user + system) of the '
+      "loader's process tree: the main process, its threads and grain's workers; cores "
+      'used: those CPU seconds over the wall time. The loader rows without a setting give '
+      "the first setting's best timing."
   )
   sizes = sorted(results['sizes'], key=int)
   lines = [
@@ -92,7 +131,7 @@ def markdown_table(results: Mapping[str, Any]) -> str:
       '| measure | ' + ' | '.join(f'{size} MB' for size in sizes) + ' |',
       '|---|' + '---:|' * len(sizes),
   ]
-  for label, path, template in TABLE_ROWS:
+  for label, path, template in (*TABLE_ROWS, *_loader_rows(results['sizes'])):
     cells = [_cell(results['sizes'][size], path, template) for size in sizes]
     lines.append(f'| {label} | ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines) + '\n'

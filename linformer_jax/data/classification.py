@@ -221,7 +221,7 @@ def create_train_iterator(
     worker_count: int = 0,
     read_threads: int = 0,
     prefetch_buffer: int = 0,
-) -> grain.DataLoaderIterator:
+) -> loaders.BatchIterator:
   """Endless shuffled training batches of this process's shard (resumable);
   read_threads and prefetch_buffer as `loaders.shuffled_batches` takes them."""
   source = EncodedRecords(split)
@@ -277,7 +277,7 @@ class ClassificationDatasets(NamedTuple):
   """What `build_datasets` returns for a classification run."""
 
   tokenizer: Optional[tokenizer_lib.Tokenizer]  # None for ListOps (own vocabulary)
-  train_iterator: Optional[grain.DataLoaderIterator]  # None for evaluation only
+  train_iterator: Optional[loaders.BatchIterator]  # None for evaluation only
   eval_batches: List[Batch]
   train_sequences: int
   eval_sequences: int

@@ -69,7 +69,7 @@ def create_train_iterator(
     worker_count: int = 0,
     read_threads: int = 0,
     prefetch_buffer: int = 0,
-) -> grain.DataLoaderIterator:
+) -> loaders.BatchIterator:
   """An endless iterator of training batches for this process.
 
   The records are split into process_count equal shards (the remainder is
@@ -84,14 +84,12 @@ def create_train_iterator(
     transform: makes each example from a row (`masked_lm.DynamicMasking`,
       `causal_lm.NextTokenTargets`).
     process_index, process_count: this process's shard and the shard count.
-    worker_count: grain worker processes (0 = in this process; >0 needs a
-      `__main__` guard and parsed absl flags in the program).
-    read_threads, prefetch_buffer: see `loaders.shuffled_batches`.
+    worker_count, read_threads, prefetch_buffer: see `loaders.shuffled_batches`.
 
   Returns:
-    A `grain.DataLoaderIterator`; `get_state()` returns bytes and
-    `set_state(state)` continues from them (same data, seed, batch size,
-    shards and worker_count).
+    A `loaders.BatchIterator`; `get_state()` returns bytes and
+    `set_state(state)` continues from them (same data, seed, batch size and
+    shards; any worker_count).
   """
   source = packing.as_source(packed_sequences)
   batch_size = _check_int('config.batch_size (per process)', batch_size, 1)
@@ -189,7 +187,7 @@ class Datasets(NamedTuple):
   """What `build_datasets` returns; token counts are over all processes."""
 
   tokenizer: tokenizer_lib.Tokenizer
-  train_iterator: Optional[grain.DataLoaderIterator]  # None for evaluation only
+  train_iterator: Optional[loaders.BatchIterator]  # None for evaluation only
   eval_batches: List[Batch]
   train_tokens: int  # non-padding tokens (bos/eos included) of the train split
   eval_tokens: int  # same for the evaluation split, all of it

@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import pathlib
+import threading
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
 from array_record.python.array_record_module import ArrayRecordReader
@@ -32,6 +33,8 @@ from linformer_jax.errors import ConfigError
 MANIFEST_VERSION = 1
 # Each record is read alone (random access), so each is its own chunk group.
 WRITER_OPTIONS = 'group_size:1'
+READER_OPTIONS = 'readahead_buffer_size:0'
+READER_BUFFER_BYTES = 32768
 
 
 def manifest_name(part_index: int, part_count: int) -> str:
@@ -160,6 +163,7 @@ class PreparedSplit:
       check_signature(manifest, signature, path)
       parts.append(manifest)
     self.paths: List[str] = []
+    self.shard_sequences: List[int] = []
     for manifest in parts:
       for shard in manifest['shards']:
         path = folder / shard['name']
@@ -178,6 +182,7 @@ class PreparedSplit:
               f'{shard["sequences"]}; delete {folder} and prepare the data again.'
           )
         self.paths.append(str(path))
+        self.shard_sequences.append(records)
     self.sequences = sum(manifest['sequences'] for manifest in parts)
     if not self.sequences:
       raise ConfigError(
@@ -197,28 +202,70 @@ class PreparedSplit:
 class ShardedSequences(grain.sources.RandomAccessDataSource):
   """A grain data source over the packed sequences of a prepared split.
 
-  Random access through grain's ArrayRecord source: a process reads only the
-  records its sampler asks for. Grain stores the repr in iterator states and
-  refuses to restore one onto other data; it names the content, not the paths,
-  so a run resumes from a cache that moved, and it is the repr the in-memory
-  source of earlier versions gave the same sequences, so their checkpoints
-  resume too.
+  Random access: a process reads only the records its sampler asks for, a
+  batch's records with one read per shard (`__getitems__`), in the calling
+  thread. grain's ArrayRecord source starts a thread pool for every batched
+  read: 123 us a record in batches of 32, against 36 us read one by one, on 2
+  cores. Readers open on first use
+  (one per shard, shared by threads as grain shares them) and are not pickled:
+  a grain worker process opens its own.
+
+  Grain stores the repr in iterator states and refuses to restore one onto
+  other data; it names the content, not the paths, so a run resumes from a
+  cache that moved, and it is the repr the in-memory source of earlier
+  versions gave the same sequences, so their checkpoints resume too.
   """
 
   def __init__(self, split: PreparedSplit, seq_len: int):
-    self._source = grain.sources.ArrayRecordDataSource(split.paths)
+    self._paths = list(split.paths)
+    # Record r is in shard searchsorted(ends, r, 'right'), at r - its start.
+    self._ends = np.cumsum(split.shard_sequences)
+    self._starts = self._ends - split.shard_sequences
     self._digest = split.digest
-    self._length = len(self._source)
+    self._length = int(self._ends[-1])
     self._seq_len = seq_len
+    self._readers: List[Optional[ArrayRecordReader]] = [None] * len(self._paths)
+    self._lock = threading.Lock()
 
   def __len__(self) -> int:
     return self._length
 
+  def _reader(self, shard: int) -> ArrayRecordReader:
+    if self._readers[shard] is None:
+      with self._lock:
+        if self._readers[shard] is None:
+          # As grain opens them: no read-ahead, since reads are random.
+          self._readers[shard] = ArrayRecordReader(
+              self._paths[shard], READER_OPTIONS, file_reader_buffer_size=READER_BUFFER_BYTES
+          )
+    return self._readers[shard]
+
   def __getitem__(self, index: int) -> np.ndarray:
-    return np.frombuffer(self._source[index], np.int32)
+    return self.__getitems__([index])[0]
 
   def __getitems__(self, indices: Sequence[int]) -> List[np.ndarray]:
-    return [np.frombuffer(record, np.int32) for record in self._source.__getitems__(indices)]
+    indices = np.asarray(indices, np.int64)
+    if len(indices) and (indices.min() < 0 or indices.max() >= self._length):
+      raise IndexError(f'Record indices must lie in [0, {self._length}).')
+    shard_of = np.searchsorted(self._ends, indices, side='right')
+    positions = indices - self._starts[shard_of]
+    rows: List[Optional[np.ndarray]] = [None] * len(indices)
+    for shard in np.unique(shard_of).tolist():
+      where = np.flatnonzero(shard_of == shard)
+      records = self._reader(shard).read(positions[where].tolist())
+      for slot, record in zip(where.tolist(), records):
+        rows[slot] = np.frombuffer(record, np.int32)
+    return rows
+
+  def __getstate__(self) -> Dict[str, Any]:
+    state = dict(self.__dict__)
+    state['_readers'] = [None] * len(self._paths)
+    del state['_lock']
+    return state
+
+  def __setstate__(self, state: Dict[str, Any]) -> None:
+    self.__dict__.update(state)
+    self._lock = threading.Lock()
 
   def __repr__(self) -> str:
     return f'PackedSequences(shape={(self._length, self._seq_len)}, sha={self._digest})'

@@ -1,0 +1,149 @@
+"""The training loader's rate and the CPU it takes: tokens/s, and tokens/s per core.
+
+The data benchmark's loader stage (`data_benchmark`) times
+`pretraining.create_train_iterator` with masking, as a training run reads it,
+under loader settings (grain worker processes, read threads, prefetch).
+
+Tokens are positions of the masked batches, padding included. The rate is
+tokens over wall time. Per core, it is tokens over the CPU time of the process
+tree that made them: this process, all its threads (grain's read threads
+among them), and grain's worker processes, user plus system time, read with
+psutil before and after the timed batches. Cores used is that CPU time over
+the wall time. CPU time, not min(cpu_count, workers + 1) cores: a worker
+waiting on a full buffer, or the main process waiting on workers, uses no
+core, and on a machine that other programs share their load lowers the rate
+but not the CPU a token costs.
+"""
+
+import dataclasses
+import statistics
+import time
+from typing import Any, Dict, List, Sequence
+
+import psutil
+
+from linformer_jax.data import masked_lm
+from linformer_jax.data import pretraining
+from linformer_jax.data import tokenizer as tokenizer_lib
+from linformer_jax.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class LoaderSetting:
+  """grain's parallelism: config.data.worker_count, read_threads, prefetch_buffer."""
+
+  worker_count: int = 0
+  read_threads: int = 0
+  prefetch_buffer: int = 0
+
+  @classmethod
+  def parse(cls, text: str) -> 'LoaderSetting':
+    """WORKERS:THREADS:PREFETCH, e.g. '2:0:0' or '0:1:4'."""
+    parts = text.split(':')
+    if len(parts) != 3 or not all(part.isdigit() for part in parts):
+      raise ConfigError(
+          f'--loader_settings={text!r} is not allowed: give WORKERS:THREADS:PREFETCH '
+          'as integers >= 0, e.g. 2:0:0 or 0:1:4.'
+      )
+    return cls(*map(int, parts))
+
+  @classmethod
+  def of_config(cls, data) -> 'LoaderSetting':
+    return cls(data.worker_count, data.read_threads, data.prefetch_buffer)
+
+  @property
+  def label(self) -> str:
+    return f'{self.worker_count}:{self.read_threads}:{self.prefetch_buffer}'
+
+  def describe(self) -> str:
+    return (
+        f'{self.worker_count} workers, {self.read_threads} read threads, '
+        f'prefetch {self.prefetch_buffer}'
+    )
+
+
+def tree_cpu_seconds(process: psutil.Process) -> float:
+  """User plus system CPU seconds of a process, all its threads, and its
+  descendants that are alive now."""
+  try:
+    members = [process, *process.children(recursive=True)]
+  except psutil.Error:
+    return 0.0
+  total = 0.0
+  for member in members:
+    try:
+      times = member.cpu_times()
+    except psutil.Error:
+      continue  # it exited between the listing and the reading
+    total += times.user + times.system
+  return total
+
+
+def loader_throughput(
+    source,
+    tokenizer: tokenizer_lib.Tokenizer,
+    *,
+    batch_size: int = 32,
+    mask_rate: float = 0.15,
+    seconds: float = 10.0,
+    warmup_batches: int = 5,
+    seed: int = 0,
+    setting: LoaderSetting = LoaderSetting(),
+) -> Dict[str, float]:
+  """Masked training batches of `pretraining.create_train_iterator`, timed here.
+
+  Args:
+    source: packed sequences [num_sequences, seq_len]: an array, or a grain
+      source such as `shards.ShardedSequences`.
+    tokenizer: the split's tokenizer (special ids, vocabulary size).
+    batch_size, mask_rate, seed: as a training run passes them.
+    seconds: batches are read for at least this long after the warm-up.
+    warmup_batches: batches read before the clocks start (worker processes
+      start and fill their buffers meanwhile).
+    setting: grain's workers, read threads and prefetch.
+
+  Returns:
+    sequences_per_s, tokens_per_s (positions, padding included), batches,
+    seconds, cpu_seconds (of the process tree), cores_used, tokens_per_core_s.
+  """
+  iterator = pretraining.create_train_iterator(
+      source,
+      batch_size=batch_size,
+      seed=seed,
+      transform=masked_lm.DynamicMasking(tokenizer, mask_rate),
+      worker_count=setting.worker_count,
+      read_threads=setting.read_threads,
+      prefetch_buffer=setting.prefetch_buffer,
+  )
+  for _ in range(warmup_batches):
+    next(iterator)
+  process = psutil.Process()
+  batches, positions = 0, 0
+  cpu_start = tree_cpu_seconds(process)
+  start = time.perf_counter()
+  while batches == 0 or time.perf_counter() - start < seconds:
+    positions += next(iterator)['inputs'].size
+    batches += 1
+  elapsed = time.perf_counter() - start
+  cpu_seconds = tree_cpu_seconds(process) - cpu_start
+  del iterator  # its worker processes stop as grain's iterators are collected
+  return {
+      'sequences_per_s': batches * batch_size / elapsed,
+      'tokens_per_s': positions / elapsed,
+      'batches': batches,
+      'seconds': elapsed,
+      'cpu_seconds': cpu_seconds,
+      'cores_used': cpu_seconds / elapsed,
+      'tokens_per_core_s': positions / cpu_seconds if cpu_seconds > 0 else float('nan'),
+  }
+
+
+def summarize(setting: LoaderSetting, runs: Sequence[Dict[str, float]]) -> Dict[str, Any]:
+  """Best and median of repeated timings of one setting (the median of an
+  even count is the mean of the middle two)."""
+  summary: Dict[str, Any] = {**dataclasses.asdict(setting), 'runs': list(runs)}
+  for measure in ('sequences_per_s', 'tokens_per_s', 'tokens_per_core_s', 'cores_used'):
+    values: List[float] = [run[measure] for run in runs]
+    summary[f'best_{measure}'] = max(values)
+    summary[f'median_{measure}'] = statistics.median(values)
+  return summary

@@ -64,7 +64,9 @@ def _linear_measure(fixed, per_sequence, usable, refuse_above=None):
     calls.append(batch)
     total = fixed + batch * per_sequence
     if refuse_above is not None and total > refuse_above:
-      return mesh_memory.StepMemory(batch, 0, total - 100, usable, False, 1.0, None, 0.0)
+      return mesh_memory.StepMemory(
+          batch, 0, total - 100, usable, False, 1.0, None, 0.0, refused=True
+      )
     return mesh_memory.StepMemory(batch, 100, total - 100, usable, total <= usable, 1.0, None, 0.0)
 
   return measure, calls
@@ -89,6 +91,24 @@ def test_largest_batch_is_zero_when_one_sequence_does_not_fit():
   measure, _ = _linear_measure(fixed=1000, per_sequence=300, usable=1200)
   found = mesh_memory.largest_batch(measure, measure(4))
   assert found == {'batch': 0, 'bytes_per_sequence': None, 'total_bytes': None, 'compiles': 3}
+
+
+def test_xla_tpu_refusals_give_what_the_step_needs():
+  temporaries_only = RuntimeError(
+      'RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO '
+      'temporaries (29.90G) exceeds available HBM (15.75G).'
+  )
+  with_breakdown = RuntimeError(
+      'RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory in memory space hbm. '
+      'Used 15.75G of 15.75G hbm. Exceeded hbm capacity by 2.56M.\n\n'
+      'Total hbm usage >= 16.00G:\n    reserved        258.00M \n    program          14.47G \n'
+      '    arguments         1.28G \n'
+  )
+  need = mesh_memory._out_of_memory_need  # pylint: disable=protected-access
+  assert need(temporaries_only) == (0, int(29.90 * GIB))
+  assert need(with_breakdown) == (int(1.28 * GIB), int(14.47 * GIB))
+  assert need(RuntimeError('RESOURCE_EXHAUSTED: something else')) is None
+  assert need(RuntimeError('INVALID_ARGUMENT: program 1.0G')) is None
 
 
 @pytest.fixture(scope='module')

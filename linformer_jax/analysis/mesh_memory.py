@@ -21,7 +21,7 @@ TPU slice or H100s), and reads XLA's analyses of the executable:
 import dataclasses
 import re
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import ml_collections
@@ -31,8 +31,13 @@ from linformer_jax.training import compiled_step
 from linformer_jax.training import sharding as sharding_lib
 
 GIB = 2**30
-# XLA:TPU's refusal: '... HLO temporaries (29.90G) exceeds available HBM (15.75G).'
-_TPU_OUT_OF_MEMORY = re.compile(r'\(([\d.]+)([KMGT])\) exceeds available HBM \(([\d.]+)([KMGT])\)')
+# XLA:TPU's refusals: '... HLO temporaries (29.90G) exceeds available HBM
+# (15.75G).', or '... Exceeded hbm capacity by 2.56M.' with a breakdown that
+# names 'program 14.47G' and 'arguments 1.28G'.
+_SIZE = r'([\d.]+)([KMGT])'
+_TEMPORARIES_EXCEED = re.compile(r'temporaries \(' + _SIZE + r'\) exceeds available HBM')
+_PROGRAM = re.compile(r'^\s*program\s+' + _SIZE, re.MULTILINE)
+_ARGUMENTS = re.compile(r'^\s*arguments\s+' + _SIZE, re.MULTILINE)
 _UNITS = {'K': 2**10, 'M': 2**20, 'G': 2**30, 'T': 2**40}
 MAX_SEARCH_COMPILES = 8
 
@@ -42,8 +47,9 @@ class StepMemory:
   """One compile of the train step; bytes and FLOPs are per device.
 
   `usable_bytes` is None on this host's CPU (no fixed limit). A step XLA
-  refused to compile for lack of memory has `fits=False`, zero arguments,
-  and its need as `temporary_bytes`."""
+  refused to compile for lack of memory (`refused`) does not fit; its bytes
+  are what XLA said it needs (arguments 0 where XLA named the temporaries
+  only)."""
 
   per_device_batch: int
   argument_bytes: int
@@ -53,6 +59,7 @@ class StepMemory:
   model_flops: float
   compiled_flops: Optional[float]
   compile_seconds: float
+  refused: bool = False  # XLA:TPU refused to compile it for lack of memory
 
   @property
   def total_bytes(self) -> int:
@@ -90,11 +97,23 @@ def model_flops(config: ml_collections.ConfigDict, device_count: int) -> float:
   return compiled_step.step_flops(host, lowered, cpu) / device_count
 
 
-def _out_of_memory_need(error: Exception) -> Optional[int]:
-  match = _TPU_OUT_OF_MEMORY.search(str(error))
-  if not match or 'RESOURCE_EXHAUSTED' not in str(error):
+def _bytes(match: Optional[re.Match]) -> int:
+  return int(float(match.group(1)) * _UNITS[match.group(2)]) if match else 0
+
+
+def _out_of_memory_need(error: Exception) -> Optional[Tuple[int, int]]:
+  """(arguments, temporaries) XLA:TPU said a refused step needs, or None if
+  the error is not such a refusal."""
+  text = str(error)
+  if 'RESOURCE_EXHAUSTED' not in text:
     return None
-  return int(float(match.group(1)) * _UNITS[match.group(2)])
+  exceeded = _TEMPORARIES_EXCEED.search(text)
+  if exceeded:
+    return 0, _bytes(exceeded)
+  program = _PROGRAM.search(text)
+  if program:
+    return _bytes(_ARGUMENTS.search(text)), _bytes(program)
+  return None
 
 
 def compile_step(
@@ -118,7 +137,9 @@ def compile_step(
     need = _out_of_memory_need(error)
     if need is None:
       raise
-    return StepMemory(batch, 0, need, usable_bytes, False, flops, None, time.monotonic() - start)
+    return StepMemory(
+        batch, *need, usable_bytes, False, flops, None, time.monotonic() - start, refused=True
+    )
   seconds = time.monotonic() - start
   memory = compiled.memory_analysis()
   arguments, temporaries = int(memory.argument_size_in_bytes), int(memory.temp_size_in_bytes)
@@ -219,12 +240,12 @@ def describe_rows(rows: List[Dict[str, object]]) -> str:
   size = compiled_step.size_text
   for row in rows:
     memory: StepMemory = row['memory']
-    refused = not memory.fits and not memory.argument_bytes
+    refused = memory.refused and not memory.argument_bytes
     ratio = memory.compiler_flops_ratio
     lines.append(
         f'| {row["target"]} | {tuple(row["mesh"])} | {memory.per_device_batch} | '
         f'{"-" if refused else size(memory.argument_bytes)} | '
-        f'{"needs " if refused else ""}{size(memory.temporary_bytes)} | '
+        f'{"needs " if memory.refused else ""}{size(memory.temporary_bytes)} | '
         f'{size(memory.total_bytes)} | '
         f'{size(memory.usable_bytes) if memory.usable_bytes else "host"} | '
         f'{"yes" if memory.fits else "no"} | {_gflop(memory.model_flops)} | '

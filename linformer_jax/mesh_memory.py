@@ -96,7 +96,8 @@ def main(argv: List[str]) -> None:
         found = mesh_memory.largest_batch(measure, memory)
         per_sequence = found['bytes_per_sequence']
         searches.append(
-            f'{name} {mesh_shape}: largest batch per device that fits: {found["batch"]}'
+            f'{name} {mesh_shape}: largest batch per device that fits: '
+            f'{"" if found["exact"] else "at least "}{found["batch"]}'
             + (f' ({found["total_bytes"] / GIB:.2f} GiB)' if found['batch'] else '')
             + (f'; {per_sequence / 2**20:,.0f} MiB per sequence' if per_sequence else '')
             + f'; {found["compiles"]} compiles'

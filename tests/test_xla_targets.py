@@ -78,7 +78,7 @@ def test_largest_batch_is_the_last_that_fits(start):
   found = mesh_memory.largest_batch(measure, measure(start))
   assert found['batch'] == 30  # 1000 + 30 x 300 = 10,000 fits; 31 does not
   assert found['bytes_per_sequence'] == 300
-  assert found['total_bytes'] == 10_000
+  assert found['total_bytes'] == 10_000 and found['exact']
   assert 31 in calls and found['compiles'] <= mesh_memory.MAX_SEARCH_COMPILES
 
 
@@ -87,10 +87,27 @@ def test_largest_batch_through_compiler_refusals():
   assert mesh_memory.largest_batch(measure, measure(16))['batch'] == 30
 
 
+def test_largest_batch_says_when_the_compiles_ran_out():
+  # Memory that stops growing (a compiler rematerialising to fit): every batch fits.
+  def measure(batch):
+    total = 1000 + 300 * min(batch, 8)
+    return mesh_memory.StepMemory(batch, 100, total - 100, 10_000, True, 1.0, None, 0.0)
+
+  found = mesh_memory.largest_batch(measure, measure(4))
+  assert not found['exact'] and found['compiles'] == mesh_memory.MAX_SEARCH_COMPILES
+  assert found['batch'] >= 30
+
+
 def test_largest_batch_is_zero_when_one_sequence_does_not_fit():
   measure, _ = _linear_measure(fixed=1000, per_sequence=300, usable=1200)
   found = mesh_memory.largest_batch(measure, measure(4))
-  assert found == {'batch': 0, 'bytes_per_sequence': None, 'total_bytes': None, 'compiles': 3}
+  assert found == {
+      'batch': 0,
+      'exact': True,
+      'bytes_per_sequence': None,
+      'total_bytes': None,
+      'compiles': 3,
+  }
 
 
 def test_xla_tpu_refusals_give_what_the_step_needs():

@@ -168,7 +168,9 @@ def largest_batch(
   one up does not (binary search, at most MAX_SEARCH_COMPILES compiles).
 
   Returns:
-    'batch' (0 if one sequence does not fit), 'bytes_per_sequence' (the
+    'batch' (0 if one sequence does not fit), 'exact' (False where the
+    compiles ran out before the next batch up failed: 'batch' is then a
+    floor), 'bytes_per_sequence' (the
     slope; None if it could not be measured), 'total_bytes' at that batch and
     'compiles'.
   """
@@ -183,7 +185,13 @@ def largest_batch(
   while not at(batch).fits and batch > 1:
     batch = max(batch // 2, 1)
   if not at(batch).fits:
-    return {'batch': 0, 'bytes_per_sequence': None, 'total_bytes': None, 'compiles': len(results)}
+    return {
+        'batch': 0,
+        'exact': True,
+        'bytes_per_sequence': None,
+        'total_bytes': None,
+        'compiles': len(results),
+    }
   base, doubled = at(batch), at(2 * batch)
   # A step XLA refused reports its temporaries only; its arguments are about the base's.
   doubled_total = doubled.total_bytes + (0 if doubled.argument_bytes else base.argument_bytes)
@@ -206,6 +214,7 @@ def largest_batch(
       probe = (low + high) // 2
   return {
       'batch': low,
+      'exact': high == low + 1,  # False: the compiles ran out first, `batch` is a floor
       'bytes_per_sequence': slope if slope > 0 else None,
       'total_bytes': at(low).total_bytes,
       'compiles': len(results),

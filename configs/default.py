@@ -44,6 +44,9 @@ def get_config() -> ml_collections.ConfigDict:
   # The backend the run expects, 'cpu', 'gpu' or 'tpu' ('' = whichever JAX finds);
   # any other stops the run before it writes anything.
   config.platform = ''
+  # JAX's persistent compilation cache: a folder (relative = inside the workdir, e.g.
+  # 'compilation_cache'; or an absolute path shared by runs); '' = JAX's own setting.
+  config.compilation_cache_dir = ''
   config.mesh_shape = (-1, 1)  # devices along ('data', 'model'); -1 = all remaining
   # Logical parameter axes -> mesh axes (None = replicated); see linformer_jax/training/sharding.py.
   config.axis_rules = (('batch', 'data'), ('heads', 'model'), ('mlp', 'model'), ('vocab', 'model'))

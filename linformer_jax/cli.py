@@ -37,6 +37,7 @@ from ml_collections import config_flags  # pylint: disable=g-import-not-at-top,w
 from linformer_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.errors import free_space_of  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.registry import import_extensions  # pylint: disable=g-import-not-at-top,wrong-import-position
+from linformer_jax.training import compilation_cache  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.training import multihost  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 USAGE_ERROR_EXIT_CODE = 2
@@ -201,6 +202,9 @@ def run(main: Callable[[List[str]], None]) -> None:
       logging.set_verbosity(logging.WARNING)
     try:
       if 'config' in flags.FLAGS and flags.FLAGS.config is not None:
+        # Before anything compiles: JAX picks its cache folder at the first compile.
+        workdir = flags.FLAGS['workdir'].value if 'workdir' in flags.FLAGS else ''
+        compilation_cache.use_config_cache(flags.FLAGS.config, workdir or '')
         # The user's own parts register themselves before the config is checked.
         import_extensions(flags.FLAGS.config.get('extensions'))
       main(argv)

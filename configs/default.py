@@ -35,6 +35,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_every = 200  # steps between evaluations (and at the end)
   config.checkpoint_every = 500  # steps between checkpoints (and at the end)
   config.keep_checkpoints = 2  # newest checkpoints kept in WORKDIR/checkpoints
+  # Non-finite steps in a row skipped (state unchanged) before the run stops; 0 = stop at once.
+  config.max_skipped_steps = 3
+  # A loss above this x the mean of the last 20 is a spike; the newest checkpoint from
+  # before it is kept past keep_checkpoints (docs/reliability.md); 0 = only NaN/inf.
+  config.spike_factor = 2.0
+  config.restore_step = 0  # resume from this kept step, newer ones set aside (0 = the newest)
   # (FIRST, LAST): a jax.profiler trace of those steps in WORKDIR/profile; () = none.
   config.profile_steps = ()
   config.init_from = ''  # another run's workdir to take parameters from ('' = none)

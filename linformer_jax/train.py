@@ -4,15 +4,20 @@
   python -m linformer_jax.train --config configs/finetune_sst2.py --workdir runs/sst2 \
       --config.init_from=runs/gutenberg
 
-Resumes from the newest checkpoint in --workdir. Bad input (config, data path,
-a workdir of another model) ends with a one-line error and exit code 2.
+Resumes from the newest checkpoint in --workdir (or --config.restore_step=N).
+Bad input (config, data path, a workdir of another model) ends with a one-line
+error and exit code 2; so does a run that diverged, its line naming the kept
+checkpoints and the exact command to go on (docs/reliability.md).
 """
 
 import json
+import sys
 
 from absl import flags
 
 from linformer_jax import cli
+from linformer_jax.errors import ConfigError
+from linformer_jax.training import divergence
 from linformer_jax.training import tasks
 from linformer_jax.training import trainer
 
@@ -24,7 +29,11 @@ def main(argv):
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
   cli.start_processes()
-  results = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  try:
+    results = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  except divergence.NonFiniteLossError as error:
+    command = divergence.command_to_go_on(error, sys.argv[1:])
+    raise ConfigError(f'{error.summary} Go on with a lower learning rate: {command}') from None
   print(json.dumps(results, indent=2, sort_keys=True), flush=True)
   summary = tasks.task_of(FLAGS.config).summary(results)
   print(f'{summary}; results in {FLAGS.workdir}/{trainer.RESULTS_FILE}', flush=True)

@@ -37,6 +37,11 @@ from linformer_jax.errors import is_disk_full
 MANIFEST_FILE = 'integrity.json'
 # Where a run's damaged step folders are moved, beside its checkpoints folder.
 DAMAGED_FOLDER = 'damaged_checkpoints'
+# Where a run that goes back to step S moves the newer steps: DIVERGED_FOLDER/from_S.
+DIVERGED_FOLDER = 'diverged_checkpoints'
+# The file in a step folder that protects it from the newest-`keep` rule
+# (outside the manifest, which covers the item folders only).
+PROTECTED_FILE = 'protected'
 TMP_SUFFIX = '.orbax-checkpoint-tmp'
 _FORMAT = 1
 _STEP_METADATA = '_CHECKPOINT_METADATA'
@@ -180,11 +185,13 @@ def temporary_folder(directory: str, step: int) -> str:
   return os.path.join(directory, f'{step}{TMP_SUFFIX}')
 
 
-def move_aside(step_folder: str) -> str:
-  """Moves a damaged step folder to ../damaged_checkpoints/STEP[.N]; returns
-  where it went. Nothing is deleted."""
+def move_aside(step_folder: str, destination_folder: Optional[str] = None) -> str:
+  """Moves a step folder to `destination_folder`/STEP[.N] (default: a damaged
+  step, to ../damaged_checkpoints); returns where it went. Nothing is deleted."""
   checkpoints = os.path.dirname(os.path.abspath(step_folder))
-  destination_folder = os.path.join(os.path.dirname(checkpoints), DAMAGED_FOLDER)
+  destination_folder = destination_folder or os.path.join(
+      os.path.dirname(checkpoints), DAMAGED_FOLDER
+  )
   os.makedirs(destination_folder, exist_ok=True)
   name = os.path.basename(step_folder)
   destination = os.path.join(destination_folder, name)
@@ -194,6 +201,40 @@ def move_aside(step_folder: str) -> str:
     copy += 1
   shutil.move(step_folder, destination)
   return destination
+
+
+def protected_steps(directory: str) -> set:
+  """The steps of a checkpoint directory marked with PROTECTED_FILE."""
+  return {
+      step
+      for step, folder in step_entries(directory).items()
+      if os.path.exists(os.path.join(folder, PROTECTED_FILE))
+  }
+
+
+def mark_protected(directory: str, step: int, protected: bool) -> None:
+  """Writes (or removes) the PROTECTED_FILE of a step folder (process 0)."""
+  if jax.process_index() != 0:
+    return
+  path = os.path.join(directory, str(step), PROTECTED_FILE)
+  if protected:
+    with open(path, 'w') as f:
+      f.write('kept from before a loss spike (linformer_jax/training/divergence.py)\n')
+  elif os.path.exists(path):
+    os.remove(path)
+
+
+def move_diverged_steps(directory: str, steps: List[int], back_to: int) -> None:
+  """Moves the step folders `steps` of a checkpoint directory to
+  ../DIVERGED_FOLDER/from_BACK_TO/ (process 0; every process waits)."""
+  destination = os.path.join(os.path.dirname(directory), DIVERGED_FOLDER, f'from_{back_to}')
+  if jax.process_index() == 0:
+    for step in steps:
+      os.makedirs(destination, exist_ok=True)
+      moved = move_aside(os.path.join(directory, str(step)), destination)
+      logging.warning('Going back to step %d: moved step %d to %s.', back_to, step, moved)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices('linformer_jax: newer checkpoints moved aside')
 
 
 class _DiskFullRecords(python_logging.Filter):

@@ -16,14 +16,21 @@ checked before the step is read: a damaged step is never restored. The run that
 owns the folder moves damaged steps aside and continues from the newest intact
 one; readers skip them.
 
+A step can be protected (`protect`), so that it outlives the newest `keep`:
+the run protects its newest checkpoint from before a loss spike
+(`training/divergence.py`). The mark is a file in the step folder, beside the
+manifest, so a resumed run keeps honouring it. `go_back_to` resumes from an
+older step by moving the newer ones to WORKDIR/diverged_checkpoints.
+
 Every method must be called on all processes: orbax coordinates the hosts and
 writes shared files once.
 """
 
+import dataclasses
 import json
 import os
 import shutil
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from absl import logging
 import jax
@@ -58,6 +65,18 @@ _INIT_FROM_ADVICE = (
 def checkpoint_directory(workdir: str) -> str:
   """Where a run keeps its checkpoints: WORKDIR/checkpoints."""
   return os.path.join(workdir, 'checkpoints')
+
+
+@dataclasses.dataclass
+class _ProtectedSteps(ocp.checkpoint_managers.PreservationPolicy):
+  """Orbax's preservation policy for the protected steps: a set the store
+  changes while the manager runs."""
+
+  steps: Set[int]
+
+  def should_preserve(self, checkpoints: Sequence[Any], *, context: Any) -> Sequence[bool]:
+    del context
+    return [checkpoint.step in self.steps for checkpoint in checkpoints]
 
 
 def _handler_registry() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
@@ -167,9 +186,12 @@ class CheckpointStore:
     step_files.quiet_disk_full_logs()
     if owner:
       step_files.set_aside_damaged_steps(self._inspector)
+    self._protected = _ProtectedSteps(step_files.protected_steps(self.directory))
     options = ocp.CheckpointManagerOptions(
         create=False,
-        preservation_policy=ocp.checkpoint_managers.LatestN(n=keep),
+        preservation_policy=ocp.checkpoint_managers.AnyPreservationPolicy(
+            [ocp.checkpoint_managers.LatestN(n=keep), self._protected]
+        ),
         # Saves are always asynchronous in orbax, so that every step is sealed
         # by the callback; `async_save=False` waits for each save instead.
         enable_async_checkpointing=True,
@@ -209,6 +231,35 @@ class CheckpointStore:
     """The kept intact steps in increasing order, including one still being
     written."""
     return sorted(step for step in self._manager.all_steps() if self._readable(step))
+
+  def protected_steps(self) -> List[int]:
+    """The kept steps that outlive the newest `keep`, in increasing order."""
+    return sorted(set(self._protected.steps) & set(self.all_steps()))
+
+  def protect(self, step: int) -> None:
+    """Keeps the checkpoint of `step` (a kept one) until `unprotect`, in this
+    run and the ones that resume it; orbax removes no protected step."""
+    self._protected.steps.add(step)
+    step_files.mark_protected(self.directory, step, True)
+
+  def unprotect(self, step: int) -> None:
+    """Lets the newest-`keep` rule remove `step` again (at the next save)."""
+    self._protected.steps.discard(step)
+    step_files.mark_protected(self.directory, step, False)
+
+  def go_back_to(self, step: int) -> List[int]:
+    """Makes the kept `step` the newest: moves every newer step folder to
+    WORKDIR/diverged_checkpoints/from_STEP/ (nothing is deleted), so the run
+    resumes from `step` and saves its later steps anew. Returns the steps
+    moved. Only the run that holds the workdir's lock may call it."""
+    self.wait()
+    newer = sorted(kept for kept in self._manager.all_steps() if kept > step)
+    step_files.move_diverged_steps(self.directory, newer, step)
+    for kept in newer:
+      self._inspector.forget(kept)
+      self._protected.steps.discard(kept)
+    self._manager.reload()
+    return newer
 
   def save(
       self,

@@ -53,6 +53,15 @@ def validate(config: ml_collections.ConfigDict) -> ModelConfig:
     # NaN passes every comparison, so finiteness is checked first.
     if isinstance(value, bool) or not math.isfinite(value) or value < 0:
       raise ConfigError(f'config.{field}={value!r} is not allowed: use a finite value >= 0.')
+  for field in ('max_skipped_steps', 'restore_step'):
+    value = config.get(field, 0)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+      raise ConfigError(f'config.{field}={value!r} is not allowed: use an integer >= 0.')
+  factor = config.get('spike_factor', 0.0)
+  if isinstance(factor, bool) or not math.isfinite(factor) or not (factor == 0 or factor > 1):
+    raise ConfigError(
+        f'config.spike_factor={factor!r} is not allowed: use a number > 1, or 0 for no spike rule.'
+    )
   if config.learning_rate == 0:
     raise ConfigError('config.learning_rate=0 is not allowed: use a positive value.')
   if not 0 <= config.warmup_steps <= config.total_steps:

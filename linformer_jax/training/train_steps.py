@@ -213,8 +213,10 @@ def train_step(
 
   Returns:
     The new state and metrics: loss, accuracy, grad_norm, and `finite`, True
-    when the loss and every new parameter are finite (checked on the device,
-    so the loop need not fetch anything to know the state is safe to save).
+    when the loss and every new parameter and optimizer moment are finite.
+    When it is False the step was skipped: the returned state holds the old
+    parameters and optimizer state (only `step` moved on), so the state is
+    always safe to save and the loop need not fetch anything to know it.
   """
   total_weight = jnp.maximum(jnp.sum(batch['weights']), 1.0)
   step_key = jax.random.fold_in(dropout_key, state.step)
@@ -252,13 +254,22 @@ def train_step(
 
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
   loss = sums['loss_sum'] / total_weight
+  finite = jnp.isfinite(loss) & all_finite(params) & all_finite(opt_state)
+  # A non-finite step is skipped, as optax.apply_if_finite does, but the
+  # parameters are checked too (an update can overflow a finite weight): the
+  # step count moves on, the parameters and optimizer state stay as they were.
+  keep_if_finite = lambda new, old: jnp.where(finite, new, old)
+  new_state = state.replace(
+      step=state.step + 1,
+      params=jax.tree_util.tree_map(keep_if_finite, params, state.params),
+      opt_state=jax.tree_util.tree_map(keep_if_finite, opt_state, state.opt_state),
+  )
   metrics = {
       'loss': loss,
       'accuracy': sums['correct_sum'] / total_weight,
       'grad_norm': optax.tree.norm(grads),
-      'finite': jnp.isfinite(loss) & all_finite(params),
+      'finite': finite,
   }
   return new_state, metrics
 

@@ -11,12 +11,14 @@ one would have. The run holds the workdir's lock, resumes from the newest
 intact checkpoint (damaged ones are moved aside), and stops with one line
 when a save fails on a full disk (`checkpoints`).
 
-The loop never waits on the device between steps: each step reports on the
-device whether its loss and new parameters are finite, and those flags are
-fetched only when something is due (a log line, an evaluation, a checkpoint,
-a stop). A non-finite step then stops the run before its state is saved, so
-every checkpoint holds finite parameters. SIGTERM saves a checkpoint before
-the program exits.
+The loop never waits on the device between steps: a step whose loss or new
+parameters are non-finite is skipped on the device (the state stays as it
+was), and the flags and losses are fetched only when something is due (a log
+line, an evaluation, a checkpoint, a stop). Then `divergence.DivergenceGuard`
+protects a checkpoint from before a loss spike and stops a run whose bad
+steps come in a row, so every checkpoint holds finite parameters;
+`config.restore_step` goes back to an older kept step. SIGTERM saves a
+checkpoint before the program exits.
 """
 
 import contextlib
@@ -40,17 +42,15 @@ from linformer_jax.checkpoints.store import CheckpointStore
 from linformer_jax.checkpoints.store import checkpoint_directory
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import compiled_step
+from linformer_jax.training import divergence
 from linformer_jax.training import run_builder
 from linformer_jax.training import run_config
 from linformer_jax.training import tasks
 from linformer_jax.training import train_steps
+from linformer_jax.training.divergence import NonFiniteLossError
 from linformer_jax.training.metric_writers import MetricLogger
 
 RESULTS_FILE = 'eval_results.json'
-
-
-class NonFiniteLossError(RuntimeError):
-  """The training loss became NaN or infinite."""
 
 
 class _TerminationRequest:
@@ -125,6 +125,9 @@ class Run:
     resuming = self.store.latest_step() is not None
     if resuming:
       run_config.check_same_model(self.store.restore_config(), config, workdir)
+      divergence.go_back(self.store, config, workdir)
+    elif config.get('restore_step', 0):
+      divergence.go_back(self.store, config, workdir)  # refuses it: nothing is kept
     # Checked before the data is built, so a bad init_from fails fast.
     init_from = self.task.check_init_from(config) if config.init_from and not resuming else None
     self.data = self.parts.build_data(workdir)
@@ -214,55 +217,6 @@ def is_due(step: int, every: int, last_step: int) -> bool:
   return step % every == 0 or step == last_step
 
 
-class FiniteGuard:
-  """Collects each step's on-device `finite` flag; checks them all at once.
-
-  `check` is the only place the loop waits on the device for finiteness: it
-  runs when something is due, before any state is logged, evaluated or saved.
-  """
-
-  def __init__(self, workdir: str, store: CheckpointStore):
-    self._workdir = workdir
-    self._store = store
-    self._pending: List[Tuple[int, Dict[str, jax.Array]]] = []
-
-  def _advice(self) -> str:
-    """What is kept, and what to change: resuming restarts from the newest
-    checkpoint, so with none a new workdir is as good."""
-    self._store.wait()
-    kept = self._store.latest_step()
-    if kept is None:
-      return (
-          'No checkpoint was saved. Lower config.learning_rate or raise '
-          'config.warmup_steps and start again.'
-      )
-    return (
-        f'The checkpoint of step {kept} stays in {checkpoint_directory(self._workdir)}. '
-        'Lower config.learning_rate or raise config.warmup_steps, then run the same '
-        'command to resume from it.'
-    )
-
-  def add(self, step: int, metrics: Dict[str, jax.Array]) -> None:
-    self._pending.append((step, metrics))
-
-  def check(self) -> None:
-    """Raises NonFiniteLossError naming the first non-finite step since the
-    last check."""
-    flags = jax.device_get([metrics['finite'] for _, metrics in self._pending])
-    for (step, metrics), finite in zip(self._pending, flags):
-      if not finite:
-        loss = float(metrics['loss'])
-        what = (
-            f'the training loss is {loss}'
-            if not np.isfinite(loss)
-            else f'the parameters became non-finite (loss {loss})'
-        )
-        raise NonFiniteLossError(
-            f'At step {step} {what}; stopping without saving. {self._advice()}'
-        )
-    self._pending.clear()
-
-
 def _check_writable(workdir: str) -> None:
   """ConfigError unless a file can be created in `workdir`: creating one is
   the only test that sees read-only mounts, permissions and ACLs alike."""
@@ -348,8 +302,9 @@ def train_and_evaluate(
   Raises:
     ConfigError: bad config, data or workdir, or the workdir is in use by
       another run; nothing in the workdir is changed.
-    NonFiniteLossError: the loss or the parameters became NaN/inf; the last
-      good checkpoint stays.
+    NonFiniteLossError: more than config.max_skipped_steps steps in a row had
+      a non-finite loss or parameters; the message names the kept checkpoints
+      and the flags to go on with.
   """
   with exclusive_workdir(workdir):
     return _train_and_evaluate(config, workdir, stop_after)
@@ -392,7 +347,7 @@ def _train_and_evaluate(
   )
   logger.discard_after(first_step)
   termination = _TerminationRequest()
-  guard = FiniteGuard(workdir, run.store)
+  guard = divergence.DivergenceGuard(config, workdir, run.store)
   last = config.total_steps
   eval_metrics: Optional[Dict[str, float]] = None
   peak_flops = compiled_step.peak_flops(jax.devices()[0].device_kind)
@@ -462,6 +417,9 @@ def _train_and_evaluate(
         run.save(force=True, data_position=consumed)
         run.store.wait()
         raise SystemExit(128 + signal.SIGTERM)
+  except NonFiniteLossError:
+    run.store.close()  # its threads stopped, only the one-line error is printed
+    raise
   finally:
     termination.restore()
     try:

@@ -56,6 +56,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.mesh_shape = (-1, 1)  # devices along ('data', 'model'); -1 = all remaining
   # Logical parameter axes -> mesh axes (None = replicated); see linformer_jax/training/sharding.py.
   config.axis_rules = (('batch', 'data'), ('heads', 'model'), ('mlp', 'model'), ('vocab', 'model'))
+  # Split parameters and optimizer state over 'data' too (ZeRO-3 / FSDP): 1/data of them
+  # per device, gathered per layer when used; for models that do not fit replicated.
+  config.fsdp = False
 
   config.data = ml_collections.ConfigDict()
   # 'embedded' (Python's own docs), 'text_files', 'tfds', or one registered in extensions.

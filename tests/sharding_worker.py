@@ -3,6 +3,9 @@
   python tests/sharding_worker.py DEVICES ROOT JOB [JOB ...]
 
 JOB is `train:D,M` (train 3 steps on mesh (D, M) in ROOT/mesh_D_M),
+`fsdp:D,M` (the same as `train`, with config.fsdp, in ROOT/fsdp_D_M),
+`memory:D,M` (the step's per-device argument bytes on mesh (D, M) without
+and with config.fsdp, to ROOT/memory_D_M.npz),
 `restore:SRC:D,M` (restore the run in ROOT/SRC onto mesh (D, M)) or
 `process:I:N:PORT` (process I of N of a multi-process run on mesh (-1, 1),
 in ROOT/processes) or `merged:N` (one process reading the data as N processes
@@ -28,6 +31,7 @@ import jax
 import numpy as np
 
 from configs import tiny
+from linformer_jax.analysis import mesh_memory
 from linformer_jax.data import masked_lm
 from linformer_jax.training import multihost
 from linformer_jax.training import trainer
@@ -36,9 +40,10 @@ from linformer_jax.training.metric_writers import read_metrics
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 
-def sharded_config(mesh_shape):
+def sharded_config(mesh_shape, fsdp=False):
   """The tiny config with heads, MLP and batches that split 8 ways."""
   config = tiny.get_config()
+  config.fsdp = fsdp
   config.total_steps = 3
   config.warmup_steps = 1
   config.log_every = 1
@@ -86,8 +91,8 @@ def shard_counts(state):
   }
 
 
-def train(root, mesh_shape, workdir_name, name):
-  config = sharded_config(mesh_shape)
+def train(root, mesh_shape, workdir_name, name, fsdp=False):
+  config = sharded_config(mesh_shape, fsdp)
   workdir = os.path.join(root, workdir_name)
   trainer.train_and_evaluate(config, workdir)
   losses = (
@@ -99,6 +104,16 @@ def train(root, mesh_shape, workdir_name, name):
   if jax.process_index() == 0:
     write(root, name, flat_params(run.state), losses, shard_counts(run.state))
   run.store.close()
+
+
+def memory(root, mesh_shape, name):
+  arguments = {
+      f'arguments_fsdp_{fsdp}': mesh_memory.compile_step(
+          sharded_config(mesh_shape, fsdp), mesh_shape
+      ).argument_bytes
+      for fsdp in (False, True)
+  }
+  np.savez(os.path.join(root, f'{name}.npz'), **arguments)
 
 
 def restore(root, source, mesh_shape, name):
@@ -160,6 +175,12 @@ def main():
     if kind == 'train':
       mesh = parse_mesh(args[0])
       train(root, mesh, f'mesh_{mesh[0]}_{mesh[1]}', f'train_{mesh[0]}_{mesh[1]}')
+    elif kind == 'fsdp':
+      mesh = parse_mesh(args[0])
+      train(root, mesh, f'fsdp_{mesh[0]}_{mesh[1]}', f'fsdp_{mesh[0]}_{mesh[1]}', fsdp=True)
+    elif kind == 'memory':
+      mesh = parse_mesh(args[0])
+      memory(root, mesh, f'memory_{mesh[0]}_{mesh[1]}')
     elif kind == 'restore':
       mesh = parse_mesh(args[1])
       restore(root, args[0], mesh, f'restore_{args[0]}_to_{mesh[0]}_{mesh[1]}')

@@ -1,4 +1,4 @@
-"""Sharding changes nothing but speed: meshes, cross-mesh restore, two processes.
+"""Sharding changes nothing but speed: meshes, cross-mesh restore, two processes, FSDP.
 
 The multi-device checks (all `slow`) run tests/sharding_worker.py in
 subprocesses with 8 fake CPU devices
@@ -12,6 +12,7 @@ import socket
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
@@ -19,6 +20,7 @@ from configs import tiny
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.training import run_config
 from linformer_jax.training import sharding
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'sharding_worker.py')
@@ -107,6 +109,30 @@ def runs(tmp_path_factory, run_python):
   return root
 
 
+@pytest.fixture(scope='module')
+def fsdp_runs(tmp_path_factory, run_python):
+  """The worker's 8-device runs on mesh (8, 1) without and with config.fsdp,
+  the FSDP checkpoint restored without it, and the step's argument bytes per
+  device either way."""
+  root = tmp_path_factory.mktemp('fsdp')
+  log = root / 'fsdp.log'
+  finish(
+      run_python(
+          WORKER,
+          8,
+          root,
+          'train:8,1',
+          'fsdp:8,1',
+          'restore:fsdp_8_1:8,1',
+          'memory:8,1',
+          wait=False,
+          log=log,
+      ),
+      log,
+  )
+  return root
+
+
 def assert_params_close(first, second, rtol):
   keys = sorted(k for k in first if k.startswith('param:'))
   assert keys == sorted(k for k in second if k.startswith('param:'))
@@ -141,6 +167,34 @@ def test_a_checkpoint_restores_onto_other_meshes(runs):
   assert onto_2_4['shard_counts'].max() == 4
   assert_params_close(onto_2_4, saved, rtol=0)
   assert_params_close(onto_one, saved, rtol=0)
+
+
+@pytest.mark.slow
+def test_fsdp_trains_like_replicated_parameters(fsdp_runs):
+  replicated = load(fsdp_runs, 'train_8_1')
+  fsdp = load(fsdp_runs, 'fsdp_8_1')
+  np.testing.assert_array_equal(fsdp['loss_steps'], [1, 2, 3])
+  np.testing.assert_allclose(fsdp['losses'], replicated['losses'], rtol=1e-6)
+  assert_params_close(fsdp, replicated, rtol=1e-5)
+  assert replicated['shard_counts'].max() == 1
+  assert fsdp['shard_counts'].max() == 8
+
+
+@pytest.mark.slow
+def test_an_fsdp_checkpoint_restores_replicated(fsdp_runs):
+  restored = load(fsdp_runs, 'restore_fsdp_8_1_to_8_1')
+  assert restored['shard_counts'].max() == 1
+  assert_params_close(restored, load(fsdp_runs, 'fsdp_8_1'), rtol=0)
+
+
+@pytest.mark.slow
+def test_fsdp_divides_the_arguments_per_device_by_the_data_axis(fsdp_runs):
+  # Parameters, optimizer state and the batch share: all but the few small
+  # parameters with no dimension that divides 8 (biases over heads x 4 head
+  # features, the 260-id output bias) are split 8 ways.
+  memory = load(fsdp_runs, 'memory_8_1')
+  ratio = memory['arguments_fsdp_False'] / memory['arguments_fsdp_True']
+  assert 6 < ratio <= 8, ratio
 
 
 @pytest.mark.slow
@@ -242,3 +296,41 @@ def test_a_vocabulary_that_does_not_divide_is_replicated():
   divisible = model_shardings(mesh, vocab_size=8000)
   assert divisible[embedding] == P('model', None)
   assert divisible[query] == P(None, 'model', None)
+
+
+def test_fsdp_splits_the_largest_free_dimension_over_data():
+  P = jax.sharding.PartitionSpec
+  mesh = jax.sharding.AbstractMesh((8, 1), sharding.MESH_AXES)
+  config = small_model()
+  boxed = jax.eval_shape(
+      models.MaskedLanguageModel(config).init, jax.random.PRNGKey(0), jnp.ones((1, 32), jnp.int32)
+  )
+  rules = sharding.axis_rules(tiny.get_config())
+  specs = {
+      '/'.join(key.key for key in path): leaf.spec
+      for path, leaf in jax.tree_util.tree_leaves_with_path(
+          sharding.parameter_shardings(boxed, mesh, rules, fsdp=True)
+      )
+  }
+  layer = 'params/encoder/layers_0/'
+  # [embed=32, heads, head_dim]: the embedding width is the free dimension.
+  assert specs[layer + 'attention/query/kernel'] == P('data', 'model', None)
+  # [mlp=64] is split over 'model' already: nothing is left for 'data'.
+  assert specs[layer + 'mlp/wi/bias'] == P('model')
+  # [heads, head_dim=4]: 4 does not divide 8, so replicated over 'data'.
+  assert specs[layer + 'attention/query/bias'] == P('model', None)
+  assert specs['params/encoder/token_embedding/embedding'] == P('model', 'data')
+  # Without fsdp, or with one data shard, nothing is split over 'data'.
+  for fsdp, data in ((False, 8), (True, 1)):
+    mesh = jax.sharding.AbstractMesh((data, 8 // data), sharding.MESH_AXES)
+    for leaf in jax.tree_util.tree_leaves(
+        sharding.parameter_shardings(boxed, mesh, rules, fsdp=fsdp)
+    ):
+      assert 'data' not in leaf.spec
+
+
+def test_fsdp_must_be_a_bool():
+  # A config read from JSON (configs/from_workdir.py) is not type-checked by ConfigDict.
+  config = ml_collections.ConfigDict({**tiny.get_config().to_dict(), 'fsdp': 1})
+  with pytest.raises(ConfigError, match='config.fsdp=1'):
+    run_config.validate(config)

@@ -60,6 +60,7 @@ class RunParts:
     mesh: the ('data', 'model') device mesh of config.mesh_shape.
     rules: logical axis name -> mesh axis (config.axis_rules).
     batch_sharding: batches split over the 'data' axis.
+    fsdp: parameters and optimizer state also split over 'data' (config.fsdp).
   """
 
   config: ml_collections.ConfigDict
@@ -69,6 +70,7 @@ class RunParts:
   mesh: jax.sharding.Mesh
   rules: Tuple[Tuple[str, Any], ...]
   batch_sharding: jax.sharding.NamedSharding
+  fsdp: bool = False
 
   def _boxed_variables(self) -> Dict[str, Any]:
     """The model's variables as abstract arrays inside their logical-axis boxes."""
@@ -80,7 +82,8 @@ class RunParts:
     their shardings: what `TrainState.variables()` returns, uncomputed."""
     boxed = self._boxed_variables()
     return _with_shardings(
-        nn.meta.unbox(boxed), sharding_lib.parameter_shardings(boxed, self.mesh, self.rules)
+        nn.meta.unbox(boxed),
+        sharding_lib.parameter_shardings(boxed, self.mesh, self.rules, self.fsdp),
     )
 
   def abstract_train_state(self, optimizer: optax.GradientTransformation) -> train_steps.TrainState:
@@ -94,11 +97,12 @@ class RunParts:
     boxed = self._boxed_variables()
     boxed_opt_state = jax.eval_shape(optimizer.init, boxed['params'])
     variables = _with_shardings(
-        nn.meta.unbox(boxed), sharding_lib.parameter_shardings(boxed, self.mesh, self.rules)
+        nn.meta.unbox(boxed),
+        sharding_lib.parameter_shardings(boxed, self.mesh, self.rules, self.fsdp),
     )
     opt_state = _with_shardings(
         nn.meta.unbox(boxed_opt_state),
-        sharding_lib.parameter_shardings(boxed_opt_state, self.mesh, self.rules),
+        sharding_lib.parameter_shardings(boxed_opt_state, self.mesh, self.rules, self.fsdp),
     )
     params = variables.pop('params')
     step = jax.ShapeDtypeStruct((), jnp.int32, sharding=sharding_lib.replicated(self.mesh))
@@ -116,7 +120,16 @@ class RunParts:
         self.config.grad_accum_steps,
         state_shardings=shardings_of(abstract_state),
         batch_sharding=self.batch_sharding,
+        compute_shardings=self._gathered_parameter_shardings(),
     )
+
+  def _gathered_parameter_shardings(self) -> Any:
+    """With FSDP, the parameters' shardings without the 'data' split: the
+    train and eval steps gather them so that the activations stay split by batch."""
+    if not self.fsdp:
+      return None
+    boxed = self._boxed_variables()['params']
+    return sharding_lib.parameter_shardings(boxed, self.mesh, self.rules)
 
   def jit_eval_step(self, abstract_variables: Mapping[str, Any]):
     """The jitted eval step on the mesh: (variables, batch) -> loss sums."""
@@ -124,6 +137,7 @@ class RunParts:
         self.task.loss_sums(self.model, self.config),
         variable_shardings=shardings_of(abstract_variables),
         batch_sharding=self.batch_sharding,
+        compute_shardings=self._gathered_parameter_shardings(),
     )
 
   def abstract_batch(self) -> Dict[str, jax.ShapeDtypeStruct]:
@@ -226,6 +240,7 @@ def build_parts(
       mesh=mesh,
       rules=rules,
       batch_sharding=sharding_lib.batch_sharding(mesh, rules),
+      fsdp=config.get('fsdp', False),
   )
 
 

@@ -57,6 +57,8 @@ def validate(config: ml_collections.ConfigDict) -> ModelConfig:
     value = config.get(field, 0)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
       raise ConfigError(f'config.{field}={value!r} is not allowed: use an integer >= 0.')
+  if not isinstance(config.get('fsdp', False), bool):
+    raise ConfigError(f'config.fsdp={config.fsdp!r} is not allowed: use True or False.')
   factor = config.get('spike_factor', 0.0)
   if isinstance(factor, bool) or not math.isfinite(factor) or not (factor == 0 or factor > 1):
     raise ConfigError(

@@ -3,7 +3,10 @@
 A run's devices form a mesh with axes ('data', 'model') of shape
 `config.mesh_shape`. Parameters carry logical axis names
 (`linformer_jax.model.logical_axes`); `config.axis_rules` maps them to mesh axes, so
-how a model is split is a config value. Batches are split over 'data'. All of
+how a model is split is a config value. Batches are split over 'data'. With `config.fsdp`
+parameters and optimizer state are split over 'data' too (ZeRO-3, maxtext's
+'fsdp' axis): each device keeps 1/data of them and XLA gathers a layer's
+weights when it needs them. All of
 it goes through `jax.jit` with explicit shardings; XLA inserts the collectives.
 
 Everything the user can get wrong (a mesh that does not match the devices, a
@@ -142,19 +145,36 @@ def _fits(spec: PartitionSpec, shape: Tuple[int, ...], mesh: Mesh) -> PartitionS
   return PartitionSpec(*entries)
 
 
-def parameter_shardings(boxed_variables: Any, mesh: Mesh, rules) -> Any:
-  """NamedShardings of a (boxed, abstract) variable tree from its logical axes."""
+def _over_data(spec: PartitionSpec, shape: Tuple[int, ...], mesh: Mesh) -> PartitionSpec:
+  """The spec with its largest dimension not yet split also split over 'data'.
+
+  A parameter none of whose free dimensions divides the 'data' axis (a bias of
+  MLP units split over 'model', a scalar) stays replicated over 'data', as
+  `_fits` replicates a vocabulary that does not divide: it costs little memory,
+  and a run should not be refused for it.
+  """
+  data = mesh.shape[DATA_AXIS]
+  entries = list(spec) + [None] * (len(shape) - len(spec))
+  used = {n for axis in entries for n in ((axis,) if isinstance(axis, str) else axis or ())}
+  free = [i for i, axis in enumerate(entries) if axis is None and shape[i] % data == 0]
+  if data == 1 or DATA_AXIS in used or not free:
+    return PartitionSpec(*entries)
+  entries[max(free, key=lambda i: shape[i])] = DATA_AXIS
+  return PartitionSpec(*entries)
+
+
+def parameter_shardings(boxed_variables: Any, mesh: Mesh, rules, fsdp: bool = False) -> Any:
+  """NamedShardings of a (boxed, abstract) variable tree from its logical axes,
+  each also split over 'data' where `fsdp` (see `_over_data`)."""
   is_spec = lambda x: isinstance(x, PartitionSpec)
   logical_specs = nn.get_partition_spec(boxed_variables)
   unboxed = nn.meta.unbox(boxed_variables)
-  return jax.tree_util.tree_map(
-      lambda spec, leaf: NamedSharding(
-          mesh, _fits(nn.logical_to_mesh_axes(spec, rules), leaf.shape, mesh)
-      ),
-      logical_specs,
-      unboxed,
-      is_leaf=is_spec,
-  )
+
+  def sharding(spec: PartitionSpec, leaf: Any) -> NamedSharding:
+    spec = _fits(nn.logical_to_mesh_axes(spec, rules), leaf.shape, mesh)
+    return NamedSharding(mesh, _over_data(spec, leaf.shape, mesh) if fsdp else spec)
+
+  return jax.tree_util.tree_map(sharding, logical_specs, unboxed, is_leaf=is_spec)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

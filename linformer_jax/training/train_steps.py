@@ -196,6 +196,7 @@ def train_step(
     loss_sums: LossSums,
     optimizer: optax.GradientTransformation,
     grad_accum_steps: int = 1,
+    compute_shardings: Any = None,
 ) -> Tuple[TrainState, Dict[str, Array]]:
   """One optimizer step on a batch, optionally over several micro-batches.
 
@@ -210,6 +211,10 @@ def train_step(
     dropout_key: the run's dropout key; folded with the step, so a resumed run
       draws the same dropout masks.
     loss_sums, optimizer, grad_accum_steps: bound with functools.partial.
+    compute_shardings: the parameters' shardings for the forward and backward
+      passes where they differ from the state's (FSDP: gathered from their
+      'data' shards, which left to itself XLA may instead spread the
+      activations over); None = the state's.
 
   Returns:
     The new state and metrics: loss, accuracy, grad_norm, and `finite`, True
@@ -222,6 +227,8 @@ def train_step(
   step_key = jax.random.fold_in(dropout_key, state.step)
 
   def loss_fn(params, micro_batch, key):
+    if compute_shardings is not None:
+      params = jax.lax.with_sharding_constraint(params, compute_shardings)
     sums = loss_sums(
         {'params': params, **state.constants},
         micro_batch,
@@ -274,8 +281,14 @@ def train_step(
   return new_state, metrics
 
 
-def eval_step(variables: Dict[str, Any], batch: Batch, *, loss_sums: LossSums) -> Dict[str, Array]:
-  """The loss sums of one evaluation batch (no dropout)."""
+def eval_step(
+    variables: Dict[str, Any], batch: Batch, *, loss_sums: LossSums, compute_shardings: Any = None
+) -> Dict[str, Array]:
+  """The loss sums of one evaluation batch (no dropout); `compute_shardings`
+  as in `train_step`."""
+  if compute_shardings is not None:
+    params = jax.lax.with_sharding_constraint(variables['params'], compute_shardings)
+    variables = {**variables, 'params': params}
   return loss_sums(variables, batch, deterministic=True)
 
 
@@ -290,17 +303,22 @@ def jit_train_step(
     *,
     state_shardings: Any,
     batch_sharding: jax.sharding.NamedSharding,
+    compute_shardings: Any = None,
 ):
   """The jitted train step of a task, state donated.
 
   It takes and returns the state split over the mesh as `state_shardings` (a
   TrainState of shardings) and batches as `batch_sharding`; the dropout key
-  and the metrics are replicated.
+  and the metrics are replicated. `compute_shardings`: see `train_step`.
   """
   replicated = _replicated_like(batch_sharding)
   return jax.jit(
       functools.partial(
-          train_step, loss_sums=loss_sums, optimizer=optimizer, grad_accum_steps=grad_accum_steps
+          train_step,
+          loss_sums=loss_sums,
+          optimizer=optimizer,
+          grad_accum_steps=grad_accum_steps,
+          compute_shardings=compute_shardings,
       ),
       donate_argnums=0,
       in_shardings=(state_shardings, batch_sharding, replicated),
@@ -309,11 +327,15 @@ def jit_train_step(
 
 
 def jit_eval_step(
-    loss_sums: LossSums, *, variable_shardings: Any, batch_sharding: jax.sharding.NamedSharding
+    loss_sums: LossSums,
+    *,
+    variable_shardings: Any,
+    batch_sharding: jax.sharding.NamedSharding,
+    compute_shardings: Any = None,
 ):
   """The jitted eval step of a task: (variables, batch) -> replicated loss sums."""
   return jax.jit(
-      functools.partial(eval_step, loss_sums=loss_sums),
+      functools.partial(eval_step, loss_sums=loss_sums, compute_shardings=compute_shardings),
       in_shardings=(variable_shardings, batch_sharding),
       out_shardings=_replicated_like(batch_sharding),
   )

@@ -43,7 +43,7 @@ def get_config():
   # nothing. At n=4096 and beyond, 'dots' keeps 3.9x less for 1.08x the FLOPs and
   # 'full' 8.8x less for 1.36x (one H100, XLA:GPU).
   config.model.remat = 'none'
-  # Unscanned: scanning compiles 3.5-8x faster but keeps more without remat (29.2 against
+  # Unscanned: scanning compiles 3.5-9x faster but keeps more without remat (29.2 against
   # 22.8 GiB at n=4096, batch 8), and spectrum, pooling_probe and import_checkpoint read
   # layers by name.
   config.model.scan_layers = False

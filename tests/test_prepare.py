@@ -1,14 +1,9 @@
-"""Streaming preparation of pretraining splits (`prepare`) and reading them back
-(`shards`).
+"""Streaming preparation of pretraining splits (`prepare`), read back (`shards`).
 
-Covers: the rows read back through `ShardedSequences` equal packing the loaded
-documents the naive way (`pack_documents`), with one shard or many, tokenized
-here or in spawned workers, from whole files or from blocks of large ones; a
-preparation killed mid-way resumes to the same rows without tokenizing again
-what it had finished; two processes read disjoint records covering the split;
-a split prepared in parts by several hosts; bad input (damaged shards, another
-tokenizer or seq_len, an empty corpus, a missing path) fails with a message
-that says what to change; and memory that does not grow with the corpus.
+Rows read back equal packing the loaded documents naively, for any shards, workers
+or file blocks; a killed preparation resumes without redoing finished units; two
+processes read disjoint records covering the split; splits prepared in parts; bad
+input fails saying what to change; memory does not grow with the corpus.
 """
 
 import collections

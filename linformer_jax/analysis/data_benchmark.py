@@ -231,17 +231,7 @@ def apply_overrides(
 def tree_rss(process: psutil.Process) -> int:
   """Resident bytes of a process and all its descendants, summed (pages they
   share count once per process, as `ps` shows them)."""
-  try:
-    members = [process, *process.children(recursive=True)]
-  except psutil.Error:
-    return 0
-  total = 0
-  for member in members:
-    try:
-      total += member.memory_info().rss
-    except psutil.Error:
-      pass  # it exited between the listing and the reading
-  return total
+  return int(loader_throughput.tree_total(process, lambda member: member.memory_info().rss))
 
 
 def peak_tree_rss(popen: subprocess.Popen, interval_s: float = SAMPLE_INTERVAL_S) -> int:

@@ -18,7 +18,7 @@ but not the CPU a token costs.
 import dataclasses
 import statistics
 import time
-from typing import Any, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Sequence
 
 import psutil
 
@@ -62,21 +62,26 @@ class LoaderSetting:
     )
 
 
-def tree_cpu_seconds(process: psutil.Process) -> float:
-  """User plus system CPU seconds of a process, all its threads, and its
-  descendants that are alive now."""
+def tree_total(process: psutil.Process, read: Callable[[psutil.Process], float]) -> float:
+  """`read` summed over a process and its descendants that are alive now;
+  a member that exits between the listing and the reading counts 0."""
   try:
     members = [process, *process.children(recursive=True)]
   except psutil.Error:
-    return 0.0
-  total = 0.0
+    return 0
+  total = 0
   for member in members:
     try:
-      times = member.cpu_times()
+      total += read(member)
     except psutil.Error:
-      continue  # it exited between the listing and the reading
-    total += times.user + times.system
+      continue
   return total
+
+
+def tree_cpu_seconds(process: psutil.Process) -> float:
+  """User plus system CPU seconds of a process, all its threads, and its
+  descendants that are alive now."""
+  return float(tree_total(process, lambda member: sum(member.cpu_times()[:2])))
 
 
 def loader_throughput(

@@ -27,30 +27,26 @@ writes shared files once.
 """
 
 import dataclasses
-import json
 import os
 import shutil
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from absl import logging
 import jax
 import orbax.checkpoint as ocp
 
+from linformer_jax.checkpoints import json_items
 from linformer_jax.checkpoints import step_files
 from linformer_jax.errors import ConfigError
 from linformer_jax.errors import StorageError
 from linformer_jax.errors import is_disk_full
 
 PyTree = Any
-DataState = Union[bytes, Dict[str, Any]]
+DataState = json_items.DataState
 
 _STATE = 'state'
 _DATA_STATE = 'data_state'
 _CONFIG = 'config'
-# The keys of the JSON object that wraps the data state; they record whether
-# the iterator gave bytes (grain's JSON-encoded state) or a dict.
-_UTF8_BYTES = 'utf8_bytes'
-_DICT = 'dict'
 _ITEMS = [_STATE, _DATA_STATE, _CONFIG]
 
 _OTHER_WORKDIR_ADVICE = (
@@ -93,33 +89,6 @@ def _handler_registry() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
     registry.add(item, ocp.args.JsonSave)
     registry.add(item, ocp.args.JsonRestore)
   return registry
-
-
-def _json_copy(value: Any, what: str) -> Any:
-  """A JSON round-trip copy of `value`.
-
-  Orbax serializes JSON items in a background thread, where an error would
-  only be logged and the step silently lost; converting here fails at the
-  call instead, and the copy cannot change if the caller mutates the original
-  while the save is in flight.
-  """
-  try:
-    return json.loads(json.dumps(value))
-  except (TypeError, ValueError) as e:
-    raise TypeError(f'The {what} of a checkpoint must be JSON-serializable: {e}') from e
-
-
-def _encode_data_state(data_state: DataState) -> Dict[str, Any]:
-  if isinstance(data_state, bytes):
-    # Grain's iterator states are JSON text encoded as UTF-8.
-    return {_UTF8_BYTES: data_state.decode('utf-8')}
-  return {_DICT: _json_copy(data_state, 'data_state')}
-
-
-def _decode_data_state(stored: Dict[str, Any]) -> DataState:
-  if _UTF8_BYTES in stored:
-    return stored[_UTF8_BYTES].encode('utf-8')
-  return stored[_DICT]
 
 
 def _stored_and_wanted(
@@ -299,8 +268,8 @@ class CheckpointStore:
     items = ocp.args.Composite(
         **{
             _STATE: ocp.args.StandardSave(state),
-            _DATA_STATE: ocp.args.JsonSave(_encode_data_state(data_state)),
-            _CONFIG: ocp.args.JsonSave(_json_copy(config, 'config')),
+            _DATA_STATE: ocp.args.JsonSave(json_items.encode_data_state(data_state)),
+            _CONFIG: ocp.args.JsonSave(json_items.json_copy(config, 'config')),
         }
     )
     saved = self._surfacing_full_disk(lambda: self._manager.save(step, args=items, force=force))
@@ -345,7 +314,12 @@ class CheckpointStore:
             }
         ),
     )
-    return (step, restored[_STATE], _decode_data_state(restored[_DATA_STATE]), restored[_CONFIG])
+    return (
+        step,
+        restored[_STATE],
+        json_items.decode_data_state(restored[_DATA_STATE]),
+        restored[_CONFIG],
+    )
 
   def restore_config(self, step: Optional[int] = None) -> Dict[str, Any]:
     """The config saved with a checkpoint (the newest when step is None)."""
@@ -353,7 +327,7 @@ class CheckpointStore:
 
   def restore_data_state(self, step: Optional[int] = None) -> DataState:
     """The data state saved with a checkpoint (the newest when step is None)."""
-    return _decode_data_state(self._restore_json(_DATA_STATE, step))
+    return json_items.decode_data_state(self._restore_json(_DATA_STATE, step))
 
   def _restore_json(self, item: str, step: Optional[int]) -> Any:
     self.wait()

@@ -70,11 +70,11 @@ def main(argv: List[str]) -> None:
     xla_targets.enable_plugins('linformer_jax.mesh_memory')
     places = []
     for target in targets:
-      found = mesh_memory.target_meshes(target.name)
-      places.append((target.name, found['devices'], found['usable_bytes']))
+      devices, usable = mesh_memory.target_devices(target)
+      places.append((target.name, devices, usable))
       print(
-          f'{target.name}: {len(found["devices"])} x {found["devices"][0].device_kind} '
-          f'({target.topology}), usable {found["usable_bytes"] / GIB:.2f} GiB per device '
+          f'{target.name}: {len(devices)} x {devices[0].device_kind} '
+          f'({target.topology}), usable {usable / GIB:.2f} GiB per device '
           f'({target.memory_note()})',
           flush=True,
       )

@@ -221,17 +221,11 @@ def largest_batch(
   }
 
 
-def target_meshes(target_name: str) -> Dict[str, object]:
-  """The devices and usable memory per device of a named target
+def target_devices(target: xla_targets.Target) -> Tuple[List[jax.Device], int]:
+  """The devices of a target and the usable memory of each, in bytes
   (`xla_targets.enable_plugins` must have run)."""
-  target = xla_targets.parse_target(target_name)
   devices = xla_targets.target_devices(target)
-  per_chip = xla_targets.devices_per_chip(devices)
-  return {
-      'target': target,
-      'devices': devices,
-      'usable_bytes': target.usable_bytes_per_device(per_chip),
-  }
+  return devices, target.usable_bytes_per_device(xla_targets.devices_per_chip(devices))
 
 
 def _gflop(flops: float) -> str:
@@ -261,18 +255,3 @@ def describe_rows(rows: List[Dict[str, object]]) -> str:
         f'{f"{ratio:.3f}" if ratio else "-"} | {memory.compile_seconds:.1f} |'
     )
   return '\n'.join(lines)
-
-
-def train_step_memory(
-    config: ml_collections.ConfigDict, mesh_shape: Sequence[int]
-) -> Dict[str, float]:
-  """This host's figures of the train step on one mesh: memory in bytes,
-  FLOPs per device per step and the compile time in seconds."""
-  memory = compile_step(config, mesh_shape)
-  return {
-      'arguments': memory.argument_bytes,
-      'temporaries': memory.temporary_bytes,
-      'total': memory.total_bytes,
-      'flops': memory.model_flops,
-      'compile_seconds': memory.compile_seconds,
-  }

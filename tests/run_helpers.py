@@ -1,6 +1,7 @@
 """Helpers for tests that run the training loop on configs/tiny.py."""
 
 import os
+import socket
 import time
 
 import jax
@@ -70,3 +71,18 @@ def start_endless_run(run_command, workdir, checkpoint_every=100000):
       '--config.eval_every=100000',
       wait=False,
   )
+
+
+# A two-process run picks a free port, then its coordinator binds it: in
+# between another program may take it. The coordinator then fails at once
+# (gRPC logs this line, then JAX raises or the process even crashes), and the
+# launch is retried on a new port, at most this many times in all.
+PORT_TAKEN = 'Failed to add port to server'
+PORT_ATTEMPTS = 3
+
+
+def free_port():
+  """A port no program listens on now (it may be taken before it is used)."""
+  with socket.socket() as s:
+    s.bind(('', 0))
+    return s.getsockname()[1]

@@ -8,13 +8,15 @@ process, how configs and logical axes become meshes and shardings.
 """
 
 import os
-import socket
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from run_helpers import PORT_ATTEMPTS
+from run_helpers import PORT_TAKEN
+from run_helpers import free_port
 
 from configs import tiny
 from linformer_jax.errors import ConfigError
@@ -25,12 +27,6 @@ from linformer_jax.training import sharding
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'sharding_worker.py')
 MESHES = [(8, 1), (4, 2), (2, 4), (1, 8)]
-# The two-process run picks a free port, then its coordinator binds it: in
-# between another program may take it. The coordinator then fails at once
-# (gRPC logs this line, then JAX raises or the process even crashes), and the
-# launch is retried on a new port, at most this many times in all.
-PORT_TAKEN = 'Failed to add port to server'
-PORT_ATTEMPTS = 3
 
 
 def finish(process, log, timeout=400):
@@ -46,13 +42,6 @@ def finish(process, log, timeout=400):
 def load(root, name):
   with np.load(os.path.join(root, f'{name}.npz')) as data:
     return {key: data[key] for key in data.files}
-
-
-def free_port():
-  """A port no program listens on now (it may be taken before it is used)."""
-  with socket.socket() as s:
-    s.bind(('', 0))
-    return s.getsockname()[1]
 
 
 def train_as_two_processes(run_python, root):

@@ -18,7 +18,8 @@ line, an evaluation, a checkpoint, a stop). Then `divergence.DivergenceGuard`
 protects a checkpoint from before a loss spike and stops a run whose bad
 steps come in a row, so every checkpoint holds finite parameters;
 `config.restore_step` goes back to an older kept step. SIGTERM saves a
-checkpoint before the program exits.
+checkpoint before the program exits; with several processes, SIGTERM to any
+one of them makes all save the same step (JAX's preemption sync point).
 """
 
 import contextlib
@@ -54,18 +55,37 @@ RESULTS_FILE = 'eval_results.json'
 
 
 class _TerminationRequest:
-  """Turns SIGTERM into a flag the loop checks after each step."""
+  """SIGTERM (a scheduler's preemption notice) as a step every process stops at.
+
+  One process: a handler sets a flag that the loop reads after each step.
+  Several: `jax.distributed.initialize` has started JAX's preemption sync
+  manager, whose own handler catches SIGTERM on whichever process gets it and
+  tells the others through the coordination service; they agree on the step
+  after the furthest one any of them has reached, and
+  `reached_preemption_sync_point` is true at that step on every process, so
+  all save the same step. A Python handler here would replace JAX's, so none
+  is installed then.
+  """
 
   def __init__(self):
-    self.requested = False
-    self._previous = signal.signal(signal.SIGTERM, self._handle)
+    self._requested = False
+    self._shared = jax.process_count() > 1
+    if not self._shared:
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
 
   def _handle(self, signum, frame):
     del signum, frame
-    self.requested = True
+    self._requested = True
+
+  def at(self, step: int) -> bool:
+    """Whether to save and stop after `step`; called once at every step."""
+    if self._shared:
+      return multihost_utils.reached_preemption_sync_point(step)
+    return self._requested
 
   def restore(self):
-    signal.signal(signal.SIGTERM, self._previous)
+    if not self._shared:
+      signal.signal(signal.SIGTERM, self._previous)
 
 
 def report(message: str) -> None:
@@ -373,7 +393,7 @@ def _train_and_evaluate(
           for every in (config.log_every, config.eval_every, config.checkpoint_every)
       )
       stop = stop_after is not None and stop_after <= step < last
-      terminate = termination.requested
+      terminate = termination.at(step)
       # The iterator's position after this step's batch, read before the next
       # batch, for a checkpoint of this step.
       consumed = iterator.get_state() if save or stop or terminate else None
@@ -413,7 +433,7 @@ def _train_and_evaluate(
         run.save(force=True, data_position=consumed)
         return None
       if terminate:
-        logging.warning('SIGTERM received: saving the checkpoint of step %d.', step)
+        report(f'SIGTERM received: saving the checkpoint of step {step}, then exiting.')
         run.save(force=True, data_position=consumed)
         run.store.wait()
         raise SystemExit(128 + signal.SIGTERM)

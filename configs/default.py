@@ -95,6 +95,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.projected_len = 32  # k: compressed length of keys/values (int or one per layer)
   config.model.sharing = 'layerwise'  # E/F sharing: 'none', 'headwise', 'kv', 'layerwise'
   config.model.projection = 'linear'  # 'linear', 'random', 'mean', 'max' or 'conv'
+  # Initial 'linear' E/F: 'jl' N(0, 1/k), 'local' (window means, as 'mean'), 'xavier' uniform.
+  config.model.projection_init = 'jl'
+  config.model.projection_init_noise = 0.0  # stddev of Gaussian noise on 'local' (0 = none)
   config.model.num_layers = 3  # encoder layers
   config.model.num_heads = 4  # attention heads per layer
   config.model.hidden_dim = 128  # model width

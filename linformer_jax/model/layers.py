@@ -13,9 +13,10 @@ A causal Linformer uses the same weights block by block: a matrix [max_len, r]
 maps each block of `block_len` tokens into its own r slots, and a convolution
 or pooling window is block_len / r.
 
-The weights themselves are the projection kind's: learned matrices from the
-paper's Johnson-Lindenstrauss construction ('linear'), the same never trained
-('random', in the 'constants' collection), convolution kernels ('conv').
+The weights themselves are the projection kind's: learned matrices ('linear',
+from the paper's Johnson-Lindenstrauss construction or as
+`config.model.projection_init` says), the JL matrices never trained ('random',
+in the 'constants' collection), convolution kernels ('conv').
 
 Decoding (`decode_position` given) reads one token per call and keeps what
 later tokens need in the 'cache' collection, as the attention kind lays it

@@ -10,6 +10,7 @@ included once its file is imported.
 """
 
 import dataclasses
+import math
 from typing import Any, Mapping, Tuple, Union
 
 import jax.numpy as jnp
@@ -50,6 +51,8 @@ class ModelConfig:
   projected_len: Union[int, Tuple[int, ...]] = 128
   sharing: str = 'layerwise'
   projection: str = 'linear'
+  projection_init: str = 'jl'
+  projection_init_noise: float = 0.0
   dropout_rate: float = 0.1
   pre_layer_norm: bool = False
   dtype: str = 'float32'
@@ -136,6 +139,7 @@ class ModelConfig:
     if self.sharing not in SHARING_MODES:
       raise _field_error('sharing', self.sharing, f'use one of {SHARING_MODES}')
     projection_kind = self.projection_kind
+    self._validate_projection_init(projection_kind)
     if (
         not isinstance(self.num_segments, int)
         or isinstance(self.num_segments, bool)
@@ -199,6 +203,22 @@ class ModelConfig:
       raise _field_error('dropout_rate', self.dropout_rate, 'use a value in [0, 1)')
     self._validate_projected_len(projection_kind)
 
+  def _validate_projection_init(self, projection_kind: projections.SequenceProjectionKind) -> None:
+    allowed = projection_kind.projection_inits
+    if self.projection_init not in allowed:
+      raise _field_error(
+          'projection_init',
+          self.projection_init,
+          f'use one of {allowed} for projection={self.projection!r}',
+      )
+    noise = self.projection_init_noise
+    if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not 0 <= noise < math.inf:
+      raise _field_error('projection_init_noise', noise, 'use a finite stddev >= 0')
+    if noise and self.projection_init != 'local':
+      raise _field_error(
+          'projection_init_noise', noise, "it is noise on projection_init='local'; use 0.0 here"
+      )
+
   def _validate_projected_len(self, projection_kind: projections.SequenceProjectionKind) -> None:
     per_layer = self.projected_len
     if isinstance(per_layer, tuple):
@@ -235,4 +255,11 @@ class ModelConfig:
             self.projected_len,
             f"projection='{self.projection}' needs {span_name}={span} to be "
             f'a multiple of k (window = stride = {span_name}/k); {span} % {k} != 0',
+        )
+      if self.projection_init == 'local' and span % k:
+        raise _field_error(
+            'projection_init',
+            self.projection_init,
+            f"'local' starts as projection='mean', whose windows need {span_name}={span} to be "
+            f'a multiple of k; {span} % {k} != 0',
         )

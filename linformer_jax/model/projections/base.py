@@ -45,11 +45,14 @@ class SequenceProjectionKind:
       multiple of k.
     weight_ndim: the axes of one weight, without the leading heads axis a
       per-head weight (sharing='none') has.
+    projection_inits: the `config.model.projection_init` values it takes;
+      'jl', the default, leaves a kind's own initialisation.
   """
 
   compresses_first: bool = False
   windowed: bool = False
   weight_ndim: int = 2
+  projection_inits: Tuple[str, ...] = ('jl',)
 
   def __init__(self, name: str):
     self.name = name

@@ -1,11 +1,24 @@
 """'linear': the paper's learned projection matrices E and F.
 
-Each is a [max_len, k] matrix (a leading heads axis for one per head), drawn
-at initialisation from the paper's Johnson-Lindenstrauss construction,
-entries from N(0, 1/k), and trained. Keys and values are projected by
-`attention.project_sequence`, with padded rows zeroed first. Being linear,
-the projection commutes with the key/value dense layers: a layer whose heads
-share E and F may compress its input first (`compress_layer_input`).
+Each is a [max_len, k] matrix (a leading heads axis for one per head),
+initialised as `config.model.projection_init` says (`MATRIX_INITS`) and
+trained:
+  'jl'      the paper's Johnson-Lindenstrauss construction, entries N(0, 1/k)
+  'local'   slot j the mean of its window of n / k adjacent positions, the
+            windows of projection='mean' (block_len / k when causal), plus
+            N(0, projection_init_noise^2) noise; k must divide the span, as
+            for 'mean'. Padded rows are zeroed before E applies, as for every
+            init, so a window holding padding gives the sum of its real
+            tokens over the window's length (zero, and still attended, for
+            a window of padding only), where 'mean' averages the real
+            tokens and masks empty windows out
+  'xavier'  Glorot uniform over the [n, k] matrix, U(-a, a) with
+            a = sqrt(6 / (n + k)) (gain 1, not fairseq's 1/sqrt(2))
+Each head's matrix of a per-head weight is drawn as one matrix. Keys and
+values are projected by `attention.project_sequence`, with padded rows
+zeroed first. Being linear, the projection commutes with the key/value dense
+layers: a layer whose heads share E and F may compress its input first
+(`compress_layer_input`).
 
 Causal (block by block): rows i*b .. (i+1)*b - 1 of the matrix map block i
 into its own r slots, a Linformer of its own per block.
@@ -22,13 +35,54 @@ from linformer_jax.model import logical_axes as axes
 from linformer_jax.model import precision
 from linformer_jax.model.projections.base import REGISTRY
 from linformer_jax.model.projections.base import SequenceProjectionKind
+from linformer_jax.model.projections.windows import to_windows
 
 Array = jax.Array
+
+# The `config.model.projection_init` values a [max_len, k] matrix takes.
+MATRIX_INITS = ('jl', 'local', 'xavier')
 
 
 def johnson_lindenstrauss_init(projected_len: int):
   """Initialiser with entries from N(0, 1/k), the paper's JL construction."""
   return nn.initializers.normal(stddev=projected_len**-0.5)
+
+
+def local_window_init(span: int, noise: float):
+  """Initialiser of a [(heads,) max_len, k] matrix whose slot j averages window j.
+
+  The windows are `to_windows`' for window = span / k, those of
+  projection='mean': without padding, E^T x is the mean pooling of x. A
+  causal span (block_len) repeats its k slots in every block. Every head's
+  matrix is the same before the noise, N(0, noise^2) per entry.
+  """
+
+  def init(key, shape, dtype=jnp.float32):
+    max_len, projected_len = shape[-2:]
+    window = span // projected_len
+    positions = jnp.arange(max_len)[None, :, None, None]
+    windows, _ = to_windows(positions, None, max_len, window)
+    windows = windows[0, :, :, 0, 0]  # [max_len / window, window] positions
+    # Window w of the sequence is slot w % k of its span.
+    slots = jnp.arange(windows.shape[0])[:, None] % projected_len
+    matrix = jnp.zeros((max_len, projected_len), dtype).at[windows, slots].set(1 / window)
+    matrix = jnp.broadcast_to(matrix, shape)
+    if noise:
+      matrix = matrix + noise * jax.random.normal(key, shape, dtype)
+    return matrix
+
+  return init
+
+
+def matrix_initializer(config, projected_len: int, per_head: bool):
+  """The initialiser `config.projection_init` names for a [(heads,) n, k] matrix."""
+  if config.projection_init == 'local':
+    return local_window_init(config.compressed_span, config.projection_init_noise)
+  if config.projection_init == 'xavier':
+    # The heads axis is a batch of matrices, not part of any fan.
+    batch_axis = (0,) if per_head else ()
+    return nn.initializers.xavier_uniform(in_axis=-2, out_axis=-1, batch_axis=batch_axis)
+  return johnson_lindenstrauss_init(projected_len)
 
 
 def compress_matrix_input(
@@ -102,6 +156,7 @@ class LearnedMatrix(SequenceProjectionKind):
   """Learned matrices E and F; see the module docstring."""
 
   compresses_first = True
+  projection_inits = MATRIX_INITS
 
   def matrix_init(self, *, config, projected_len, per_head):
     """The weight's shape and its (partitioned) initialiser."""
@@ -110,7 +165,8 @@ class LearnedMatrix(SequenceProjectionKind):
     head_axes = (axes.PROJECTION_HEADS,) if per_head else ()
     shape = heads + (config.max_len, projected_len)
     names = head_axes + (axes.LENGTH, axes.PROJECTED_LENGTH)
-    return shape, nn.with_logical_partitioning(johnson_lindenstrauss_init(projected_len), names)
+    init = matrix_initializer(config, projected_len, per_head)
+    return shape, nn.with_logical_partitioning(init, names)
 
   def make_weight(self, module, name, *, config, projected_len, per_head):
     shape, init = self.matrix_init(config=config, projected_len=projected_len, per_head=per_head)

@@ -14,8 +14,9 @@ ALLOWED = {
     'training': {'training', 'checkpoints', 'model', 'data'},
     'analysis': {'analysis', 'training', 'checkpoints', 'model', 'data'},
 }
-# Modules below every layer: error types and the registries of named parts.
-BASE_MODULES = ('errors', 'registry')
+# Modules below every layer: error types, the registries of named parts and
+# the path layer (local folders and gs://).
+BASE_MODULES = ('errors', 'registry', 'storage')
 COMMANDS = (
     'train',
     'evaluate',

@@ -30,6 +30,7 @@ from absl import logging
 import jax
 from jax.experimental import multihost_utils
 
+from linformer_jax import storage
 from linformer_jax.errors import ConfigError
 from linformer_jax.errors import free_space_of
 from linformer_jax.errors import is_disk_full
@@ -69,7 +70,7 @@ class Inspection:
 
 def _sha256(path: str) -> str:
   digest = hashlib.sha256()
-  with open(path, 'rb') as f:
+  with storage.open_file(path, 'rb') as f:
     while chunk := f.read(_CHUNK_BYTES):
       digest.update(chunk)
   return digest.hexdigest()
@@ -78,14 +79,10 @@ def _sha256(path: str) -> str:
 def _item_files(step_folder: str) -> List[str]:
   """Every file under the step's item folders, relative to the step folder."""
   found = []
-  for entry in sorted(os.listdir(step_folder)):
+  for entry in sorted(storage.listdir(step_folder)):
     item = os.path.join(step_folder, entry)
-    if not os.path.isdir(item):
-      continue
-    for root, folders, files in os.walk(item):
-      folders.sort()
-      for name in sorted(files):
-        found.append(os.path.relpath(os.path.join(root, name), step_folder))
+    if storage.isdir(item):
+      found.extend(os.path.join(entry, name) for name in storage.files_under(item))
   return found
 
 
@@ -98,37 +95,33 @@ def write_manifest(step_folder: str) -> None:
   files = {}
   for relative in _item_files(step_folder):
     path = os.path.join(step_folder, relative)
-    files[relative] = {'bytes': os.path.getsize(path), 'sha256': _sha256(path)}
-  manifest = os.path.join(step_folder, MANIFEST_FILE)
-  partial = manifest + '.partial'
-  with open(partial, 'w') as f:
-    json.dump({'format': _FORMAT, 'files': files}, f, indent=1, sort_keys=True)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(partial, manifest)
+    files[relative] = {'bytes': storage.getsize(path), 'sha256': _sha256(path)}
+  storage.write_text(
+      os.path.join(step_folder, MANIFEST_FILE),
+      json.dumps({'format': _FORMAT, 'files': files}, indent=1, sort_keys=True),
+  )
 
 
 def recorded_bytes(step_folder: str) -> Optional[int]:
   """The total size of a sealed step's files, from its manifest (None if it
   has no readable manifest)."""
   try:
-    with open(os.path.join(step_folder, MANIFEST_FILE)) as f:
-      return sum(int(entry['bytes']) for entry in json.load(f)['files'].values())
+    manifest = json.loads(storage.read_text(os.path.join(step_folder, MANIFEST_FILE)))
+    return sum(int(entry['bytes']) for entry in manifest['files'].values())
   except (OSError, ValueError, KeyError, TypeError):
     return None
 
 
 def _problem_against_manifest(step_folder: str) -> Optional[str]:
   try:
-    with open(os.path.join(step_folder, MANIFEST_FILE)) as f:
-      files = json.load(f)['files']
+    files = json.loads(storage.read_text(os.path.join(step_folder, MANIFEST_FILE)))['files']
     expected = {name: (int(entry['bytes']), str(entry['sha256'])) for name, entry in files.items()}
   except (OSError, ValueError, KeyError, TypeError) as error:
     return f'its {MANIFEST_FILE} is unreadable ({error})'
   for relative, (size, sha256) in sorted(expected.items()):
     path = os.path.join(step_folder, relative)
     try:
-      found_size = os.path.getsize(path)
+      found_size = storage.getsize(path)
       if found_size != size:
         return f'{relative} holds {found_size} bytes, {size} were written'
       if _sha256(path) != sha256:
@@ -140,9 +133,9 @@ def _problem_against_manifest(step_folder: str) -> Optional[str]:
 
 def _problem_of_unsealed(step_folder: str, items: List[str]) -> Optional[str]:
   """What makes a step folder without a manifest unusable, if anything."""
-  if not os.path.isfile(os.path.join(step_folder, _STEP_METADATA)):
+  if not storage.isfile(os.path.join(step_folder, _STEP_METADATA)):
     return 'it is not a finished checkpoint (no _CHECKPOINT_METADATA)'
-  missing = [item for item in items if not os.path.isdir(os.path.join(step_folder, item))]
+  missing = [item for item in items if not storage.isdir(os.path.join(step_folder, item))]
   if missing:
     return f'it has no {missing[0]}/ item'
   return None
@@ -150,19 +143,19 @@ def _problem_of_unsealed(step_folder: str, items: List[str]) -> Optional[str]:
 
 def inspect(step_folder: str, step: int, items: List[str]) -> Inspection:
   """Checks one step folder; `items` are the item folders a checkpoint has."""
-  if not os.path.isdir(step_folder):
+  if not storage.isdir(step_folder):
     return Inspection(step, step_folder, 'it is not a folder', verified=False)
-  if os.path.exists(os.path.join(step_folder, MANIFEST_FILE)):
+  if storage.exists(os.path.join(step_folder, MANIFEST_FILE)):
     return Inspection(step, step_folder, _problem_against_manifest(step_folder), verified=True)
   return Inspection(step, step_folder, _problem_of_unsealed(step_folder, items), verified=False)
 
 
 def step_entries(directory: str) -> Dict[int, str]:
   """The entries of a checkpoint directory named as steps: step -> path."""
-  if not os.path.isdir(directory):
+  if not storage.isdir(directory):
     return {}
   steps = {}
-  for name in os.listdir(directory):
+  for name in storage.listdir(directory):
     if name.isdigit():
       steps[int(name)] = os.path.join(directory, name)
   return steps
@@ -171,11 +164,11 @@ def step_entries(directory: str) -> Dict[int, str]:
 def unknown_entries(directory: str) -> List[str]:
   """Entries of a checkpoint directory that are neither steps nor orbax's
   temporary folders."""
-  if not os.path.isdir(directory):
+  if not storage.isdir(directory):
     return []
   return sorted(
       name
-      for name in os.listdir(directory)
+      for name in storage.listdir(directory)
       if not name.isdigit() and not (name.split('.')[0].isdigit() and TMP_SUFFIX in name)
   )
 
@@ -188,18 +181,18 @@ def temporary_folder(directory: str, step: int) -> str:
 def move_aside(step_folder: str, destination_folder: Optional[str] = None) -> str:
   """Moves a step folder to `destination_folder`/STEP[.N] (default: a damaged
   step, to ../damaged_checkpoints); returns where it went. Nothing is deleted."""
-  checkpoints = os.path.dirname(os.path.abspath(step_folder))
+  checkpoints = os.path.dirname(storage.location(step_folder))
   destination_folder = destination_folder or os.path.join(
       os.path.dirname(checkpoints), DAMAGED_FOLDER
   )
-  os.makedirs(destination_folder, exist_ok=True)
+  storage.makedirs(destination_folder)
   name = os.path.basename(step_folder)
   destination = os.path.join(destination_folder, name)
   copy = 1
-  while os.path.lexists(destination):
+  while storage.exists(destination) or os.path.islink(destination):
     destination = os.path.join(destination_folder, f'{name}.{copy}')
     copy += 1
-  shutil.move(step_folder, destination)
+  storage.move(step_folder, destination)
   return destination
 
 
@@ -208,7 +201,7 @@ def protected_steps(directory: str) -> set:
   return {
       step
       for step, folder in step_entries(directory).items()
-      if os.path.exists(os.path.join(folder, PROTECTED_FILE))
+      if storage.exists(os.path.join(folder, PROTECTED_FILE))
   }
 
 
@@ -218,10 +211,9 @@ def mark_protected(directory: str, step: int, protected: bool) -> None:
     return
   path = os.path.join(directory, str(step), PROTECTED_FILE)
   if protected:
-    with open(path, 'w') as f:
-      f.write('kept from before a loss spike (linformer_jax/training/divergence.py)\n')
-  elif os.path.exists(path):
-    os.remove(path)
+    storage.write_text(path, 'kept from before a loss spike (training/divergence.py)\n')
+  elif storage.exists(path):
+    storage.remove(path)
 
 
 def move_diverged_steps(directory: str, steps: List[int], back_to: int) -> None:
@@ -230,7 +222,7 @@ def move_diverged_steps(directory: str, steps: List[int], back_to: int) -> None:
   destination = os.path.join(os.path.dirname(directory), DIVERGED_FOLDER, f'from_{back_to}')
   if jax.process_index() == 0:
     for step in steps:
-      os.makedirs(destination, exist_ok=True)
+      storage.makedirs(destination)
       moved = move_aside(os.path.join(directory, str(step)), destination)
       logging.warning('Going back to step %d: moved step %d to %s.', back_to, step, moved)
   if jax.process_count() > 1:
@@ -414,6 +406,8 @@ def room_shortfall(directory: str, steps: List[int], state: Any) -> Optional[int
   A checkpoint takes about what the newest sealed one of `steps` took, or,
   before there is one, the arrays of `state`; 10% and 1 MiB are kept spare.
   """
+  if storage.is_object_store(directory):
+    return None  # no disk of this machine's to fill
   needed = None
   for step in sorted(steps, reverse=True):
     needed = recorded_bytes(os.path.join(directory, str(step)))

@@ -35,6 +35,7 @@ from absl import logging
 import jax
 import orbax.checkpoint as ocp
 
+from linformer_jax import storage
 from linformer_jax.checkpoints import json_items
 from linformer_jax.checkpoints import step_files
 from linformer_jax.errors import ConfigError
@@ -147,7 +148,7 @@ class CheckpointStore:
     if keep < 1:
       raise ValueError(f'keep={keep}: a checkpoint store must keep at least 1 checkpoint.')
     # Orbax writes through TensorStore, which needs an absolute path.
-    self.directory = os.path.abspath(os.fspath(directory))
+    self.directory = storage.location(os.fspath(directory))
     self._async_save = async_save
     self._saving: Optional[int] = None
     self._failed = False
@@ -176,7 +177,7 @@ class CheckpointStore:
     written, before the rename): writes the step's integrity manifest."""
     step = self._saving
     folder = step_files.temporary_folder(self.directory, step)
-    if not os.path.isdir(folder):  # Storage where orbax writes in place.
+    if not storage.isdir(folder):  # Storage where orbax writes in place (gs://).
       folder = os.path.join(self.directory, str(step))
     step_files.write_manifest(folder)
 
@@ -388,10 +389,10 @@ class CheckpointStore:
       ConfigError (a ValueError): no checkpoint there, or an array is missing,
         extra or of another shape (the message names it).
     """
-    directory = os.path.abspath(os.fspath(directory_or_workdir))
-    if os.path.isdir(os.path.join(directory, 'checkpoints')):
+    directory = storage.location(os.fspath(directory_or_workdir))
+    if storage.isdir(os.path.join(directory, 'checkpoints')):
       directory = os.path.join(directory, 'checkpoints')
-    if not os.path.isdir(directory):
+    if not storage.isdir(directory):
       raise ConfigError(
           f'{directory_or_workdir} is not a run directory; '
           "config.init_from must name a finished run's workdir."

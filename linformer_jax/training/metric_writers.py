@@ -11,6 +11,10 @@ summary writer (clu's default writer uses it) costs seconds of import in every
 run for a few scalars.
 
 Only the primary process (process 0) writes files; the others only log.
+
+An object store (a gs:// workdir) has no appends: there the event file is
+written locally and uploaded whole after each write, and metrics.jsonl is
+rewritten whole from the records kept in memory, one object write per call.
 """
 
 import contextlib
@@ -20,6 +24,7 @@ import json
 import os
 import socket
 import struct
+import tempfile
 import time
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
@@ -29,6 +34,7 @@ from tensorboard.compat.proto import event_pb2
 from tensorboard.compat.proto import summary_pb2
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
+from linformer_jax import storage
 from linformer_jax.errors import is_disk_full
 
 METRICS_FILE = 'metrics.jsonl'
@@ -44,10 +50,9 @@ def _complete_lines(path: str) -> List[str]:
   A last line without its newline is a record still being written (a reader
   running beside the trainer) or cut short by a killed process; it is skipped.
   """
-  if not os.path.exists(path):
+  if not storage.exists(path):
     return []
-  with open(path) as f:
-    text = f.read()
+  text = storage.read_text(path)
   return [line for line in text.split('\n')[:-1] if line.strip()]
 
 
@@ -76,6 +81,12 @@ class EventFile:
         f'{os.getpid()}.{next(_event_file_numbers)}.v2'
     )
     self.path = os.path.join(directory, name)
+    # On an object store: a local copy, uploaded whole after each write.
+    self._upload_to = None
+    if storage.is_object_store(directory):
+      self._upload_to = self.path
+      self._staging = tempfile.TemporaryDirectory(prefix='linformer_events_')
+      self.path = os.path.join(self._staging.name, name)
     self._file = open(self.path, 'xb')  # pylint: disable=consider-using-with
     try:
       self._write(event_pb2.Event(wall_time=time.time(), file_version='brain.Event:2'))
@@ -92,6 +103,9 @@ class EventFile:
     self._file.write(header + struct.pack('<I', masked_crc32c(header)))
     self._file.write(data + struct.pack('<I', masked_crc32c(data)))
     self._file.flush()
+    if self._upload_to:
+      with open(self.path, 'rb') as local, storage.open_file(self._upload_to, 'wb') as remote:
+        remote.write(local.read())
 
   def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
     values = [summary_pb2.Summary.Value(tag=name, simple_value=v) for name, v in scalars.items()]
@@ -101,6 +115,8 @@ class EventFile:
 
   def close(self) -> None:
     self._file.close()
+    if self._upload_to:
+      self._staging.cleanup()
 
 
 def _format_duration(seconds: float) -> str:
@@ -128,8 +144,10 @@ class MetricLogger:
     self.total_steps = total_steps
     self.is_primary = is_primary
     self._events = None
+    # metrics.jsonl's records, kept in memory only for an object store.
+    self._records: Optional[List[str]] = None
     if is_primary:
-      os.makedirs(workdir, exist_ok=True)
+      storage.makedirs(workdir)
       with self._disk_full_as_os_error():
         self._events = EventFile(workdir)
     self._last_step = 0
@@ -156,9 +174,15 @@ class MetricLogger:
     self._last_step = step
     self._last_time = time.monotonic()
     path = _metrics_path(self.workdir)
-    if not self.is_primary or not os.path.exists(path):
+    if not self.is_primary:
       return
     kept = [line for line in _complete_lines(path) if json.loads(line)['step'] <= step]
+    if storage.is_object_store(path):
+      self._records = kept
+      storage.write_text(path, ''.join(line + '\n' for line in kept))
+      return
+    if not os.path.exists(path):
+      return
     # Replace the file in one rename, so a crash here cannot lose the records.
     partial_path = path + '.tmp'
     with open(partial_path, 'w') as f:
@@ -176,11 +200,19 @@ class MetricLogger:
     if self._events is not None:
       with self._disk_full_as_os_error():
         self._events.write_scalars(step, values)
-    if self.is_primary:
-      # One write of a whole line per record: a concurrent reader sees either
-      # no record or a complete one (see _complete_lines).
-      with open(_metrics_path(self.workdir), 'a') as f:
-        f.write(json.dumps({'step': step, **values}) + '\n')
+    if not self.is_primary:
+      return
+    record = json.dumps({'step': step, **values})
+    if storage.is_object_store(self.workdir):
+      if self._records is None:
+        self._records = _complete_lines(_metrics_path(self.workdir))
+      self._records.append(record)
+      storage.write_text(_metrics_path(self.workdir), ''.join(r + '\n' for r in self._records))
+      return
+    # One write of a whole line per record: a concurrent reader sees either
+    # no record or a complete one (see _complete_lines).
+    with open(_metrics_path(self.workdir), 'a') as f:
+      f.write(record + '\n')
 
   def exclude(self, seconds: float) -> None:
     """Leaves `seconds` (an evaluation, a checkpoint) out of the next rates."""

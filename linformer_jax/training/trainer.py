@@ -22,15 +22,12 @@ checkpoint before the program exits; with several processes, SIGTERM to any
 one of them makes all save the same step (JAX's preemption sync point).
 """
 
-import contextlib
-import fcntl
 import json
 import math
 import os
 import signal
-import tempfile
 import time
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from absl import logging
 from clu import parameter_overview
@@ -39,6 +36,7 @@ from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 
+from linformer_jax import storage
 from linformer_jax.checkpoints.store import CheckpointStore
 from linformer_jax.checkpoints.store import checkpoint_directory
 from linformer_jax.errors import ConfigError
@@ -48,6 +46,7 @@ from linformer_jax.training import run_builder
 from linformer_jax.training import run_config
 from linformer_jax.training import tasks
 from linformer_jax.training import train_steps
+from linformer_jax.training import workdir_lock
 from linformer_jax.training.divergence import NonFiniteLossError
 from linformer_jax.training.metric_writers import MetricLogger
 
@@ -216,79 +215,15 @@ class Run:
 
 
 def _write_json(path: str, payload: Dict[str, Any]) -> None:
-  """Writes `payload` to `path` (process 0) whole or not at all: a failed
-  write (a full disk) leaves any previous file as it was."""
-  if jax.process_index() != 0:
-    return
-  partial = path + '.partial'
-  try:
-    with open(partial, 'w') as f:
-      json.dump(payload, f, indent=2, sort_keys=True)
-    os.replace(partial, path)
-  except OSError as error:
-    with contextlib.suppress(OSError):
-      os.remove(partial)
-    raise OSError(error.errno, error.strerror, path) from None
+  """Writes `payload` to `path` (process 0) whole or not at all."""
+  if jax.process_index() == 0:
+    storage.write_text(path, json.dumps(payload, indent=2, sort_keys=True))
 
 
 def is_due(step: int, every: int, last_step: int) -> bool:
   """Whether a periodic action (log, evaluate, save) is due after `step`: every
   `every` steps and after the last one."""
   return step % every == 0 or step == last_step
-
-
-def _check_writable(workdir: str) -> None:
-  """ConfigError unless a file can be created in `workdir`: creating one is
-  the only test that sees read-only mounts, permissions and ACLs alike."""
-  try:
-    handle, probe = tempfile.mkstemp(prefix='.write-test-', dir=workdir)
-  except OSError as error:
-    raise ConfigError(
-        f'--workdir={workdir!r} is not writable ({error.strerror}); give the path of a folder '
-        'you can write to.'
-    ) from None
-  os.close(handle)
-  os.remove(probe)
-
-
-@contextlib.contextmanager
-def exclusive_workdir(workdir: str) -> Iterator[None]:
-  """Holds an exclusive lock on `workdir` (on process 0) while a run uses it.
-
-  The lock is `flock` on the folder itself: the kernel drops it when the
-  holder exits, however it dies, so a dead run never blocks the next one. A
-  folder this call created stays only if the run wrote something into it.
-
-  Raises:
-    ConfigError: another run holds the workdir, or it cannot be a folder.
-  """
-  if jax.process_index() != 0:
-    yield
-    return
-  created = not os.path.exists(workdir)
-  try:
-    os.makedirs(workdir, exist_ok=True)
-    folder = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY)
-  except OSError as error:
-    raise ConfigError(
-        f'--workdir={workdir!r} cannot be a run folder ({error.strerror}); give the path '
-        'of a folder you can write to.'
-    ) from None
-  try:
-    try:
-      fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      raise ConfigError(
-          f'{workdir} is in use by another run; wait for it to finish or use another --workdir.'
-      ) from None
-    _check_writable(workdir)
-    yield
-  except ConfigError:
-    if created and not os.listdir(workdir):
-      os.rmdir(workdir)
-    raise
-  finally:
-    os.close(folder)
 
 
 # Where `config.profile_steps` writes its trace (TensorBoard's profile plugin
@@ -307,11 +242,12 @@ def train_and_evaluate(
 ) -> Optional[Dict[str, Any]]:
   """Trains to config.total_steps (resuming if possible) and evaluates.
 
-  One run at a time per workdir (`exclusive_workdir`).
+  One run at a time per workdir (`workdir_lock`).
 
   Args:
     config: the run's config.
-    workdir: the run's directory; an existing run there is resumed.
+    workdir: the run's directory (a local path or gs://BUCKET/PATH); an
+      existing run there is resumed.
     stop_after: if set, stop with a checkpoint once the run has taken this
       many steps (a budget for now; the run stays resumable to total_steps).
 
@@ -326,7 +262,8 @@ def train_and_evaluate(
       a non-finite loss or parameters; the message names the kept checkpoints
       and the flags to go on with.
   """
-  with exclusive_workdir(workdir):
+  workdir = storage.location(workdir)
+  with workdir_lock.exclusive_workdir(workdir):
     return _train_and_evaluate(config, workdir, stop_after)
 
 
@@ -357,7 +294,7 @@ def _train_and_evaluate(
       run.store.close()
       raise
     report(f'train step compiled in {time.monotonic() - compile_start:.1f} s: {cost.describe()}.')
-  os.makedirs(workdir, exist_ok=True)
+  storage.makedirs(workdir)
   _write_json(os.path.join(workdir, 'config.json'), config.to_dict())
   parameter_overview.log_parameter_overview(
       run.state.params, include_stats=False, msg='The parameters:', jax_logging_process=0
@@ -466,6 +403,7 @@ def evaluate_checkpoint(
     config: ml_collections.ConfigDict, workdir: str, split: str
 ) -> Dict[str, Any]:
   """Evaluates the newest checkpoint of a run on a split; writes JSON."""
+  workdir = storage.location(workdir)
   config = ml_collections.ConfigDict(config.to_dict())
   config.data.eval_split = split
   loaded = run_builder.load_for_evaluation(config, workdir)

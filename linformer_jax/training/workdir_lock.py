@@ -1,0 +1,170 @@
+"""One run per workdir: `flock` on a local folder, a lease object on gs://.
+
+A local workdir is locked with `flock` on the folder itself: the kernel drops
+the lock when the holder exits, however it dies, so a dead run never blocks
+the next one.
+
+An object store has no locks and no kernel to drop one. There the lock is the
+object WORKDIR/LOCK_OBJECT, created only if absent (a generation-0
+precondition: of two runs starting together, exactly one creates it). Its
+holder rewrites it every RENEW_SECONDS, each write conditional on the
+generation it last wrote, and deletes it when the run ends. A lock not
+renewed for LEASE_SECONDS belongs to a run that died (a preempted VM, say):
+the next run takes it over, again conditionally, so only one run can. A
+holder whose renewal finds another run's lock has lost the workdir and logs
+an error; the run goes on (its saves then compete with the other run's).
+"""
+
+import contextlib
+import datetime
+import fcntl
+import json
+import os
+import socket
+import tempfile
+import threading
+import time
+from typing import Iterator
+
+from absl import logging
+import jax
+
+from linformer_jax import storage
+from linformer_jax.errors import ConfigError
+
+LOCK_OBJECT = '.lock'
+LEASE_SECONDS = 120.0
+RENEW_SECONDS = 30.0
+
+
+def _check_writable(workdir: str) -> None:
+  """ConfigError unless a file can be created in `workdir`: creating one is
+  the only test that sees read-only mounts, permissions and ACLs alike."""
+  try:
+    handle, probe = tempfile.mkstemp(prefix='.write-test-', dir=workdir)
+  except OSError as error:
+    raise ConfigError(
+        f'--workdir={workdir!r} is not writable ({error.strerror}); give the path of a folder '
+        'you can write to.'
+    ) from None
+  os.close(handle)
+  os.remove(probe)
+
+
+@contextlib.contextmanager
+def exclusive_workdir(workdir: str) -> Iterator[None]:
+  """Holds an exclusive lock on `workdir` (on process 0) while a run uses it.
+
+  A local folder this call created stays only if the run wrote into it.
+
+  Raises:
+    ConfigError: another run holds the workdir, or it cannot be a folder.
+  """
+  if jax.process_index() != 0:
+    yield
+    return
+  if storage.is_object_store(workdir):
+    with _Lease(workdir):
+      yield
+    return
+  created = not os.path.exists(workdir)
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    folder = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY)
+  except OSError as error:
+    raise ConfigError(
+        f'--workdir={workdir!r} cannot be a run folder ({error.strerror}); give the path '
+        'of a folder you can write to.'
+    ) from None
+  try:
+    try:
+      fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      raise ConfigError(
+          f'{workdir} is in use by another run; wait for it to finish or use another --workdir.'
+      ) from None
+    _check_writable(workdir)
+    yield
+  except ConfigError:
+    if created and not os.listdir(workdir):
+      os.rmdir(workdir)
+    raise
+  finally:
+    os.close(folder)
+
+
+def _owner() -> str:
+  return json.dumps({'host': socket.gethostname(), 'pid': os.getpid(), 'time': time.time()})
+
+
+class _Lease:
+  """The lock object of a gs:// workdir; see the module docstring."""
+
+  def __init__(self, workdir: str):
+    self.workdir = workdir
+    bucket, _, prefix = workdir[len('gs://') :].partition('/')
+    self.name = f'{prefix}/{LOCK_OBJECT}' if prefix else LOCK_OBJECT
+    self.bucket_name = bucket
+    self._generation = None
+    self._stop = threading.Event()
+    self._thread = None
+
+  def _blob(self):
+    from google.cloud import storage as gcs  # pylint: disable=g-import-not-at-top
+
+    return gcs.Client().bucket(self.bucket_name).blob(self.name)
+
+  def _refused(self, reason: str) -> ConfigError:
+    return ConfigError(f'--workdir={self.workdir!r} {reason}')
+
+  def __enter__(self) -> '_Lease':
+    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+
+    blob = self._blob()
+    try:
+      blob.upload_from_string(_owner(), if_generation_match=0)
+    except exceptions.PreconditionFailed:
+      blob.reload()
+      age = (datetime.datetime.now(datetime.timezone.utc) - blob.updated).total_seconds()
+      if age < LEASE_SECONDS:
+        holder = json.loads(blob.download_as_text())
+        raise self._refused(
+            f'is in use by another run (host {holder.get("host")}, pid {holder.get("pid")}, '
+            f'renewed {age:.0f} s ago); wait for it to finish, use another --workdir, or, if '
+            f'that run is gone, run again after {LEASE_SECONDS - age:.0f} s when its lock '
+            'expires.'
+        ) from None
+      try:  # A dead run's lock: take it over, unless another run just did.
+        blob.upload_from_string(_owner(), if_generation_match=blob.generation)
+      except exceptions.PreconditionFailed:
+        raise self._refused('was just taken over by another run; use another --workdir.') from None
+      logging.warning('Took over the lock of %s, not renewed for %.0f s.', self.workdir, age)
+    except exceptions.GoogleAPIError as error:
+      raise self._refused(f'cannot hold a lock object ({error}).') from None
+    self._generation = blob.generation
+    self._thread = threading.Thread(target=self._renew, daemon=True, name='workdir_lease')
+    self._thread.start()
+    return self
+
+  def _renew(self) -> None:
+    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+
+    while not self._stop.wait(RENEW_SECONDS):
+      blob = self._blob()
+      try:
+        blob.upload_from_string(_owner(), if_generation_match=self._generation)
+        self._generation = blob.generation
+      except exceptions.PreconditionFailed:
+        logging.error('Another run took over %s: this run no longer holds it.', self.workdir)
+        return
+      except exceptions.GoogleAPIError as error:  # retried at the next renewal
+        logging.warning('Renewing the lock of %s failed: %s', self.workdir, error)
+
+  def __exit__(self, *exc_info) -> None:
+    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join()
+    with contextlib.suppress(exceptions.GoogleAPIError):
+      self._blob().delete(if_generation_match=self._generation)

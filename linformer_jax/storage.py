@@ -19,7 +19,7 @@ to use gcsfs.
 import os
 import re
 import shutil
-from typing import IO, Iterator, List
+from typing import IO, List
 
 from linformer_jax.errors import ConfigError
 
@@ -130,18 +130,22 @@ def open_file(path: str, mode: str = 'r') -> IO:
   return open(path, mode)  # pylint: disable=unspecified-encoding
 
 
-def files_under(folder: str) -> Iterator[str]:
+def files_under(folder: str) -> List[str]:
   """Every file below `folder`, as paths relative to it, sorted."""
-  if is_object_store(folder):
-    root = _remote(folder)
-    found = (str(p.relative_to(root)) for p in root.rglob('*') if p.is_file())
-  else:
-    found = (
+  if not is_object_store(folder):
+    return sorted(
         os.path.relpath(os.path.join(base, name), folder)
         for base, _, names in os.walk(folder)
         for name in names
     )
-  return iter(sorted(found))
+  found = []
+  for name in listdir(folder):
+    path = join(folder, name)
+    if isdir(path):
+      found.extend(join(name, below) for below in files_under(path))
+    else:
+      found.append(name)
+  return sorted(found)
 
 
 def write_text(path: str, text: str) -> None:

@@ -235,3 +235,12 @@ def books(tmp_path) -> pathlib.Path:
     (folder / f'{name}.txt').write_bytes(text.replace('\n', '\r\n').encode())
   (folder / 'notes.md').write_text('not a .txt file')
   return folder
+
+
+@pytest.fixture(scope='session')
+def gcs_bucket() -> str:
+  """'gs://BUCKET' of a GCS emulator on the loopback address (tests/gcs_emulator.py)."""
+  import gcs_emulator  # pylint: disable=g-import-not-at-top
+
+  with gcs_emulator.started() as bucket:
+    yield bucket

@@ -16,6 +16,7 @@ from run_helpers import tiny_config
 
 from linformer_jax import storage
 from linformer_jax.checkpoints.store import CheckpointStore
+from linformer_jax.data import remote_splits
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import trainer
 from linformer_jax.training import workdir_lock
@@ -103,3 +104,32 @@ def test_a_held_gs_lock_refuses_a_second_run_and_a_stale_one_is_taken_over(gcs_b
   with workdir_lock.exclusive_workdir(workdir):
     assert storage.exists(f'{workdir}/{workdir_lock.LOCK_OBJECT}')
   assert not storage.exists(f'{workdir}/{workdir_lock.LOCK_OBJECT}')
+
+
+@pytest.mark.slow
+def test_prepared_shards_in_a_bucket_are_written_once_and_read_by_another_host(
+    gcs_bucket, tmp_path, monkeypatch
+):
+  """The first run prepares the splits into its local mirror and uploads
+  them; a run with an empty data cache (another host) downloads and reads
+  them, and trains alike."""
+  config = tiny_config(total_steps=3, warmup_steps=1, log_every=1, eval_every=3, checkpoint_every=3)
+  config.data.prepared_dir = f'{gcs_bucket}/prepared'
+  config.data.cache_dir = str(tmp_path / 'cache_a')
+  trainer.train_and_evaluate(config, str(tmp_path / 'a'))
+  uploaded = storage.listdir(f'{gcs_bucket}/prepared/{config.data.train_split}')
+  assert 'part-0-of-1.json' in uploaded and any(n.endswith('.array_record') for n in uploaded)
+  config.data.cache_dir = str(tmp_path / 'cache_b')
+  downloaded = []
+  download = remote_splits.download
+  monkeypatch.setattr(
+      remote_splits, 'download', lambda *args: downloaded.append(download(*args)) or downloaded[-1]
+  )
+  trainer.train_and_evaluate(config, str(tmp_path / 'b'))
+  assert downloaded and downloaded[0] == len([n for n in uploaded if n.endswith('.array_record')])
+  assert losses_by_step(str(tmp_path / 'b')) == losses_by_step(str(tmp_path / 'a'))
+  mirrors = list((tmp_path / 'cache_b' / 'prepared').glob(f'{config.data.train_split}-gs-*'))
+  assert len(mirrors) == 1
+  assert sorted(p.name for p in mirrors[0].iterdir() if not p.name.endswith('.lock')) == sorted(
+      uploaded
+  )

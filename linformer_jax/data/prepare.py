@@ -28,6 +28,7 @@ import numpy as np
 
 from linformer_jax.data import cache
 from linformer_jax.data import packing
+from linformer_jax.data import remote_splits
 from linformer_jax.data import shards
 from linformer_jax.data import sources
 from linformer_jax.data import tokenizer as tokenizer_lib
@@ -245,8 +246,11 @@ def split_signature(
 def split_folder(
     data_config: Mapping[str, Any], split: str, signature: Mapping[str, Any]
 ) -> pathlib.Path:
-  """config.data.prepared_dir/SPLIT, or a folder of the cache named by the
-  signature's digest."""
+  """config.data.prepared_dir/SPLIT (its local mirror for a gs:// one), or a
+  folder of the cache named by the signature's digest."""
+  remote = remote_splits.remote_folder(data_config, split)
+  if remote:
+    return remote_splits.mirror_folder(data_config, remote)
   if data_config.get('prepared_dir'):
     return pathlib.Path(os.path.expanduser(data_config['prepared_dir'])) / split
   digest = hashlib.sha256(json.dumps(signature, sort_keys=True).encode()).hexdigest()[:20]
@@ -308,6 +312,9 @@ def prepared_split(
   `part_index` of `part_count` first when its manifest is not complete."""
   signature = split_signature(data_config, split, tokenizer, seq_len)
   folder = split_folder(data_config, split, signature)
+  remote = remote_splits.remote_folder(data_config, split)
+  if remote:
+    remote_splits.download(remote, folder)
   if prepare:
     with preparing(folder, part_index, part_count):
       prepare_part(
@@ -322,4 +329,6 @@ def prepared_split(
           part_index=part_index,
           part_count=part_count,
       )
+    if remote:
+      remote_splits.upload(folder, remote)
   return shards.PreparedSplit(folder, signature)

@@ -33,6 +33,7 @@ import numpy as np
 from linformer_jax.data import loaders
 from linformer_jax.data import packing
 from linformer_jax.data import prepare
+from linformer_jax.data import remote_splits
 from linformer_jax.data import shards
 from linformer_jax.data import sources
 from linformer_jax.data import tokenizer as tokenizer_lib
@@ -282,6 +283,9 @@ def _prepare_parts(
   for split in dict.fromkeys((config.data.train_split, config.data.eval_split)):
     signature = prepare.split_signature(config.data, split, tokenizer, seq_len)
     folder = prepare.split_folder(config.data, split, signature)
+    remote = remote_splits.remote_folder(config.data, split)
+    if remote:
+      remote_splits.download(remote, folder)
     with prepare.preparing(folder, part_index, part_count):
       manifest = prepare.prepare_part(
           config.data,
@@ -295,6 +299,8 @@ def _prepare_parts(
           part_index=part_index,
           part_count=part_count,
       )
+    if remote:
+      remote_splits.upload(folder, remote)
     try:
       shards.PreparedSplit(folder, signature)
       all_parts = True

@@ -17,6 +17,7 @@ from run_helpers import tiny_config
 from linformer_jax import storage
 from linformer_jax.checkpoints.store import CheckpointStore
 from linformer_jax.data import remote_splits
+from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import trainer
 from linformer_jax.training import workdir_lock
@@ -133,3 +134,24 @@ def test_prepared_shards_in_a_bucket_are_written_once_and_read_by_another_host(
   assert sorted(p.name for p in mirrors[0].iterdir() if not p.name.endswith('.lock')) == sorted(
       uploaded
   )
+
+
+@pytest.mark.slow
+def test_a_gs_runs_tokenizer_is_kept_in_the_bucket_and_read_back(gcs_bucket, tmp_path, monkeypatch):
+  """SentencePiece reads local files: a gs:// run trains its tokenizer in a
+  local mirror, uploads it, and a resumed run (on another host: an empty data
+  cache) reads it back instead of training one."""
+  workdir = f'{gcs_bucket}/runs/sentencepiece'
+  config = tiny_config(total_steps=4, warmup_steps=1, checkpoint_every=2, eval_every=4)
+  config.data.tokenizer, config.data.vocab_size = 'sentencepiece', 200
+  config.data.tokenizer_sample_chars = 200_000
+  config.data.cache_dir = str(tmp_path / 'cache_a')
+  assert trainer.train_and_evaluate(config, workdir, stop_after=2) is None
+  assert storage.exists(f'{workdir}/tokenizer.model')
+
+  def never(*args, **kwargs):
+    raise AssertionError('the tokenizer was trained again')
+
+  monkeypatch.setattr(tokenizer_lib.SentencePieceTokenizer, 'train', never)
+  config.data.cache_dir = str(tmp_path / 'cache_b')
+  assert trainer.train_and_evaluate(config, workdir)['step'] == 4

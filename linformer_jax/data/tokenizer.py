@@ -21,6 +21,8 @@ import numpy as np
 import sentencepiece as spm
 import tokenizers
 
+from linformer_jax import storage
+from linformer_jax.data import cache
 from linformer_jax.errors import ConfigError
 
 TOKENIZERS = ('sentencepiece', 'byte', 'huggingface')
@@ -287,6 +289,25 @@ def _load_checked(kind: str, model_path: pathlib.Path, vocab_size: int, advice: 
   return tokenizer
 
 
+def _local_workdir(data_config: Mapping[str, Any], workdir: str, filename: str) -> str:
+  """`workdir` itself, or for a gs:// workdir its local mirror in the data
+  cache, holding a copy of the workdir's tokenizer file if it has one.
+
+  SentencePiece and the tokenizers library read local files only; the
+  tokenizer trained for a gs:// run is uploaded once kept.
+  """
+  if not storage.is_object_store(workdir):
+    return workdir
+  digest = hashlib.sha256(workdir.encode()).hexdigest()[:20]
+  mirror = cache.cache_root(data_config.get('cache_dir')) / 'workdirs' / digest
+  remote = storage.join(workdir, filename)
+  if storage.exists(remote):
+    mirror.mkdir(parents=True, exist_ok=True)
+    with storage.open_file(remote, 'rb') as copy:
+      (mirror / filename).write_bytes(copy.read())
+  return str(mirror)
+
+
 def run_tokenizer(data_config: Mapping[str, Any], workdir: str) -> Tokenizer:
   """The tokenizer a finished run was trained with: bytes, or its
   WORKDIR/tokenizer.model or tokenizer.json (never trained here)."""
@@ -297,7 +318,7 @@ def run_tokenizer(data_config: Mapping[str, Any], workdir: str) -> Tokenizer:
     raise ConfigError(
         f'config.data.tokenizer={kind!r} has no text to encode; use one of {TOKENIZERS}.'
     )
-  model_path = pathlib.Path(workdir) / FILENAMES[kind]
+  model_path = pathlib.Path(_local_workdir(data_config, workdir, FILENAMES[kind])) / FILENAMES[kind]
   if not model_path.exists():
     raise ConfigError(f'{workdir} has no {FILENAMES[kind]}; point --workdir at a trained run.')
   return _load_checked(kind, model_path, data_config['vocab_size'], "use the run's own config")
@@ -347,7 +368,8 @@ def workdir_tokenizer(
         f'config.data.vocab_size={vocab_size!r} is not allowed; use an int >= 8 (e.g. 8000).'
     )
   filename = FILENAMES[kind]
-  model_path = pathlib.Path(workdir) / filename
+  remote = workdir if storage.is_object_store(workdir) else None
+  model_path = pathlib.Path(_local_workdir(data_config, workdir, filename)) / filename
   if model_path.exists():
     yield _load_checked(kind, model_path, vocab_size, 'use a new workdir')
     return
@@ -382,6 +404,12 @@ def workdir_tokenizer(
     raise
   os.replace(staged, model_path)
   tokenizer.model_path = str(model_path)
+  if remote:
+    with (
+        open(model_path, 'rb') as local,
+        storage.open_file(storage.join(remote, filename), 'wb') as copy,
+    ):
+      copy.write(local.read())
 
 
 def build_tokenizer(

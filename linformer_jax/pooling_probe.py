@@ -19,6 +19,7 @@ import os
 from absl import flags
 
 from linformer_jax import cli
+from linformer_jax import storage
 from linformer_jax.analysis import settings_flags
 from linformer_jax.analysis.pooling_probe import ProbeSettings
 from linformer_jax.analysis.pooling_probe import probe
@@ -37,9 +38,10 @@ def main(argv):
   parsed = flags.FLAGS
   settings = settings_flags.from_flags(ProbeSettings)
   report = probe(parsed.config, parsed.workdir, train_batches=settings.train_batches)
-  path = os.path.join(parsed.workdir, 'probe.json')
-  with open(path, 'w') as f:
-    json.dump(report, f, indent=2)
+  workdir = storage.location(parsed.workdir)
+  storage.makedirs(workdir)
+  path = os.path.join(workdir, 'probe.json')
+  storage.write_text(path, json.dumps(report, indent=2))
   print(
       f"{report['attention']} encoder of {report['init_from']}: {report['train_examples']} "
       f"training and {report['eval_examples']} {report['eval_split']} examples "

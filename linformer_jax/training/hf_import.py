@@ -29,6 +29,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from linformer_jax import storage
 from linformer_jax.checkpoints import hf_checkpoint
 from linformer_jax.checkpoints import hf_conversion
 from linformer_jax.checkpoints.store import CheckpointStore
@@ -83,6 +84,12 @@ def build_state(
 
 
 def _check_workdir(workdir: str) -> None:
+  if storage.is_object_store(storage.location(workdir)):
+    raise ConfigError(
+        f'--workdir={workdir}: an import is written to a local folder (it is staged, then '
+        'renamed into place); import locally, then copy the folder to the bucket '
+        '(gcloud storage cp -r).'
+    )
   if os.path.exists(workdir) and (not os.path.isdir(workdir) or os.listdir(workdir)):
     raise ConfigError(
         f'--workdir={workdir} already exists; the import writes a new run, give a new --workdir.'

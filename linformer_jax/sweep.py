@@ -15,6 +15,7 @@ import os
 from absl import flags
 
 from linformer_jax import cli
+from linformer_jax import storage
 from linformer_jax.analysis.sweep import REPORT_FILE
 from linformer_jax.analysis.sweep import Sweep  # re-exported for sweep files
 from linformer_jax.analysis.sweep import Variant  # re-exported for sweep files
@@ -22,6 +23,7 @@ from linformer_jax.analysis.sweep import figure_file
 from linformer_jax.analysis.sweep import load_sweep
 from linformer_jax.analysis.sweep import report_table
 from linformer_jax.analysis.sweep import run_sweep
+from linformer_jax.errors import ConfigError
 
 __all__ = ['Sweep', 'Variant', 'main']
 
@@ -40,6 +42,11 @@ def main(argv):
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}; pass overrides as --set=KEY=VALUE')
   settings = flags.FLAGS
+  if storage.is_object_store(storage.location(settings.workdir)):
+    raise ConfigError(
+        f'--workdir={settings.workdir}: a sweep writes its report and figure to a local '
+        'folder; give a local --workdir (each variant can still be trained alone on gs://).'
+    )
   sweep = load_sweep(settings.sweep)
   run_sweep(sweep, settings.workdir, only=settings.only, sets=settings.set)
   print(report_table(sweep, settings.workdir), flush=True)

@@ -19,6 +19,7 @@ from linformer_jax.checkpoints.store import CheckpointStore
 from linformer_jax.data import remote_splits
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
+from linformer_jax.training import hf_import
 from linformer_jax.training import trainer
 from linformer_jax.training import workdir_lock
 
@@ -155,3 +156,14 @@ def test_a_gs_runs_tokenizer_is_kept_in_the_bucket_and_read_back(gcs_bucket, tmp
   monkeypatch.setattr(tokenizer_lib.SentencePieceTokenizer, 'train', never)
   config.data.cache_dir = str(tmp_path / 'cache_b')
   assert trainer.train_and_evaluate(config, workdir)['step'] == 4
+
+
+def test_commands_that_stage_files_locally_refuse_a_gs_workdir(run_command):
+  with pytest.raises(ConfigError, match='an import is written to a local folder'):
+    hf_import._check_workdir('gs://bucket/imported')  # pylint: disable=protected-access
+  result = run_command(
+      'sweep', '--sweep=configs/sweeps/projected_len.py', '--workdir=gs://bucket/sweep'
+  )
+  assert result.returncode == 2, result.stderr
+  errors = [line for line in result.stderr.splitlines() if line.startswith('error:')]
+  assert len(errors) == 1 and 'a sweep writes its report and figure to a local' in errors[0]

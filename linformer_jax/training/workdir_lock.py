@@ -108,11 +108,14 @@ class _Lease:
     self._generation = None
     self._stop = threading.Event()
     self._thread = None
+    self._client = None
 
   def _blob(self):
-    from google.cloud import storage as gcs  # pylint: disable=g-import-not-at-top
+    if self._client is None:
+      from google.cloud import storage as gcs  # pylint: disable=g-import-not-at-top
 
-    return gcs.Client().bucket(self.bucket_name).blob(self.name)
+      self._client = gcs.Client()
+    return self._client.bucket(self.bucket_name).blob(self.name)
 
   def _refused(self, reason: str) -> ConfigError:
     return ConfigError(f'--workdir={self.workdir!r} {reason}')

@@ -70,14 +70,45 @@ def test_the_path_layer_on_gs(gcs_bucket):
 
 
 @pytest.mark.slow
-def test_a_gs_workdir_trains_saves_and_resumes_as_a_local_one(gcs_bucket, tmp_path):
-  """A run stopped and resumed on gs:// takes bitwise the steps of a local run
-  never stopped; its files are all in the bucket."""
+def test_a_run_on_buckets_alone_resumes_on_another_host_as_a_local_run(
+    gcs_bucket, tmp_path, monkeypatch
+):
+  """A run whose workdir and prepared data are in the bucket, stopped at step
+  4 and resumed on "another host" (an empty data cache), takes bitwise the
+  losses and parameters of a local run never stopped.
+
+  The first leg prepares the splits in its local mirror and uploads them, and
+  trains its SentencePiece tokenizer in a local mirror of the workdir and
+  uploads it; the second downloads both instead of preparing or training.
+  """
   config = tiny_config(total_steps=8, log_every=1, eval_every=4, checkpoint_every=4)
+  config.data.tokenizer, config.data.vocab_size = 'sentencepiece', 200
+  config.data.tokenizer_sample_chars = 100_000
   local, remote = str(tmp_path / 'local'), f'{gcs_bucket}/runs/tiny'
+  config.data.cache_dir = str(tmp_path / 'cache_local')
   expected = trainer.train_and_evaluate(config, local)
+
+  config.data.prepared_dir = f'{gcs_bucket}/prepared'
+  config.data.cache_dir = str(tmp_path / 'cache_first_host')
   assert trainer.train_and_evaluate(config, remote, stop_after=4) is None
+  uploaded = storage.listdir(f'{gcs_bucket}/prepared/{config.data.train_split}')
+  assert 'part-0-of-1.json' in uploaded and any(n.endswith('.array_record') for n in uploaded)
+  assert storage.exists(f'{remote}/tokenizer.model')
+
+  config.data.cache_dir = str(tmp_path / 'cache_second_host')
+  downloaded = []
+  download = remote_splits.download
+  monkeypatch.setattr(
+      remote_splits, 'download', lambda *args: downloaded.append(download(*args)) or downloaded[-1]
+  )
+
+  def never(*args, **kwargs):
+    raise AssertionError('the tokenizer was trained again')
+
+  monkeypatch.setattr(tokenizer_lib.SentencePieceTokenizer, 'train', never)
   results = trainer.train_and_evaluate(config, remote)
+  assert downloaded[0] == len([name for name in uploaded if name.endswith('.array_record')])
+
   assert losses_by_step(remote) == losses_by_step(local)
   assert results['eval_loss'] == expected['eval_loss']
   step_a, params_a = final_params(local, config)
@@ -106,56 +137,6 @@ def test_a_held_gs_lock_refuses_a_second_run_and_a_stale_one_is_taken_over(gcs_b
   with workdir_lock.exclusive_workdir(workdir):
     assert storage.exists(f'{workdir}/{workdir_lock.LOCK_OBJECT}')
   assert not storage.exists(f'{workdir}/{workdir_lock.LOCK_OBJECT}')
-
-
-@pytest.mark.slow
-def test_prepared_shards_in_a_bucket_are_written_once_and_read_by_another_host(
-    gcs_bucket, tmp_path, monkeypatch
-):
-  """The first run prepares the splits into its local mirror and uploads
-  them; a run with an empty data cache (another host) downloads and reads
-  them, and trains alike."""
-  config = tiny_config(total_steps=3, warmup_steps=1, log_every=1, eval_every=3, checkpoint_every=3)
-  config.data.prepared_dir = f'{gcs_bucket}/prepared'
-  config.data.cache_dir = str(tmp_path / 'cache_a')
-  trainer.train_and_evaluate(config, str(tmp_path / 'a'))
-  uploaded = storage.listdir(f'{gcs_bucket}/prepared/{config.data.train_split}')
-  assert 'part-0-of-1.json' in uploaded and any(n.endswith('.array_record') for n in uploaded)
-  config.data.cache_dir = str(tmp_path / 'cache_b')
-  downloaded = []
-  download = remote_splits.download
-  monkeypatch.setattr(
-      remote_splits, 'download', lambda *args: downloaded.append(download(*args)) or downloaded[-1]
-  )
-  trainer.train_and_evaluate(config, str(tmp_path / 'b'))
-  assert downloaded and downloaded[0] == len([n for n in uploaded if n.endswith('.array_record')])
-  assert losses_by_step(str(tmp_path / 'b')) == losses_by_step(str(tmp_path / 'a'))
-  mirrors = list((tmp_path / 'cache_b' / 'prepared').glob(f'{config.data.train_split}-gs-*'))
-  assert len(mirrors) == 1
-  assert sorted(p.name for p in mirrors[0].iterdir() if not p.name.endswith('.lock')) == sorted(
-      uploaded
-  )
-
-
-@pytest.mark.slow
-def test_a_gs_runs_tokenizer_is_kept_in_the_bucket_and_read_back(gcs_bucket, tmp_path, monkeypatch):
-  """SentencePiece reads local files: a gs:// run trains its tokenizer in a
-  local mirror, uploads it, and a resumed run (on another host: an empty data
-  cache) reads it back instead of training one."""
-  workdir = f'{gcs_bucket}/runs/sentencepiece'
-  config = tiny_config(total_steps=4, warmup_steps=1, checkpoint_every=2, eval_every=4)
-  config.data.tokenizer, config.data.vocab_size = 'sentencepiece', 200
-  config.data.tokenizer_sample_chars = 200_000
-  config.data.cache_dir = str(tmp_path / 'cache_a')
-  assert trainer.train_and_evaluate(config, workdir, stop_after=2) is None
-  assert storage.exists(f'{workdir}/tokenizer.model')
-
-  def never(*args, **kwargs):
-    raise AssertionError('the tokenizer was trained again')
-
-  monkeypatch.setattr(tokenizer_lib.SentencePieceTokenizer, 'train', never)
-  config.data.cache_dir = str(tmp_path / 'cache_b')
-  assert trainer.train_and_evaluate(config, workdir)['step'] == 4
 
 
 def test_commands_that_stage_files_locally_refuse_a_gs_workdir(run_command):

@@ -32,6 +32,7 @@ COMMANDS = (
     'causal_benchmark',
     'pytorch_comparison',
     'import_checkpoint',
+    'projection_stats',
 )
 
 

@@ -1,0 +1,126 @@
+"""What a run's learned projections E and F hold, against how they started.
+
+The library of `python -m linformer_jax.projection_stats`. For each learned
+[n, k] matrix of a checkpoint (each head's own for per-head weights), and for
+fresh draws of every `config.model.projection_init` at the same n and k, it
+reports per slot (column), averaged over the k slots:
+
+  participation   (sum w^2)^2 / sum w^4 over the n positions: how many
+                  positions the slot mixes (the window, n/k, for a 'local'
+                  slot; about n/3 for Gaussian entries)
+  own_window      the share of the slot's squared weight inside its own
+                  window of n/k adjacent positions, the window of
+                  projection='mean' (1 for 'local')
+  norm            the slot's L2 norm
+  negative        the share of its weights below zero
+  effective_rank  exp of the entropy of the matrix's normalised squared
+                  singular values (k for orthogonal slots)
+
+A matrix that still holds its initialisation's values after training learned
+little; one whose own_window share fell from 1 lost its locality.
+"""
+
+import dataclasses
+from typing import Any, Dict, Iterator, List, Mapping, Tuple
+
+import jax
+import ml_collections
+import numpy as np
+
+from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.model.projections import linear
+from linformer_jax.training import run_builder
+
+
+def matrix_stats(matrix: np.ndarray, window: int) -> Dict[str, float]:
+  """The statistics above of one [n, k] matrix; `window` = n / k positions."""
+  matrix = np.asarray(matrix, np.float64)
+  n, k = matrix.shape
+  squares = matrix**2
+  participation = squares.sum(0) ** 2 / np.maximum((squares**2).sum(0), 1e-300)
+  # Window w of the sequence is slot w % k's (one window per block when causal).
+  own_mask = (np.arange(n)[:, None] // window) % k == np.arange(k)[None, :]
+  own = (squares * own_mask).sum(0) / squares.sum(0)
+  singular = np.linalg.svd(matrix, compute_uv=False)
+  weights = singular**2 / (singular**2).sum()
+  entropy = -(weights * np.log(np.where(weights > 0, weights, 1.0))).sum()
+  return {
+      'participation': float(participation.mean()),
+      'own_window': float(own.mean()),
+      'norm': float(np.sqrt(squares.sum(0)).mean()),
+      'negative': float((matrix < 0).mean()),
+      'effective_rank': float(np.exp(entropy)),
+  }
+
+
+def _mean_stats(matrices: List[np.ndarray], window: int) -> Dict[str, float]:
+  stats = [matrix_stats(m, window) for m in matrices]
+  return {name: float(np.mean([s[name] for s in stats])) for name in stats[0]}
+
+
+def learned_matrices(
+    params: Mapping[str, Any], max_len: int, projected_lens: Tuple[int, ...]
+) -> Iterator[Tuple[str, List[np.ndarray]]]:
+  """(path, its [n, k] matrices) of every parameter shaped [(heads,) n, k]."""
+  flat = jax.tree_util.tree_flatten_with_path(params)[0]
+  for path, leaf in flat:
+    shape = np.shape(leaf)
+    if len(shape) in (2, 3) and shape[-2] == max_len and shape[-1] in projected_lens:
+      name = '/'.join(str(getattr(key, 'key', key)) for key in path)
+      matrices = np.asarray(leaf, np.float64).reshape(-1, *shape[-2:])
+      yield name, list(matrices)
+
+
+def initial_stats(model_config: ModelConfig, projected_len: int) -> Dict[str, Dict[str, float]]:
+  """The statistics of a fresh [n, k] draw of each projection_init (seed 0)."""
+  window = model_config.compressed_span // projected_len
+  stats = {}
+  for init in linear.MATRIX_INITS:
+    config = dataclasses.replace(model_config, projection_init=init, projection_init_noise=0.0)
+    draw = linear.matrix_initializer(config, projected_len, per_head=False)
+    matrix = draw(jax.random.PRNGKey(0), (model_config.max_len, projected_len))
+    stats[init] = matrix_stats(np.asarray(matrix), window)
+  return stats
+
+
+def projection_report(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, Any]:
+  """The report of the newest checkpoint in `workdir`: per learned matrix
+  its statistics, and those of fresh draws of every initialisation.
+
+  Raises:
+    ConfigError: no checkpoint, a workdir of another model.
+  """
+  parts, step, variables, _ = run_builder.load_for_inference(config, workdir)
+  model_config = parts.model_config
+  lens = tuple(
+      model_config.projected_len_for_layer(layer) for layer in range(model_config.num_layers)
+  )
+  matrices = {
+      path: _mean_stats(found, model_config.compressed_span // found[0].shape[-1])
+      for path, found in learned_matrices(variables['params'], model_config.max_len, lens)
+  }
+  return {
+      'step': step,
+      'projection': model_config.projection,
+      'projection_init': model_config.projection_init,
+      'max_len': model_config.max_len,
+      'projected_len': sorted(set(lens)),
+      'learned': matrices,
+      'initial': {str(k): initial_stats(model_config, k) for k in sorted(set(lens))},
+  }
+
+
+def summary_lines(report: Mapping[str, Any]) -> List[str]:
+  """One line per learned matrix and per fresh initialisation."""
+
+  def line(name: str, stats: Mapping[str, float]) -> str:
+    return (
+        f'{name}: participation {stats["participation"]:.1f}, own window '
+        f'{stats["own_window"]:.3f}, norm {stats["norm"]:.3f}, negative '
+        f'{stats["negative"]:.3f}, effective rank {stats["effective_rank"]:.1f}'
+    )
+
+  lines = [line(f'step {report["step"]} {path}', s) for path, s in report['learned'].items()]
+  for k, by_init in report['initial'].items():
+    lines += [line(f'fresh {init} (k={k})', s) for init, s in by_init.items()]
+  return lines

@@ -1,0 +1,41 @@
+"""What a run's learned projections E and F hold, against how they started.
+
+  python -m linformer_jax.projection_stats --config configs/gutenberg.py \
+      --workdir runs/parity/pretrain_linformer_init_local \
+      --config.model.projection_init=local
+
+Loads the newest checkpoint (the run's own config: pass the flags it was
+trained with) and prints, per learned [n, k] matrix and for a fresh draw of
+each initialisation, how many positions a slot mixes, the share of its weight
+in its own window and more (`linformer_jax.analysis.projection_stats`);
+writes them to WORKDIR/projection_stats.json. A workdir without a checkpoint
+ends with a one-line error and exit code 2.
+"""
+
+import json
+import os
+
+from absl import flags
+
+from linformer_jax import cli
+from linformer_jax import storage
+from linformer_jax.analysis.projection_stats import projection_report
+from linformer_jax.analysis.projection_stats import summary_lines
+
+
+def main(argv):
+  if len(argv) > 1:
+    cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
+  parsed = flags.FLAGS
+  workdir = storage.location(parsed.workdir)
+  report = projection_report(parsed.config, workdir)
+  for line in summary_lines(report):
+    print(line, flush=True)
+  path = os.path.join(workdir, 'projection_stats.json')
+  storage.write_text(path, json.dumps(report, indent=2, sort_keys=True))
+  print(f'results in {path}', flush=True)
+
+
+if __name__ == '__main__':
+  cli.define_config_flags()
+  cli.run(main)

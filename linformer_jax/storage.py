@@ -130,6 +130,20 @@ def open_file(path: str, mode: str = 'r') -> IO:
   return open(path, mode)  # pylint: disable=unspecified-encoding
 
 
+def copy_file(source: str, destination: str) -> None:
+  """Copies one file, local or remote to local or remote, in 8 MiB chunks.
+
+  A local destination is written under a temporary name and renamed; an
+  object is written whole by the store itself.
+  """
+  target = destination if is_object_store(destination) else f'{destination}.partial{os.getpid()}'
+  with open_file(source, 'rb') as reader, open_file(target, 'wb') as writer:
+    while chunk := reader.read(8 << 20):
+      writer.write(chunk)
+  if target != destination:
+    os.replace(target, destination)
+
+
 def files_under(folder: str) -> List[str]:
   """Every file below `folder`, as paths relative to it, sorted."""
   if not is_object_store(folder):

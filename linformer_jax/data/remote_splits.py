@@ -13,7 +13,6 @@ last, so whoever sees a manifest in the bucket finds its shards there.
 
 import hashlib
 import json
-import os
 import pathlib
 from typing import Any, Mapping, Optional
 
@@ -36,18 +35,6 @@ def mirror_folder(data_config: Mapping[str, Any], remote: str) -> pathlib.Path:
   return cache.cache_root(data_config.get('cache_dir')) / 'prepared' / name
 
 
-def _copy(source: str, destination: str) -> None:
-  """Copies one file whole, under a temporary name first."""
-  partial = f'{destination}.partial{os.getpid()}'
-  with storage.open_file(source, 'rb') as reader, storage.open_file(partial, 'wb') as writer:
-    while chunk := reader.read(8 << 20):
-      writer.write(chunk)
-  if storage.is_object_store(destination):
-    storage.move(partial, destination)
-  else:
-    os.replace(partial, destination)
-
-
 def _manifest_names(folder: str) -> list:
   if not storage.isdir(folder):
     return []
@@ -68,7 +55,7 @@ def _sync(source: str, destination: str) -> int:
       target = storage.join(destination, shard['name'])
       if storage.exists(target) and storage.getsize(target) == shard['bytes']:
         continue
-      _copy(storage.join(source, shard['name']), target)
+      storage.copy_file(storage.join(source, shard['name']), target)
       copied += 1
     target = storage.join(destination, name)
     if not storage.exists(target) or storage.read_text(target) != text:

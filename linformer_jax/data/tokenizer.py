@@ -303,8 +303,7 @@ def _local_workdir(data_config: Mapping[str, Any], workdir: str, filename: str) 
   remote = storage.join(workdir, filename)
   if storage.exists(remote):
     mirror.mkdir(parents=True, exist_ok=True)
-    with storage.open_file(remote, 'rb') as copy:
-      (mirror / filename).write_bytes(copy.read())
+    storage.copy_file(remote, str(mirror / filename))
   return str(mirror)
 
 
@@ -405,11 +404,7 @@ def workdir_tokenizer(
   os.replace(staged, model_path)
   tokenizer.model_path = str(model_path)
   if remote:
-    with (
-        open(model_path, 'rb') as local,
-        storage.open_file(storage.join(remote, filename), 'wb') as copy,
-    ):
-      copy.write(local.read())
+    storage.copy_file(str(model_path), storage.join(remote, filename))
 
 
 def build_tokenizer(

@@ -104,8 +104,7 @@ class EventFile:
     self._file.write(data + struct.pack('<I', masked_crc32c(data)))
     self._file.flush()
     if self._upload_to:
-      with open(self.path, 'rb') as local, storage.open_file(self._upload_to, 'wb') as remote:
-        remote.write(local.read())
+      storage.copy_file(self.path, self._upload_to)
 
   def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
     values = [summary_pb2.Summary.Value(tag=name, simple_value=v) for name, v in scalars.items()]

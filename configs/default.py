@@ -31,6 +31,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.adam_b2 = 0.98  # AdamW beta2 (RoBERTa)
   config.adam_eps = 1e-6  # AdamW epsilon (RoBERTa)
   config.grad_clip_norm = 1.0  # clip gradients to this global norm (0 disables)
+  # Learning rate (and weight decay) of the learned E/F or conv kernels, times the
+  # rest's: 0 freezes them (docs/results_parity.md).
+  config.projection_learning_rate_scale = 1.0
   config.log_every = 50  # steps between progress lines and train metrics
   config.eval_every = 200  # steps between evaluations (and at the end)
   config.checkpoint_every = 500  # steps between checkpoints (and at the end)

@@ -57,6 +57,12 @@ def validate(config: ml_collections.ConfigDict) -> ModelConfig:
     value = config.get(field, 0)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
       raise ConfigError(f'config.{field}={value!r} is not allowed: use an integer >= 0.')
+  scale = config.get('projection_learning_rate_scale', 1.0)
+  if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 <= scale < math.inf:
+    raise ConfigError(
+        f'config.projection_learning_rate_scale={scale!r} is not allowed: use a finite '
+        'number >= 0 (1 = the learning rate of every other weight, 0 = frozen).'
+    )
   if not isinstance(config.get('fsdp', False), bool):
     raise ConfigError(f'config.fsdp={config.fsdp!r} is not allowed: use True or False.')
   factor = config.get('spike_factor', 0.0)

@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from linformer_jax.model.layers import PROJECTION_NAMES
+
 Array = jax.Array
 Batch = Dict[str, Array]
 
@@ -56,7 +58,8 @@ def _decay_mask(params):
 
 
 def create_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """AdamW with RoBERTa's betas/eps, global-norm clipping and the LR schedule."""
+  """AdamW with RoBERTa's betas/eps, global-norm clipping and the LR schedule;
+  the sequence projections' updates scaled by projection_learning_rate_scale."""
   adamw = optax.adamw(
       learning_rate_schedule(config),
       b1=config.adam_b1,
@@ -65,9 +68,42 @@ def create_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransfo
       weight_decay=config.weight_decay,
       mask=_decay_mask,
   )
+  optimizer = adamw
   if config.grad_clip_norm > 0:
-    return optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), adamw)
-  return adamw
+    optimizer = optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), adamw)
+  scale = config.get('projection_learning_rate_scale', 1.0)
+  if scale != 1.0:
+    optimizer = scale_projection_updates(optimizer, scale)
+  return optimizer
+
+
+def is_projection_weight(path: Tuple[Any, ...]) -> bool:
+  """Whether a parameter's tree path names a sequence projection's weight (E/F)."""
+  return any(getattr(key, 'key', None) in PROJECTION_NAMES for key in path)
+
+
+def scale_projection_updates(
+    optimizer: optax.GradientTransformation, scale: float
+) -> optax.GradientTransformation:
+  """`optimizer` with its updates of the sequence projections' weights (learned
+  E/F, conv kernels) multiplied by `scale`: their learning rate and decoupled
+  weight decay times `scale`, 0 freezing them. The state is `optimizer`'s own,
+  so a run may resume with another scale.
+
+  Adam moves every entry by about the learning rate whatever its gradient's
+  size, so a small but steady gradient (on the unigram plateau every slot of E
+  gets the same one) moves E as far as any weight: this is the knob that slows
+  it (docs/results_parity.md).
+  """
+
+  def update(updates, state, params=None):
+    updates, state = optimizer.update(updates, state, params)
+    updates = jax.tree_util.tree_map_with_path(
+        lambda path, u: u * scale if is_projection_weight(path) else u, updates
+    )
+    return updates, state
+
+  return optax.GradientTransformation(optimizer.init, update)
 
 
 def init_train_state(

@@ -5,9 +5,11 @@
       --config.model.projection_init=local
 
 Loads the newest checkpoint (the run's own config: pass the flags it was
-trained with) and prints, per learned [n, k] matrix and for a fresh draw of
-each initialisation, how many positions a slot mixes, the share of its weight
-in its own window and more (`linformer_jax.analysis.projection_stats`);
+trained with, --config.seed included) and prints, per learned [n, k] matrix
+and for a fresh draw of each initialisation, how many positions a slot mixes,
+the share of its weight in its own window and more, and how far training moved
+each matrix from the run's step 0, drawn again from the seed, and how much of
+that move every slot shares (`linformer_jax.analysis.projection_stats`);
 writes them to WORKDIR/projection_stats.json. A workdir without a checkpoint
 ends with a one-line error and exit code 2.
 """

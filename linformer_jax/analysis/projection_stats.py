@@ -13,17 +13,33 @@ reports per slot (column), averaged over the k slots:
                   projection='mean' (1 for 'local')
   norm            the slot's L2 norm
   negative        the share of its weights below zero
+  slot_sum        the signed sum of the slot's weights (1 for 'local': a
+                  mean; about 0 for the random draws)
   effective_rank  exp of the entropy of the matrix's normalised squared
                   singular values (k for orthogonal slots)
 
+and, against the same matrix at the run's step 0 (drawn again from
+`config.seed`, as the trainer draws it), how training moved it:
+
+  drift           ||E - E0|| / ||E0|| (Frobenius norms)
+  common_share    the share of ||E - E0||^2 in one vector added to every
+                  slot alike (per position, the mean of the change over the
+                  k slots): 1 when every slot moved the same way
+  drift_slot_sum  the signed sum of the change, per slot (averaged)
+
 A matrix that still holds its initialisation's values after training learned
-little; one whose own_window share fell from 1 lost its locality.
+little; one whose own_window share fell from 1 lost its locality. While
+attention is uniform (the unigram plateau at the start of pretraining) every
+slot gets the same gradient, so a change with common_share near 1 is what
+that phase wrote (docs/results_parity.md).
 """
 
 import dataclasses
 from typing import Any, Dict, Iterator, List, Mapping, Tuple
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -49,7 +65,22 @@ def matrix_stats(matrix: np.ndarray, window: int) -> Dict[str, float]:
       'own_window': float(own.mean()),
       'norm': float(np.sqrt(squares.sum(0)).mean()),
       'negative': float((matrix < 0).mean()),
+      'slot_sum': float(matrix.sum(0).mean()),
       'effective_rank': float(np.exp(entropy)),
+  }
+
+
+def drift_stats(trained: np.ndarray, initial: np.ndarray) -> Dict[str, float]:
+  """How far an [n, k] matrix moved from `initial`, and how much of the move
+  is one vector added to every slot (see the module docstring)."""
+  change = np.asarray(trained, np.float64) - np.asarray(initial, np.float64)
+  total = (change**2).sum()
+  common = change.mean(axis=1)  # per position, the change's mean over the k slots
+  common_energy = (common**2).sum() * change.shape[1]  # that vector, in every slot
+  return {
+      'drift': float(np.sqrt(total / np.maximum((np.asarray(initial) ** 2).sum(), 1e-300))),
+      'common_share': float(common_energy / total) if total > 0 else 0.0,
+      'drift_slot_sum': float(change.sum(0).mean()),
   }
 
 
@@ -83,9 +114,16 @@ def initial_stats(model_config: ModelConfig, projected_len: int) -> Dict[str, Di
   return stats
 
 
+def initial_params(parts: run_builder.RunParts, seed: int) -> Dict[str, Any]:
+  """The parameters a run of `parts` with `seed` starts from (the trainer's draw)."""
+  tokens = jnp.ones((1, parts.model_config.max_len), jnp.int32)
+  return nn.meta.unbox(parts.model.init(jax.random.PRNGKey(seed), tokens))['params']
+
+
 def projection_report(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, Any]:
   """The report of the newest checkpoint in `workdir`: per learned matrix
-  its statistics, and those of fresh draws of every initialisation.
+  its statistics and its drift from the run's step 0, and the statistics of
+  fresh draws of every initialisation.
 
   Raises:
     ConfigError: no checkpoint, a workdir of another model.
@@ -95,12 +133,18 @@ def projection_report(config: ml_collections.ConfigDict, workdir: str) -> Dict[s
   lens = tuple(
       model_config.projected_len_for_layer(layer) for layer in range(model_config.num_layers)
   )
-  matrices = {
-      path: _mean_stats(found, model_config.compressed_span // found[0].shape[-1])
-      for path, found in learned_matrices(variables['params'], model_config.max_len, lens)
-  }
+  start = dict(learned_matrices(initial_params(parts, config.seed), model_config.max_len, lens))
+  matrices = {}
+  for path, found in learned_matrices(variables['params'], model_config.max_len, lens):
+    window = model_config.compressed_span // found[0].shape[-1]
+    drift = [drift_stats(trained, initial) for trained, initial in zip(found, start[path])]
+    matrices[path] = {
+        **_mean_stats(found, window),
+        **{name: float(np.mean([d[name] for d in drift])) for name in drift[0]},
+    }
   return {
       'step': step,
+      'seed': config.seed,
       'projection': model_config.projection,
       'projection_init': model_config.projection_init,
       'max_len': model_config.max_len,
@@ -114,11 +158,18 @@ def summary_lines(report: Mapping[str, Any]) -> List[str]:
   """One line per learned matrix and per fresh initialisation."""
 
   def line(name: str, stats: Mapping[str, float]) -> str:
-    return (
+    text = (
         f'{name}: participation {stats["participation"]:.1f}, own window '
         f'{stats["own_window"]:.3f}, norm {stats["norm"]:.3f}, negative '
-        f'{stats["negative"]:.3f}, effective rank {stats["effective_rank"]:.1f}'
+        f'{stats["negative"]:.3f}, slot sum {stats["slot_sum"]:+.3f}, effective rank '
+        f'{stats["effective_rank"]:.1f}'
     )
+    if 'drift' in stats:
+      text += (
+          f'; drift from step 0 {stats["drift"]:.3f}, common to all slots '
+          f'{stats["common_share"]:.2f}, its slot sum {stats["drift_slot_sum"]:+.3f}'
+      )
+    return text
 
   lines = [line(f'step {report["step"]} {path}', s) for path, s in report['learned'].items()]
   for k, by_init in report['initial'].items():

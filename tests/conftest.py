@@ -13,12 +13,18 @@ For the whole session JAX's persistent compilation cache lives in one fresh
 temporary folder, named by the JAX_* variables below so that programs started
 by the tests share it: each program is compiled once per session.
 
+The tiny run: four test files start from a finished run of configs/tiny.py.
+It is trained once per session, by whichever worker asks first (the others
+wait on a file lock), and each module gets its own copy to write into.
+
 End-to-end tests are marked `slow` (see pytest.ini): those sharing a run
 through a fixture by END_TO_END_FIXTURES below, and the cases of a check
 repeated over many variants beyond the FAST_CASES representatives.
 `pytest -m "not slow"` is the fast loop, plain `pytest` runs everything.
 """
 
+import fcntl
+import json
 import os
 import pathlib
 import shutil
@@ -54,6 +60,8 @@ CACHE_FOLDER_VARIABLE = 'JAX_COMPILATION_CACHE_DIR'
 # variable pytest-xdist sets in each of its workers.
 SESSION_CACHE_VARIABLE = 'LINFORMER_JAX_TEST_COMPILATION_CACHE'
 XDIST_WORKER_VARIABLE = 'PYTEST_XDIST_WORKER'
+# The session's folder of runs trained once for every worker (the tiny run).
+SHARED_RUNS_VARIABLE = 'LINFORMER_JAX_TEST_SHARED_RUNS'
 CACHE_EVERY_PROGRAM = {
     'jax_persistent_cache_min_compile_time_secs': 0,
     'jax_persistent_cache_min_entry_size_bytes': 0,
@@ -71,6 +79,7 @@ def pytest_configure(config):
   if not folder:
     folder = tempfile.mkdtemp(prefix='linformer_jax_compilation_cache_')
     os.environ[SESSION_CACHE_VARIABLE] = folder
+    os.environ[SHARED_RUNS_VARIABLE] = tempfile.mkdtemp(prefix='linformer_jax_test_runs_')
   os.environ[CACHE_FOLDER_VARIABLE] = folder
   for name, value in CACHE_EVERY_PROGRAM.items():
     os.environ[name.upper()] = str(value)
@@ -143,7 +152,8 @@ def pytest_collection_modifyitems(config, items):
 def pytest_unconfigure(config):
   del config
   if XDIST_WORKER_VARIABLE not in os.environ:  # the folder is the controlling process's
-    shutil.rmtree(os.environ.pop(SESSION_CACHE_VARIABLE, ''), ignore_errors=True)
+    for variable in (SESSION_CACHE_VARIABLE, SHARED_RUNS_VARIABLE):
+      shutil.rmtree(os.environ.pop(variable, ''), ignore_errors=True)
 
 
 @pytest.fixture(scope='session', autouse=True)
@@ -244,3 +254,35 @@ def gcs_bucket() -> str:
 
   with gcs_emulator.started() as bucket:
     yield bucket
+
+
+@pytest.fixture(scope='session')
+def _session_tiny_run():
+  """(workdir, results) of configs/tiny.py trained once per session: the
+  first worker to ask trains it under a file lock, the others wait and read.
+  Tests take copies (`tiny_run`), never this folder."""
+  from configs import tiny  # pylint: disable=g-import-not-at-top
+  from linformer_jax.training import trainer  # pylint: disable=g-import-not-at-top
+
+  root = pathlib.Path(os.environ[SHARED_RUNS_VARIABLE])
+  workdir, results_file = root / 'tiny', root / 'tiny_results.json'
+  with open(root / 'tiny.lock', 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+      if not results_file.exists():
+        shutil.rmtree(workdir, ignore_errors=True)  # left by a worker that failed midway
+        results = trainer.train_and_evaluate(tiny.get_config(), str(workdir))
+        results_file.write_text(json.dumps(results))
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)
+  return workdir, json.loads(results_file.read_text())
+
+
+@pytest.fixture(scope='module')
+def tiny_run(_session_tiny_run, tmp_path_factory):
+  """(workdir, results) of a finished run of configs/tiny.py (20 steps), the
+  module's own copy of the session's run."""
+  workdir, results = _session_tiny_run
+  copy = tmp_path_factory.mktemp('tiny_run') / 'run'
+  shutil.copytree(workdir, copy)
+  return str(copy), results

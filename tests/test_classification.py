@@ -69,10 +69,8 @@ def tiny_classifier_config(data_dir, **overrides):
 
 
 @pytest.fixture(scope='module')
-def pretrained(tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp('pretrained'))
-  trainer.train_and_evaluate(tiny.get_config(), workdir)
-  return workdir
+def pretrained(tiny_run):
+  return tiny_run[0]
 
 
 def tsv_labels(folder, split):

@@ -41,10 +41,8 @@ def write_toy_tsv(folder, count):
 
 
 @pytest.fixture(scope='module')
-def pretrained(tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp('pretrained'))
-  trainer.train_and_evaluate(tiny.get_config(), workdir)
-  return workdir
+def pretrained(tiny_run):
+  return tiny_run[0]
 
 
 def probe_config(data_dir, init_from, **overrides):

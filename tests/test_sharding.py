@@ -87,7 +87,11 @@ def runs(tmp_path_factory, run_python):
     return run_python(WORKER, devices, root, *jobs, wait=False, log=log), log
 
   meshes = [f'train:{d},{m}' for d, m in MESHES]
-  eight = start('eight_devices', 8, *meshes, 'restore:mesh_4_2:2,4', 'merged:2')
+  # FSDP on mesh (8, 1) beside train:8,1, its checkpoint restored replicated,
+  # and the step's argument bytes per device without and with it. `merged`
+  # comes last: it replaces the data reader for the rest of its process.
+  fsdp = ('fsdp:8,1', 'restore:fsdp_8_1:8,1', 'memory:8,1')
+  eight = start('eight_devices', 8, *meshes, 'restore:mesh_4_2:2,4', *fsdp, 'merged:2')
   one = start('one_device', 1, 'train:1,1')
   try:
     train_as_two_processes(run_python, root)
@@ -95,30 +99,6 @@ def runs(tmp_path_factory, run_python):
     finish(*eight)
     finish(*one)
   finish(*start('restore_onto_one_device', 1, 'restore:mesh_4_2:1,1'))
-  return root
-
-
-@pytest.fixture(scope='module')
-def fsdp_runs(tmp_path_factory, run_python):
-  """The worker's 8-device runs on mesh (8, 1) without and with config.fsdp,
-  the FSDP checkpoint restored without it, and the step's argument bytes per
-  device either way."""
-  root = tmp_path_factory.mktemp('fsdp')
-  log = root / 'fsdp.log'
-  finish(
-      run_python(
-          WORKER,
-          8,
-          root,
-          'train:8,1',
-          'fsdp:8,1',
-          'restore:fsdp_8_1:8,1',
-          'memory:8,1',
-          wait=False,
-          log=log,
-      ),
-      log,
-  )
   return root
 
 
@@ -159,9 +139,9 @@ def test_a_checkpoint_restores_onto_other_meshes(runs):
 
 
 @pytest.mark.slow
-def test_fsdp_trains_like_replicated_parameters(fsdp_runs):
-  replicated = load(fsdp_runs, 'train_8_1')
-  fsdp = load(fsdp_runs, 'fsdp_8_1')
+def test_fsdp_trains_like_replicated_parameters(runs):
+  replicated = load(runs, 'train_8_1')
+  fsdp = load(runs, 'fsdp_8_1')
   np.testing.assert_array_equal(fsdp['loss_steps'], [1, 2, 3])
   np.testing.assert_allclose(fsdp['losses'], replicated['losses'], rtol=1e-6)
   assert_params_close(fsdp, replicated, rtol=1e-5)
@@ -170,18 +150,18 @@ def test_fsdp_trains_like_replicated_parameters(fsdp_runs):
 
 
 @pytest.mark.slow
-def test_an_fsdp_checkpoint_restores_replicated(fsdp_runs):
-  restored = load(fsdp_runs, 'restore_fsdp_8_1_to_8_1')
+def test_an_fsdp_checkpoint_restores_replicated(runs):
+  restored = load(runs, 'restore_fsdp_8_1_to_8_1')
   assert restored['shard_counts'].max() == 1
-  assert_params_close(restored, load(fsdp_runs, 'fsdp_8_1'), rtol=0)
+  assert_params_close(restored, load(runs, 'fsdp_8_1'), rtol=0)
 
 
 @pytest.mark.slow
-def test_fsdp_divides_the_arguments_per_device_by_the_data_axis(fsdp_runs):
+def test_fsdp_divides_the_arguments_per_device_by_the_data_axis(runs):
   # Parameters, optimizer state and the batch share: all but the few small
   # parameters with no dimension that divides 8 (biases over heads x 4 head
   # features, the 260-id output bias) are split 8 ways.
-  memory = load(fsdp_runs, 'memory_8_1')
+  memory = load(runs, 'memory_8_1')
   ratio = memory['arguments_fsdp_False'] / memory['arguments_fsdp_True']
   assert 6 < ratio <= 8, ratio
 

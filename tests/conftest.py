@@ -13,7 +13,7 @@ For the whole session JAX's persistent compilation cache lives in one fresh
 temporary folder, named by the JAX_* variables below so that programs started
 by the tests share it: each program is compiled once per session.
 
-The tiny run: four test files start from a finished run of configs/tiny.py.
+The tiny run: three test files start from a finished run of configs/tiny.py.
 It is trained once per session, by whichever worker asks first (the others
 wait on a file lock), and each module gets its own copy to write into.
 

@@ -35,7 +35,7 @@ that phase wrote (docs/results_parity.md).
 """
 
 import dataclasses
-from typing import Any, Dict, Iterator, List, Mapping, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import flax.linen as nn
 import jax
@@ -120,15 +120,17 @@ def initial_params(parts: run_builder.RunParts, seed: int) -> Dict[str, Any]:
   return nn.meta.unbox(parts.model.init(jax.random.PRNGKey(seed), tokens))['params']
 
 
-def projection_report(config: ml_collections.ConfigDict, workdir: str) -> Dict[str, Any]:
-  """The report of the newest checkpoint in `workdir`: per learned matrix
+def projection_report(
+    config: ml_collections.ConfigDict, workdir: str, step: Optional[int] = None
+) -> Dict[str, Any]:
+  """The report of the newest checkpoint in `workdir` (or its kept `step`): per learned matrix
   its statistics and its drift from the run's step 0, and the statistics of
   fresh draws of every initialisation.
 
   Raises:
-    ConfigError: no checkpoint, a workdir of another model.
+    ConfigError: no checkpoint (or no kept `step`), a workdir of another model.
   """
-  parts, step, variables, _ = run_builder.load_for_inference(config, workdir)
+  parts, step, variables, _ = run_builder.load_for_inference(config, workdir, step)
   model_config = parts.model_config
   lens = tuple(
       model_config.projected_len_for_layer(layer) for layer in range(model_config.num_layers)

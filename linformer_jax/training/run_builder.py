@@ -297,18 +297,19 @@ def load_for_evaluation(config: ml_collections.ConfigDict, workdir: str) -> Eval
 
 
 def load_for_inference(
-    config: ml_collections.ConfigDict, workdir: str
+    config: ml_collections.ConfigDict, workdir: str, step: Optional[int] = None
 ) -> Tuple[RunParts, int, Dict[str, Any], tokenizer_lib.Tokenizer]:
-  """(parts, step, variables, tokenizer) of `workdir`'s newest checkpoint, with
-  no data read: the tokenizer is the run's own (WORKDIR/tokenizer.model, or
-  bytes), checked against the checkpoint's fingerprint.
+  """(parts, step, variables, tokenizer) of `workdir`'s newest checkpoint (or
+  its kept `step`), with no data read: the tokenizer is the run's own
+  (WORKDIR/tokenizer.model, or bytes), checked against the checkpoint's
+  fingerprint.
 
   Raises:
-    ConfigError: a bad config, no checkpoint or tokenizer in workdir, or a
-      workdir of another model or tokenizer.
+    ConfigError: a bad config, no checkpoint (or no kept `step`) or tokenizer
+      in workdir, or a workdir of another model or tokenizer.
   """
   parts = build_parts(config)
-  step, data_state = _newest_step(config, workdir)
+  step, data_state = _newest_step(config, workdir, step)
   tokenizer = tokenizer_lib.run_tokenizer(config.data, workdir)
   if isinstance(data_state, dict):
     fingerprint = types.SimpleNamespace(tokenizer=tokenizer, tokenizer_sha256=tokenizer.sha256)
@@ -317,12 +318,21 @@ def load_for_inference(
   return parts, step, variables, tokenizer
 
 
-def _newest_step(config: ml_collections.ConfigDict, workdir: str) -> Tuple[int, Any]:
-  """The newest intact step of workdir (checked against config) and its data state."""
+def _newest_step(
+    config: ml_collections.ConfigDict, workdir: str, wanted: Optional[int] = None
+) -> Tuple[int, Any]:
+  """The newest intact step of workdir, or its kept step `wanted` (checked
+  against config), and its data state."""
   with CheckpointStore(checkpoint_directory(workdir)) as store:
     step = store.latest_step()
     if step is None:
       raise ConfigError(f'{workdir} holds no checkpoint; train first or fix --workdir.')
+    if wanted is not None and wanted not in store.all_steps():
+      raise ConfigError(
+          f'{workdir} keeps no checkpoint of step {wanted}; its kept steps are '
+          f'{", ".join(map(str, store.all_steps()))}.'
+      )
+    step = step if wanted is None else wanted
     run_config.check_same_model(store.restore_config(step), config, workdir)
     return step, store.restore_data_state(step)
 

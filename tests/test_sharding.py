@@ -88,17 +88,18 @@ def runs(tmp_path_factory, run_python):
     return run_python(WORKER, devices, root, *jobs, wait=False, log=log), log
 
   meshes = [f'train:{d},{m}' for d, m in MESHES]
-  # FSDP on mesh (8, 1) beside train:8,1, its checkpoint restored replicated,
-  # and the step's argument bytes per device without and with it. `merged`
-  # comes last: it replaces the data reader for the rest of its process.
-  fsdp = ('fsdp:8,1', 'restore:fsdp_8_1:8,1', 'memory:8,1')
-  eight = start('eight_devices', 8, *meshes, 'restore:mesh_2_4:4,2', *fsdp, 'merged:2')
+  eight = start('eight_devices', 8, *meshes, 'restore:mesh_2_4:4,2', 'merged:2')
   one = start('one_device', 1, 'train:1,1')
+  # FSDP on mesh (8, 1), compared with the replicated train:8,1 above; its
+  # checkpoint restored replicated; the step's argument bytes per device
+  # without and with it.
+  fsdp = start('fsdp', 8, 'fsdp:8,1', 'restore:fsdp_8_1:8,1', 'memory:8,1')
   try:
     train_as_two_processes(run_python, root)
   finally:
     finish(*eight)
     finish(*one)
+    finish(*fsdp)
   finish(*start('restore_onto_one_device', 1, 'restore:mesh_2_4:1,1'))
   return root
 

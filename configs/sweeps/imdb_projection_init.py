@@ -13,8 +13,8 @@ validation perplexity); each is fine-tuned as the imdb_pooling sweep's `mean`
 variants (256-token rows, mean pooling, 1,000 steps), three seeds, then
 evaluated on the 25,000 test reviews:
 
-  python -m linformer_jax.train --config configs/gutenberg.py --config.seed=2 \
-      --workdir runs/parity/pretrain_linformer_init_local_lr0.1_seed2 \
+  python -m linformer_jax.train --config configs/gutenberg.py --config.seed=0 \
+      --workdir runs/parity/pretrain_linformer_init_local_lr0.1_seed0 \
       --config.model.projection_init=local --config.projection_learning_rate_scale=0.1
   python -m linformer_jax.sweep --sweep configs/sweeps/imdb_projection_init.py \
       --workdir runs/parity/imdb_projection_init --only=local-lr0.1-s0,local-lr0.1-s1,local-lr0.1-s2

@@ -116,6 +116,14 @@ def remove(path: str) -> None:
     os.remove(path)
 
 
+def remove_tree(path: str) -> None:
+  """Deletes a folder and everything under it."""
+  if is_object_store(path):
+    _remote(path).rmtree()
+  else:
+    shutil.rmtree(path)
+
+
 def move(source: str, destination: str) -> None:
   """Moves a file or folder (on an object store: copies, then deletes)."""
   if is_object_store(source):

@@ -140,6 +140,22 @@ def test_stray_folders_are_ignored_with_a_warning_and_saving_goes_on(two_steps, 
   assert os.path.isdir(os.path.join(os.path.dirname(two_steps), 'damaged_checkpoints', '999'))
 
 
+def test_the_run_removes_an_unfinished_save_before_its_store_opens_and_readers_never_do(
+    two_steps,
+):
+  """Removed in the constructor's own thread: a run refused just after opening
+  its store leaves no background cleanup to race the interpreter's exit."""
+  unfinished = os.path.join(two_steps, '3' + step_files.TMP_SUFFIX)
+  shutil.copytree(os.path.join(two_steps, '2'), unfinished)
+  CheckpointStore(two_steps).close()
+  assert os.path.isdir(unfinished)
+  store = CheckpointStore(two_steps, owner=True)
+  assert not os.path.exists(unfinished)
+  assert store.latest_step() == 2
+  store.close()
+  assert sorted(os.listdir(two_steps)) == ['1', '2']
+
+
 def test_with_no_intact_step_left_the_run_says_so_and_keeps_every_folder(two_steps):
   _zero(os.path.join(two_steps, '1'))
   _truncate(os.path.join(two_steps, '2'))

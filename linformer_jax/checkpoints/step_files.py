@@ -167,10 +167,26 @@ def unknown_entries(directory: str) -> List[str]:
   if not storage.isdir(directory):
     return []
   return sorted(
-      name
-      for name in storage.listdir(directory)
-      if not name.isdigit() and not (name.split('.')[0].isdigit() and TMP_SUFFIX in name)
+      name for name in storage.listdir(directory) if not name.isdigit() and not is_temporary(name)
   )
+
+
+def is_temporary(name: str) -> bool:
+  """Whether a checkpoint directory's entry is orbax's temporary folder of a
+  step (`STEP.orbax-checkpoint-tmp`, possibly with a suffix)."""
+  return name.split('.')[0].isdigit() and TMP_SUFFIX in name
+
+
+def remove_temporary_folders(directory: str) -> None:
+  """Deletes the temporary folders of saves that never finished (primary
+  process). Done before the run's first save and in the caller's thread, so
+  a run refused just after opening its checkpoints leaves no thread behind."""
+  if jax.process_index() != 0 or not storage.isdir(directory):
+    return
+  for name in storage.listdir(directory):
+    if is_temporary(name):
+      logging.info('Removing %s, a save that never finished.', name)
+      storage.remove_tree(os.path.join(directory, name))
 
 
 def temporary_folder(directory: str, step: int) -> str:

@@ -155,6 +155,7 @@ class CheckpointStore:
     self._inspector = step_files.StepInspector(self.directory, _ITEMS)
     step_files.quiet_disk_full_logs()
     if owner:
+      step_files.remove_temporary_folders(self.directory)
       step_files.set_aside_damaged_steps(self._inspector)
     self._protected = _ProtectedSteps(step_files.protected_steps(self.directory))
     options = ocp.CheckpointManagerOptions(
@@ -166,7 +167,9 @@ class CheckpointStore:
         # by the callback; `async_save=False` waits for each save instead.
         enable_async_checkpointing=True,
         async_options=ocp.AsyncOptions(post_finalization_callback=self._seal),
-        cleanup_tmp_directories=owner,
+        # Done above in this thread: orbax's own cleanup runs in a thread that
+        # nothing waits for when a run is refused right after this.
+        cleanup_tmp_directories=False,
     )
     self._manager = ocp.CheckpointManager(
         self.directory, options=options, handler_registry=_handler_registry()

@@ -1,7 +1,8 @@
-"""The README and docs/ stay true to the tree: the module map names every
-module, docs/training.md documents every config field, every command and
-`--config.` field the pages mention exists, and the README states no figure
-that no command regenerates (test counts, suite times)."""
+"""The README and docs/ stay true to the tree: the module map of
+docs/layout.md names every module, docs/training.md documents every config
+field, every command and `--config.` field the pages mention exists, and the
+README states no figure that no command regenerates (test counts, suite
+times)."""
 
 import ast
 import importlib
@@ -13,6 +14,7 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = REPO / 'linformer_jax'
+LAYOUT_PAGE = REPO / 'docs' / 'layout.md'
 PAGES = [REPO / 'README.md', *sorted((REPO / 'docs').glob('*.md'))]
 # Config fields holding a mapping whose keys are data (split -> files), not fields.
 MAPPING_FIELDS = ('data.split_files',)
@@ -24,8 +26,8 @@ def _fenced_blocks(text):
 
 
 def _module_map():
-  """The README's "Where things live" code block."""
-  section = (REPO / 'README.md').read_text().split('## Where things live', 1)[1]
+  """The "Where things live" code block of docs/layout.md."""
+  section = LAYOUT_PAGE.read_text().split('## Where things live', 1)[1]
   return _fenced_blocks(section)[0]
 
 
@@ -106,8 +108,9 @@ def fields_by_config():
 
 def test_the_module_map_names_every_module_and_nothing_else():
   named, modules = _mapped_modules(_module_map()), _modules()
-  assert not modules - named, f'README.md\'s "Where things live" misses {sorted(modules - named)}'
-  assert not named - modules, f'README.md\'s "Where things live" names {sorted(named - modules)}'
+  where = 'docs/layout.md\'s "Where things live"'
+  assert not modules - named, f'{where} misses {sorted(modules - named)}'
+  assert not named - modules, f'{where} names {sorted(named - modules)}'
 
 
 def test_training_docs_document_every_config_field(fields_by_config):

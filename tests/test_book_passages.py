@@ -41,11 +41,15 @@ def three_books(tmp_path):
 
 
 def test_a_passage_is_whole_sentences_of_at_least_min_words_cut_at_max_words():
-  text = 'One two three. Four five six seven. Eight nine.\n\nTen eleven twelve thirteen fourteen.'
+  text = (
+      'One two three. Four five six seven. Eight nine.\n\n'
+      'Ten eleven "twelve thirteen." Fourteen fifteen sixteen seventeen!'
+  )
   settings = book_passages.PassageSettings(min_words=4, max_words=5)
   assert book_passages.passages(text, settings) == [
       'One two three. Four five',  # 3 + 4 words, cut at 5
-      'Ten eleven twelve thirteen fourteen.',  # a paragraph never continues the last
+      'Ten eleven "twelve thirteen."',  # a paragraph never continues the last; quotes stay
+      'Fourteen fifteen sixteen seventeen!',
   ]  # 'Eight nine.' is under 4 words at the paragraph's end and is dropped
 
 

@@ -25,8 +25,8 @@ from linformer_jax.errors import ConfigError
 
 SPLITS = ('train', 'validation', 'test')
 FILE_OF_SPLIT = {'train': 'train.tsv', 'validation': 'dev.tsv', 'test': 'test.tsv'}
-# A sentence ends at . ! or ? (perhaps closed by a quote or bracket) before a space.
-_SENTENCE_END = re.compile(r'(?<=[.!?])["\'\u201d\u2019)\]]*\s+')
+# The space after a sentence: after . ! or ?, perhaps closed by a quote or bracket.
+_SENTENCE_END = re.compile(r'(?:(?<=[.!?])|(?<=[.!?]["\'\u201d\u2019)\]]))\s+')
 _BLANK_LINE = re.compile(r'\n\s*\n')
 
 

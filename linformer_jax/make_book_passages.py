@@ -60,10 +60,8 @@ def main(argv):
   for split, path in paths.items():
     counts = collections.Counter(label for _, label in rows[split])
     words = sum(len(passage.split()) for passage, _ in rows[split]) / len(rows[split])
-    print(
-        f'{split}: {len(rows[split]):,} passages ({dict(counts)}), {words:.1f} words each', end=''
-    )
-    print(f' on average, in {path}')
+    summary = f'{len(rows[split]):,} passages ({dict(counts)}), {words:.1f} words each on average'
+    print(f'{split}: {summary}, in {path}')
 
 
 if __name__ == '__main__':

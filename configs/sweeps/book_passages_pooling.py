@@ -20,6 +20,7 @@ then each run's test accuracy:
 """
 
 from configs import finetune_book_passages
+from configs.sweeps import sst2_pooling
 from linformer_jax.sweep import Sweep
 from linformer_jax.sweep import Variant
 
@@ -36,8 +37,7 @@ def get_sweep() -> Sweep:
       Variant(
           f'{model}-{pooling}-s{seed}',
           {
-              'init_from': init_from,
-              'model.attention': 'linformer' if model == 'linformer' else 'full',
+              **sst2_pooling.encoder_overrides(model, init_from),
               'model.pooling': pooling,
               'seed': seed,
           },

@@ -47,8 +47,10 @@ ENCODERS = {
 SEEDS = (0, 1, 2)  # fine-tuning seeds, as the other IMDB runs
 
 
-def get_sweep() -> Sweep:
-  variants = [
+def encoder_variants() -> list:
+  """Every encoder x fine-tuning seed with mean pooling, named ENCODER-sSEED
+  (the SST-2 sweep of these encoders uses them too)."""
+  return [
       Variant(
           f'{name}-s{seed}',
           {'init_from': init_from, **overrides, 'model.pooling': 'mean', 'seed': seed},
@@ -56,8 +58,11 @@ def get_sweep() -> Sweep:
       for name, (init_from, overrides) in ENCODERS.items()
       for seed in SEEDS
   ]
+
+
+def get_sweep() -> Sweep:
   return Sweep(
       title='IMDB validation accuracy by initialisation of the learned E (mean pooling)',
       base=imdb_pooling.get_sweep().base,
-      variants=variants,
+      variants=encoder_variants(),
   )

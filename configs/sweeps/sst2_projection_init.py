@@ -16,22 +16,11 @@ The `jl` encoder's runs are the sst2_pooling sweep's `linformer-mean-s*`.
 from configs.sweeps import imdb_projection_init
 from configs.sweeps import sst2_pooling
 from linformer_jax.sweep import Sweep
-from linformer_jax.sweep import Variant
-
-SEEDS = (0, 1, 2)  # fine-tuning seeds, as the other SST-2 runs
 
 
 def get_sweep() -> Sweep:
-  variants = [
-      Variant(
-          f'{name}-s{seed}',
-          {'init_from': init_from, **overrides, 'model.pooling': 'mean', 'seed': seed},
-      )
-      for name, (init_from, overrides) in imdb_projection_init.ENCODERS.items()
-      for seed in SEEDS
-  ]
   return Sweep(
       title='SST-2 dev accuracy by initialisation of the learned E (mean pooling)',
       base=sst2_pooling.get_sweep().base,
-      variants=variants,
+      variants=imdb_projection_init.encoder_variants(),  # the same seeds 0, 1, 2
   )

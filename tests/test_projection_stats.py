@@ -68,6 +68,20 @@ def test_drift_tells_a_change_common_to_every_slot_from_one_per_slot():
 
 
 @pytest.mark.slow
+def test_only_projection_weights_are_read_even_where_another_has_their_shape():
+  # k = hidden = 4: the position embedding is [n, k] too, and is no E.
+  e = np.ones((3, 8, 4))
+  params = {
+      'encoder': {
+          'position_embedding': np.zeros((8, 4)),
+          'layer_0': {'attention': {'projection': {'key_projection': e}}},
+      }
+  }
+  found = dict(projection_stats.learned_matrices(params, max_len=8, projected_lens=(4,)))
+  assert list(found) == ['encoder/layer_0/attention/projection/key_projection']
+  assert len(found['encoder/layer_0/attention/projection/key_projection']) == 3  # one per head
+
+
 def test_the_report_reads_a_runs_learned_matrix_and_its_step_0(tmp_path):
   config = tiny_config(total_steps=2, warmup_steps=1, seed=3)
   trainer.train_and_evaluate(config, str(tmp_path))

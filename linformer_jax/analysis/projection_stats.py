@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from linformer_jax.model.layers import PROJECTION_NAMES
 from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.model.projections import linear
 from linformer_jax.training import run_builder
@@ -92,10 +93,16 @@ def _mean_stats(matrices: List[np.ndarray], window: int) -> Dict[str, float]:
 def learned_matrices(
     params: Mapping[str, Any], max_len: int, projected_lens: Tuple[int, ...]
 ) -> Iterator[Tuple[str, List[np.ndarray]]]:
-  """(path, its [n, k] matrices) of every parameter shaped [(heads,) n, k]."""
+  """(path, its [n, k] matrices) of every E or F weight shaped [(heads,) n, k].
+
+  Only the projection weights count: a position embedding is [n, hidden], the
+  shape of an E whenever k equals the hidden size.
+  """
   flat = jax.tree_util.tree_flatten_with_path(params)[0]
   for path, leaf in flat:
     shape = np.shape(leaf)
+    if getattr(path[-1], 'key', None) not in PROJECTION_NAMES:
+      continue
     if len(shape) in (2, 3) and shape[-2] == max_len and shape[-1] in projected_lens:
       name = '/'.join(str(getattr(key, 'key', key)) for key in path)
       matrices = np.asarray(leaf, np.float64).reshape(-1, *shape[-2:])

@@ -67,7 +67,6 @@ def test_drift_tells_a_change_common_to_every_slot_from_one_per_slot():
   assert projection_stats.drift_stats(start, start)['common_share'] == 0
 
 
-@pytest.mark.slow
 def test_only_projection_weights_are_read_even_where_another_has_their_shape():
   # k = hidden = 4: the position embedding is [n, k] too, and is no E.
   e = np.ones((3, 8, 4))
@@ -82,6 +81,7 @@ def test_only_projection_weights_are_read_even_where_another_has_their_shape():
   assert len(found['encoder/layer_0/attention/projection/key_projection']) == 3  # one per head
 
 
+@pytest.mark.slow
 def test_the_report_reads_a_runs_learned_matrix_and_its_step_0(tmp_path):
   config = tiny_config(total_steps=2, warmup_steps=1, seed=3)
   trainer.train_and_evaluate(config, str(tmp_path))

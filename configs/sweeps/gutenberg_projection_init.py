@@ -10,10 +10,10 @@ adjacent tokens, learned at a tenth of the other weights' learning rate
   python -m linformer_jax.sweep --sweep configs/sweeps/gutenberg_projection_init.py \
       --workdir runs/sweeps/gutenberg_projection_init
 
-It writes results.md and perplexity.png, the table and figure of
-docs/results_parity.md. At this budget whether a run leaves the unigram
-plateau by step 500 depends on its seed; `--set=seed=S` with another workdir
-repeats the sweep with another seed.
+It writes results.md and perplexity.png; docs/results_parity.md's table adds
+each run's perplexity by step and projection_stats of E. At this budget
+whether a run leaves the unigram plateau by step 500 depends on its seed;
+`--set=seed=S` with another workdir repeats the sweep with another seed.
 """
 
 from configs import gutenberg

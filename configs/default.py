@@ -34,6 +34,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Learning rate (and weight decay) of the learned E/F or conv kernels, times the
   # rest's: 0 freezes them (docs/results_parity.md).
   config.projection_learning_rate_scale = 1.0
+  # Remove from each update of a learned E/F ('linear') its mean over the k slots, the
+  # one vector all slots would move by alike on the unigram plateau (docs/results_gutenberg.md).
+  config.projection_remove_common_update = False
   config.log_every = 50  # steps between progress lines and train metrics
   config.eval_every = 200  # steps between evaluations (and at the end)
   config.checkpoint_every = 500  # steps between checkpoints (and at the end)

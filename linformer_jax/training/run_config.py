@@ -63,8 +63,9 @@ def validate(config: ml_collections.ConfigDict) -> ModelConfig:
         f'config.projection_learning_rate_scale={scale!r} is not allowed: use a finite '
         'number >= 0 (1 = the learning rate of every other weight, 0 = frozen).'
     )
-  if not isinstance(config.get('fsdp', False), bool):
-    raise ConfigError(f'config.fsdp={config.fsdp!r} is not allowed: use True or False.')
+  for field in ('fsdp', 'projection_remove_common_update'):
+    if not isinstance(config.get(field, False), bool):
+      raise ConfigError(f'config.{field}={config[field]!r} is not allowed: use True or False.')
   factor = config.get('spike_factor', 0.0)
   if isinstance(factor, bool) or not math.isfinite(factor) or not (factor == 0 or factor > 1):
     raise ConfigError(

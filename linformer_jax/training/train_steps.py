@@ -74,7 +74,39 @@ def create_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransfo
   scale = config.get('projection_learning_rate_scale', 1.0)
   if scale != 1.0:
     optimizer = scale_projection_updates(optimizer, scale)
+  if config.get('projection_remove_common_update', False) and config.model.projection == 'linear':
+    optimizer = remove_common_projection_updates(optimizer)
   return optimizer
+
+
+def remove_slot_common_component(update: Array) -> Array:
+  """An update of a [(heads,) n, k] matrix less its mean over the k slots.
+
+  That mean, one value per position (and head), is the vector every slot of
+  E would move by alike: all that Adam writes into E while attention is
+  uniform (docs/results_gutenberg.md). What is left sums to zero over the
+  slots of every row.
+  """
+  return update - jnp.mean(update, axis=-1, keepdims=True)
+
+
+def remove_common_projection_updates(
+    optimizer: optax.GradientTransformation,
+) -> optax.GradientTransformation:
+  """`optimizer` with the slot-common component removed from its updates of the
+  learned E/F matrices (`remove_slot_common_component`), after Adam, the
+  learning rate and weight decay. The state is `optimizer`'s own, so a run may
+  resume with the setting changed."""
+
+  def update(updates, state, params=None):
+    updates, state = optimizer.update(updates, state, params)
+    updates = jax.tree_util.tree_map_with_path(
+        lambda path, u: remove_slot_common_component(u) if is_projection_weight(path) else u,
+        updates,
+    )
+    return updates, state
+
+  return optax.GradientTransformation(optimizer.init, update)
 
 
 def is_projection_weight(path: Tuple[Any, ...]) -> bool:

@@ -13,7 +13,11 @@ trained:
             a window of padding only), where 'mean' averages the real
             tokens and masks empty windows out
   'xavier'  Glorot uniform over the [n, k] matrix, U(-a, a) with
-            a = sqrt(6 / (n + k)) (gain 1, not fairseq's 1/sqrt(2))
+            a = sqrt(6 / (n + k)) (gain 1)
+  'fairseq' the same with fairseq's gain 1/sqrt(2), a = sqrt(3 / (n + k)):
+            entries of variance 1 / (n + k), so a slot of E^T x keeps about
+            the norm of one row of x at every n, where 'jl' scales it by
+            sqrt(n / k)
 Each head's matrix of a per-head weight is drawn as one matrix. Keys and
 values are projected by `attention.project_sequence`, with padded rows
 zeroed first. Being linear, the projection commutes with the key/value dense
@@ -40,7 +44,7 @@ from linformer_jax.model.projections.windows import to_windows
 Array = jax.Array
 
 # The `config.model.projection_init` values a [max_len, k] matrix takes.
-MATRIX_INITS = ('jl', 'local', 'xavier')
+MATRIX_INITS = ('jl', 'local', 'xavier', 'fairseq')
 
 
 def johnson_lindenstrauss_init(projected_len: int):
@@ -78,10 +82,14 @@ def matrix_initializer(config, projected_len: int, per_head: bool):
   """The initialiser `config.projection_init` names for a [(heads,) n, k] matrix."""
   if config.projection_init == 'local':
     return local_window_init(config.compressed_span, config.projection_init_noise)
-  if config.projection_init == 'xavier':
-    # The heads axis is a batch of matrices, not part of any fan.
+  if config.projection_init in ('xavier', 'fairseq'):
+    # The heads axis is a batch of matrices, not part of any fan. Glorot's
+    # variance is 2 / (fan_in + fan_out), times gain^2 = 1/2 for fairseq's.
     batch_axis = (0,) if per_head else ()
-    return nn.initializers.xavier_uniform(in_axis=-2, out_axis=-1, batch_axis=batch_axis)
+    scale = 1.0 if config.projection_init == 'xavier' else 0.5
+    return nn.initializers.variance_scaling(
+        scale, 'fan_avg', 'uniform', in_axis=-2, out_axis=-1, batch_axis=batch_axis
+    )
   return johnson_lindenstrauss_init(projected_len)
 
 

@@ -1,0 +1,71 @@
+"""Which recipe lets the paper's learned E leave the unigram plateau at every n?
+
+At k = 64, configs/gutenberg.py's learned E (drawn N(0, 1/k), `jl`) stays on
+the unigram plateau (perplexity about 700) at n = 512 and 1024 with every seed
+tried, and at n = 256 with seed 0 (docs/results_gutenberg.md). Each variant
+here is a recipe at one n and seed; the screen runs the stuck seeds for 300
+steps, each process on one core:
+
+  taskset -c 0 python -m linformer_jax.sweep --sweep configs/sweeps/gutenberg_plateau.py \
+      --workdir runs/sweeps/gutenberg_plateau --set=total_steps=300 --set=log_every=25 \
+      --only=centred-n1024-s1,fairseq-n1024-s1
+
+Recipes (`RECIPES`): `jl` the paper's E as configs/gutenberg.py has it;
+`centred` the same with the slot-common component removed from every update
+of E and F (`projection_remove_common_update`); `fairseq` E drawn Glorot
+uniform with gain 1/sqrt(2), whose slots keep a row's norm at every n;
+`fairseq-centred` both; `xavier` Glorot with gain 1; `preln` pre-LN; and the
+references, fixed `mean` slots and the Transformer. Every n takes 8,192
+tokens per step, as configs/sweeps/gutenberg_seq_len.py. It writes
+results.md and perplexity.png, the table of docs/results_gutenberg.md.
+"""
+
+from configs import gutenberg
+from linformer_jax.sweep import Sweep
+from linformer_jax.sweep import Variant
+
+TOKENS_PER_BATCH = 8192  # configs/gutenberg.py: batch 32 of n = 256
+LENGTHS = (256, 512, 1024)  # n
+SEEDS = (0, 1, 2, 3, 4)  # seeds per recipe and n
+
+# Recipe -> its overrides of configs/gutenberg.py.
+RECIPES = {
+    'jl': {},
+    'centred': {'projection_remove_common_update': True},
+    'fairseq': {'model.projection_init': 'fairseq'},
+    'fairseq-centred': {
+        'model.projection_init': 'fairseq',
+        'projection_remove_common_update': True,
+    },
+    'xavier': {'model.projection_init': 'xavier'},
+    'preln': {'model.pre_layer_norm': True},
+    'mean': {'model.projection': 'mean'},
+    'transformer': {'model.attention': 'full'},
+}
+
+
+def _variant(recipe: str, n: int, seed: int) -> Variant:
+  batch_size = TOKENS_PER_BATCH // n
+  return Variant(
+      f'{recipe}-n{n}-s{seed}',
+      {
+          **RECIPES[recipe],
+          'model.max_len': n,
+          'batch_size': batch_size,
+          'eval_batch_size': batch_size,
+          'seed': seed,
+      },
+  )
+
+
+def get_sweep() -> Sweep:
+  base = gutenberg.get_config()
+  base.data.path = '../shared/data/gutenberg'  # the books, relative to the repository root
+  base.model.projected_len = 64  # k, fixed across the sweep
+  return Sweep(
+      title='Leaving the unigram plateau by recipe, n and seed (k = 64, 8,192 tokens per step)',
+      base=base,
+      variants=[
+          _variant(recipe, n, seed) for recipe in RECIPES for n in LENGTHS for seed in SEEDS
+      ],
+  )

@@ -112,6 +112,7 @@ END_TO_END_FIXTURES = {
     'test_benchmark.py': ('grid', 'efficient_grid', 'budget_grid'),
     'test_causal_benchmark.py': ('run',),
     'test_classification.py': ('pretrained',),
+    'test_divergence.py': ('diverged_run',),
     'test_generation.py': ('causal_run',),
     'test_pooling_probe.py': ('pretrained',),
     'test_sweep.py': ('finished_sweep',),

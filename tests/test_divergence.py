@@ -1,9 +1,11 @@
 """Skipped non-finite steps, the spike rule, the kept pre-spike checkpoint,
 and going on from the divergence error's own command (docs/reliability.md)."""
 
+import hashlib
 import math
 import os
 import shlex
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +19,9 @@ from run_helpers import tiny_flags
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import divergence
 from linformer_jax.training import run_config
+from linformer_jax.training import sound_steps
 from linformer_jax.training import train_steps
+from linformer_jax.training.sound_steps import SoundStepLedger
 
 
 class FakeStore:
@@ -44,9 +48,23 @@ class FakeStore:
   def unprotect(self, step):
     self.protected.discard(step)
 
+  def restore_config(self, step=None):
+    del step
+    return {}
+
+
+class MemoryLedger(SoundStepLedger):
+  """The workdir's ledger, kept in memory (the guard's workdir is not real)."""
+
+  def __init__(self):
+    super().__init__('/nonexistent/run')
+
+  def write(self):
+    pass
+
 
 def _guard(store, **overrides):
-  return divergence.DivergenceGuard(tiny_config(**overrides), '/run', store)
+  return divergence.DivergenceGuard(tiny_config(**overrides), '/run', store, MemoryLedger())
 
 
 def _feed(guard, losses, first_step=1, finite=None):
@@ -132,31 +150,151 @@ def test_bad_settings_are_refused_naming_the_field(field, value):
     run_config.validate(tiny_config(**{field: value}))
 
 
-@pytest.mark.slow
-def test_a_diverged_run_goes_on_from_the_command_its_error_gives(tmp_path, run_command):
-  """learning_rate=1e12 (warm-up from 0 over 5 steps): step 2's update blows
-  the weights up, step 3's loss is NaN. Steps 3..6 are skipped, then the run
-  stops with one line naming step 1, kept past keep_checkpoints=2 although
-  every step was saved. Its command, with a sane learning rate, trains on."""
-  workdir = str(tmp_path / 'run')
-  flags = [*tiny_flags(workdir), '--config.checkpoint_every=1', '--config.log_every=1']
-  diverged = run_command('train', *flags, '--config.total_steps=8', '--config.learning_rate=1e12')
-  assert diverged.returncode == 2, diverged.stderr
-  assert 'Traceback' not in diverged.stderr
-  errors = [line for line in diverged.stderr.splitlines() if line.startswith('error:')]
-  assert len(errors) == 1 and 'steps 1, ' in errors[0], diverged.stderr
-  command = shlex.split(errors[0].split('Go on with a lower learning rate: ', 1)[1])
+def test_the_ledger_doubts_non_finite_and_blown_up_steps_and_keeps_its_record(tmp_path):
+  ledger = SoundStepLedger(str(tmp_path))
+  ledger.record(1, finite=True, param_norm=10.0, recent_losses=[5.0])
+  ledger.record(2, finite=True, param_norm=39.0, recent_losses=[5.0, 4.9])  # under 4x
+  ledger.record(3, finite=True, param_norm=200.0, recent_losses=[])
+  ledger.record(4, finite=False, param_norm=float('nan'), recent_losses=[])
+  ledger.record(5, finite=True, param_norm=11.0, recent_losses=[], suspect='a spike')
+  assert [ledger.is_sound(s) for s in range(1, 6)] == [True, True, False, False, False]
+  assert 'parameter norm 200 is more than 4x' in ledger.why(3)
+  assert ledger.why(5) == 'a spike' and ledger.newest_sound([1, 2, 3, 4, 5]) == 2
+  assert ledger.mark_suspect([2, 3], 'later spike') == [2]
+  ledger.diverged = {'step': 6, 'sound_step': 1, 'config': {}}
+  ledger.write()
+  again = SoundStepLedger(str(tmp_path))
+  assert again.steps == ledger.steps and again.diverged == ledger.diverged
+  assert again.recent_losses(1) == [5.0] and again.newest_sound([1, 2, 3], at_most=0) is None
+
+
+def test_only_bookkeeping_fields_leave_the_training_settings_the_same():
+  config = tiny_config().to_dict()
+  assert sound_steps.same_training_settings(config, {**config, 'log_every': 1, 'restore_step': 3})
+  assert not sound_steps.same_training_settings(config, {**config, 'learning_rate': 1e-4})
+  changed_model = tiny_config(**{'model.num_heads': 4}).to_dict()
+  assert not sound_steps.same_training_settings(config, changed_model)
+
+
+def test_a_resumed_guard_takes_up_the_losses_and_suspicion_of_its_step():
+  ledger = MemoryLedger()
+  ledger.record(4, finite=True, param_norm=1.0, recent_losses=[5.0, 5.0], suspect='spiking')
+  guard = divergence.DivergenceGuard(
+      tiny_config(spike_factor=2.0), '/run', FakeStore([2, 4]), ledger, resumed_step=4
+  )
+  assert guard.recent_losses() == [5.0, 5.0] and guard.suspicion(5)
+  _feed(guard, [5.0] * divergence.SPIKE_WINDOW, first_step=5)
+  assert not guard.suspicion(5 + divergence.SPIKE_WINDOW)
+  _feed(guard, [11.0], first_step=30)  # 2.2x the mean of the resumed losses: a spike
+  assert guard.suspicion(30) == 'saved while the loss was spiking (since step 30)'
+
+
+def _error_line(process):
+  assert process.returncode == 2, process.stdout + process.stderr
+  assert 'Traceback' not in process.stdout + process.stderr, process.stderr
+  errors = [line for line in process.stderr.splitlines() if line.startswith('error:')]
+  assert len(errors) == 1, process.stderr
+  return errors[0]
+
+
+def _printed_command(line):
+  command = shlex.split(line.split('Go on with a lower learning rate: ', 1)[1])
   assert command[:3] == ['python', '-m', 'linformer_jax.train']
-  assert '--config.restore_step=1' in command and '--config.learning_rate=1e+11' in command
-  sane = [
-      a if not a.startswith('--config.learning_rate=') else '--config.learning_rate=1e-3'
-      for a in command[3:]
+  return command[3:]
+
+
+def _with_learning_rate(flags, rate):
+  return [f for f in flags if not f.startswith('--config.learning_rate=')] + [
+      f'--config.learning_rate={rate}'
   ]
-  went_on = run_command('train', *sane)
-  assert went_on.returncode == 0, went_on.stderr
+
+
+def _files(folder):
+  """Every file under `folder` -> its bytes' hash."""
+  return {
+      os.path.relpath(os.path.join(root, name), folder): hashlib.sha256(
+          open(os.path.join(root, name), 'rb').read()
+      ).hexdigest()
+      for root, _, names in os.walk(folder)
+      for name in names
+  }
+
+
+def _healthy(workdir):
   losses = losses_by_step(workdir)
   assert sorted(losses) == list(range(1, 9)) and all(np.isfinite(list(losses.values())))
-  assert sorted(os.listdir(tmp_path / 'run' / 'diverged_checkpoints' / 'from_1'))
+  assert losses[8] < math.log(260), losses  # below a uniform guess over the 260 bytes
+
+
+@pytest.fixture(scope='module')
+def diverged_run(tmp_path_factory, run_command):
+  """learning_rate=1e12 (warm-up from 0 over 5 steps), saving every step: step
+  2's update blows the weights up, step 3's loss is NaN, steps 3..6 are
+  skipped, and the run stops keeping steps 1, 4 and 5 (step 1 past
+  keep_checkpoints=2). Returns (workdir, its flags, the error line)."""
+  workdir = tmp_path_factory.mktemp('diverged') / 'run'
+  flags = [
+      *tiny_flags(workdir),
+      '--config.checkpoint_every=1',
+      '--config.log_every=1',
+      '--config.total_steps=8',
+      '--config.learning_rate=1e12',
+  ]
+  line = _error_line(run_command('train', *flags))
+  assert 'steps 1, 4, 5; step 1 is from before the divergence' in line, line
+  return workdir, flags, line
+
+
+@pytest.mark.slow
+def test_a_diverged_workdir_keeps_its_sound_step_across_re_runs(
+    diverged_run, tmp_path, run_command
+):
+  """The same command twice is refused untouched; the printed command (a
+  tenth of 1e12 diverges again) keeps step 1; its own command with a sane
+  learning rate reaches a healthy loss."""
+  source, flags, line = diverged_run
+  workdir = tmp_path / 'run'
+  shutil.copytree(source, workdir)
+  flags = [str(workdir) if f == str(source) else f for f in flags]
+  before = _files(workdir)
+  for _ in range(2):
+    refused = _error_line(run_command('train', *flags))
+    assert 'Refused' in refused and 'step 1 is the newest sound one' in refused, refused
+    assert _files(workdir) == before
+  printed = _printed_command(refused)
+  assert '--config.restore_step=1' in printed and '--config.learning_rate=1e+11' in printed
+  again = _error_line(run_command('train', *printed))
+  assert 'step 1 is from before the divergence' in again, again
+  assert '1' in os.listdir(workdir / 'checkpoints')
+  went_on = run_command('train', *_with_learning_rate(_printed_command(again), '1e-3'))
+  assert went_on.returncode == 0, went_on.stderr
+  _healthy(workdir)
+  assert sorted(os.listdir(workdir / 'diverged_checkpoints' / 'from_1'))
+
+
+@pytest.mark.slow
+def test_a_changed_learning_rate_alone_goes_back_to_the_sound_step(
+    diverged_run, tmp_path, run_command
+):
+  source, flags, _ = diverged_run
+  workdir = tmp_path / 'run'
+  shutil.copytree(source, workdir)
+  flags = [str(workdir) if f == str(source) else f for f in flags]
+  went_on = run_command('train', *_with_learning_rate(flags, '1e-3'))
+  assert went_on.returncode == 0, went_on.stderr
+  assert 'goes on from step 1, its newest sound checkpoint' in went_on.stderr
+  _healthy(workdir)
+  assert sorted(os.listdir(workdir / 'diverged_checkpoints' / 'from_1')) == ['4', '5']
+  ledger = SoundStepLedger(str(workdir))
+  assert ledger.diverged is None and all(ledger.is_sound(s) for s in ledger.steps)
+
+
+def test_a_restore_step_that_is_not_sound_is_refused_naming_the_sound_ones(diverged_run):
+  source, _, _ = diverged_run
+  store = FakeStore([1, 4, 5])
+  config = tiny_config(restore_step=4, learning_rate=1e12)
+  with pytest.raises(ConfigError, match=r'step 4 of .* is not sound \(saved while the loss'):
+    divergence.go_back(store, config, str(source), SoundStepLedger(str(source)))
 
 
 def test_a_non_finite_step_leaves_the_parameters_and_optimizer_state_as_they_were():

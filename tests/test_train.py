@@ -91,15 +91,31 @@ def test_one_run_per_workdir_and_a_dead_runs_lock_never_blocks(tmp_path, run_com
 
 
 @pytest.mark.slow
-def test_sigterm_saves_a_checkpoint_before_exiting(tmp_path, run_command):
-  workdir = str(tmp_path)
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT], ids=['sigterm', 'ctrl-c'])
+def test_sigterm_and_ctrl_c_save_a_checkpoint_before_exiting(tmp_path, run_command, signum):
+  """Saved, waited for, exit 143 or 130 with one line and no traceback or
+  temporary folder; the run resumes bitwise as if never stopped."""
+  workdir = str(tmp_path / 'run')
   process = start_endless_run(run_command, workdir)
   wait_for_step(workdir, 3, process)
-  process.send_signal(signal.SIGTERM)
-  assert process.wait(timeout=120) == 128 + signal.SIGTERM
+  process.send_signal(signum)
+  assert process.wait(timeout=120) == 128 + signum
+  output = process.stdout.read()  # stderr goes to stdout too
+  assert 'Traceback' not in output, output
+  name = 'Ctrl-C' if signum == signal.SIGINT else 'SIGTERM'
+  assert sum(f'{name} received' in line for line in output.splitlines()) == 1, output
+  assert not [f for f in os.listdir(os.path.join(workdir, 'checkpoints')) if 'tmp' in f]
   saved = CheckpointStore(trainer.checkpoint_directory(workdir)).latest_step()
   assert saved is not None and saved >= 3
   assert saved == max(m['step'] for m in read_metrics(workdir))
+  if signum == signal.SIGINT:
+    config = tiny_config(
+        total_steps=100000, log_every=1, checkpoint_every=100000, eval_every=100000
+    )
+    trainer.train_and_evaluate(config, workdir, stop_after=saved + 2)
+    straight = str(tmp_path / 'straight')
+    trainer.train_and_evaluate(config, straight, stop_after=saved + 2)
+    assert losses_by_step(workdir) == losses_by_step(straight)
 
 
 @pytest.mark.slow

@@ -11,14 +11,20 @@ Three parts, used by the training loop (`trainer`):
 * **Spikes.** A loss is a spike when it is non-finite, or when it is above
   `config.spike_factor` times the mean of the last `SPIKE_WINDOW` losses
   before it that were not spikes (at least one). The loss of step t is
-  measured on the state of step t - 1, so that state is already suspect: the
-  guard protects the newest kept checkpoint of step t - 2 or earlier
-  (`CheckpointStore.protect`), one at a time, so that it outlives the newest
-  `keep_checkpoints`. A spike within `SPIKE_WINDOW` steps of the previous one
-  leaves the protection where it is.
+  measured on the state of step t - 1, so that state is already suspect:
+  every kept step from t - 1 on, and every step saved until `SPIKE_WINDOW`
+  normal losses come in a row, is marked not sound in the workdir's ledger
+  (`sound_steps`), and the newest sound kept step of t - 2 or earlier is
+  protected (`CheckpointStore.protect`), so that it outlives the newest
+  `keep_checkpoints`. A step the ledger holds not sound is never protected,
+  so a later spike never moves the protection off the newest sound step.
 * **Going on.** The divergence error is one line naming the kept steps and
-  the flags to go on with: `--config.restore_step=N` (the protected step) and
-  a tenth of the learning rate. `go_back` honours `config.restore_step`.
+  the flags to go on with: `--config.restore_step=N` (the newest sound step)
+  and a tenth of the learning rate. The ledger records the divergence, so
+  the next run in the workdir (`go_back`) refuses the same settings in one
+  line, goes back to the sound step by itself when a setting changed, and
+  takes a `config.restore_step` only of a sound step. Nothing that is the
+  newest sound step is ever removed, across any number of re-runs.
 
 The guard reads the device only when the loop checks it (a log line, an
 evaluation, a checkpoint or a stop is due), so it adds no wait per step.
@@ -36,6 +42,8 @@ import ml_collections
 
 from linformer_jax.checkpoints.store import CheckpointStore
 from linformer_jax.errors import ConfigError
+from linformer_jax.training.sound_steps import SoundStepLedger
+from linformer_jax.training.sound_steps import same_training_settings
 
 # How many of the latest non-spike losses the spike rule averages.
 SPIKE_WINDOW = 20
@@ -69,24 +77,43 @@ class DivergenceGuard:
   """Checks the steps' `finite` flags and losses when the loop asks.
 
   Raises NonFiniteLossError once more than `config.max_skipped_steps`
-  non-finite steps come in a row; protects a checkpoint from before each
-  spike (see the module docstring).
+  non-finite steps come in a row; on each spike marks the kept steps from
+  the state before it onwards as not sound in the workdir's ledger
+  (`sound_steps`) and protects the newest sound one (see the module
+  docstring). A run that resumes takes up the spike rule's losses and its
+  suspect phase from the ledger entry of the step it resumed.
   """
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir: str, store: CheckpointStore):
+  def __init__(
+      self,
+      config: ml_collections.ConfigDict,
+      workdir: str,
+      store: CheckpointStore,
+      ledger: Optional[SoundStepLedger] = None,
+      resumed_step: Optional[int] = None,
+  ):
     # A config saved before these fields existed (configs/from_workdir.py)
     # keeps the behaviour of its time: stop at the first bad step.
     self._max_skipped = config.get('max_skipped_steps', 0)
     self._factor = config.get('spike_factor', 0.0)
     self._learning_rate = config.learning_rate
+    self._config = config
     self._workdir = workdir
     self._store = store
+    self.ledger = ledger if ledger is not None else SoundStepLedger(workdir)
     self._pending: List[Tuple[int, Dict[str, jax.Array]]] = []
     self._recent: Deque[float] = collections.deque(maxlen=SPIKE_WINDOW)
     self._skipped = 0  # non-finite steps in a row, up to the last one checked
     self._first_bad: Optional[Tuple[int, float]] = None  # (step, loss) that began them
     self._last_spike: Optional[int] = None
-    self._pre_spike: Optional[int] = None  # the step this run protected
+    # From this step on, states are suspect, until SPIKE_WINDOW normal losses in a row.
+    self._suspect_since: Optional[int] = None
+    self._phase_spike: Optional[int] = None  # the spike that began the suspect phase
+    self._normal_in_a_row = 0
+    if resumed_step is not None:
+      self._recent.extend(self.ledger.recent_losses(resumed_step))
+      if not self.ledger.is_sound(resumed_step):
+        self._suspect_since = resumed_step
 
   def add(self, step: int, metrics: Dict[str, jax.Array]) -> None:
     self._pending.append((step, metrics))
@@ -103,6 +130,9 @@ class DivergenceGuard:
         self._on_spike(step, back=1)
       elif finite:
         self._recent.append(loss)
+        self._normal_in_a_row += 1
+        if self._normal_in_a_row >= SPIKE_WINDOW:
+          self._suspect_since = None
       if finite:
         self._skipped = 0
         continue
@@ -114,25 +144,39 @@ class DivergenceGuard:
         raise self._error(step)
     self._pending.clear()
 
+  def suspicion(self, step: int) -> str:
+    """Why the state of `step` (all losses up to it checked) is suspect, or ''."""
+    if self._suspect_since is None or step < self._suspect_since:
+      return ''
+    if self._phase_spike is None:
+      return 'saved while the loss was spiking (since before the run resumed)'
+    return f'saved while the loss was spiking (since step {self._phase_spike})'
+
+  def recent_losses(self) -> List[float]:
+    return list(self._recent)
+
   def _on_spike(self, step: int, back: int) -> None:
-    recent_spike = self._last_spike is not None and step - self._last_spike <= SPIKE_WINDOW
     self._last_spike = step
-    if recent_spike and self._pre_spike is not None:
-      return
+    self._normal_in_a_row = 0
+    suspect_from = step - back + 1
+    if self._suspect_since is None:
+      self._phase_spike = step
+    if self._suspect_since is None or suspect_from < self._suspect_since:
+      self._suspect_since = suspect_from
     self._store.wait()  # a save in flight is not a step folder yet
-    before = [kept for kept in self._store.all_steps() if kept <= step - back]
-    if not before:
-      return
-    for old in self._store.protected_steps():
-      if old != before[-1]:
+    kept = self._store.all_steps()
+    why = f'saved from the state before the loss spike at step {step}'
+    changed = self.ledger.mark_suspect([s for s in kept if s >= suspect_from], why)
+    sound = self.ledger.newest_sound(kept, at_most=step - back)
+    if sound is not None and sound not in self._store.protected_steps():
+      for old in self._store.protected_steps():
         self._store.unprotect(old)
-    self._store.protect(before[-1])
-    self._pre_spike = before[-1]
-    logging.warning(
-        'Loss spike at step %d: keeping the checkpoint of step %d from before it.',
-        step,
-        before[-1],
-    )
+      self._store.protect(sound)
+      logging.warning(
+          'Loss spike at step %d: keeping the checkpoint of step %d from before it.', step, sound
+      )
+    if changed or sound is not None:
+      self.ledger.write()
 
   def _error(self, step: int) -> NonFiniteLossError:
     first, loss = self._first_bad
@@ -149,13 +193,21 @@ class DivergenceGuard:
         'stopped without saving.'
     )
     lower = f'--config.learning_rate={self._learning_rate / 10:g}'
+    sound = self.ledger.newest_sound(kept)
+    self.ledger.diverged = {
+        'step': first,
+        'sound_step': sound,
+        'config': json.loads(json.dumps(self._config.to_dict())),
+    }
+    if kept:
+      self.ledger.write()
     if not kept:
       return NonFiniteLossError(f'{summary} No checkpoint was saved.', [lower])
     directory = self._store.directory
     summary += f' Kept checkpoints in {directory}: steps {", ".join(map(str, kept))};'
-    if self._pre_spike in kept:
-      summary += f' step {self._pre_spike} is from before the divergence.'
-      return NonFiniteLossError(summary, [f'--config.restore_step={self._pre_spike}', lower])
+    if sound is not None:
+      summary += f' step {sound} is from before the divergence.'
+      return NonFiniteLossError(summary, [f'--config.restore_step={sound}', lower])
     summary += ' none is from before the divergence: start again in a new workdir.'
     return NonFiniteLossError(summary, [f'--workdir={self._workdir.rstrip("/")}-restart', lower])
 
@@ -182,30 +234,92 @@ def _as_json(value: Any) -> Any:
   return json.loads(json.dumps(value))
 
 
-def go_back(store: CheckpointStore, config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Honours config.restore_step (0 = the newest): makes that kept step the
-  newest, moving newer ones to WORKDIR/diverged_checkpoints/from_STEP.
+def go_back(
+    store: CheckpointStore,
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    ledger: Optional[SoundStepLedger] = None,
+) -> None:
+  """Honours config.restore_step (0 = the newest) and the ledger's divergence:
+  makes the chosen kept step the newest, moving newer ones to
+  WORKDIR/diverged_checkpoints/from_STEP.
+
+  After a divergence (the ledger's `diverged`), with no restore_step: the same
+  training settings are refused (they would go on from where the run
+  diverged); changed ones go back to the newest sound step. A restore_step
+  must name a sound step.
 
   A run that went back and saved since holds a newest checkpoint saved with
   this very config; the same command then resumes from it (after a
   preemption, say) instead of going back again.
 
   Raises:
-    ConfigError: the step is not kept (the message lists the kept steps).
+    NonFiniteLossError: the diverged run's own settings again; its flags go
+      on from the sound step.
+    ConfigError: the step is not kept or not sound (the message lists the
+      sound kept steps), or no sound step is left.
   """
+  ledger = ledger if ledger is not None else SoundStepLedger(workdir)
   step = config.get('restore_step', 0)
+  kept = store.all_steps()
+  diverged = ledger.diverged
+  if not step and diverged:
+    sound = ledger.newest_sound(kept)
+    if same_training_settings(config.to_dict(), diverged['config']):
+      summary = (
+          f"Refused: {workdir}'s run diverged at step {diverged['step']} with these same "
+          'settings, and its newest checkpoints are not sound;'
+      )
+      lower = f'--config.learning_rate={config.learning_rate / 10:g}'
+      if sound is None:
+        raise NonFiniteLossError(
+            f'{summary} none is sound: start again in a new workdir.',
+            [f'--workdir={workdir.rstrip("/")}-restart', lower],
+        )
+      raise NonFiniteLossError(
+          f'{summary} step {sound} is the newest sound one.',
+          [f'--config.restore_step={sound}', lower],
+      )
+    if sound is None:
+      raise ConfigError(
+          f"{workdir}'s run diverged at step {diverged['step']} and none of its kept steps "
+          f'({", ".join(map(str, kept)) or "none"}) is sound: start again in a new --workdir.'
+      )
+    logging.warning(
+        'The run in %s diverged at step %d; the settings changed, so it goes on from '
+        'step %d, its newest sound checkpoint.',
+        workdir,
+        diverged['step'],
+        sound,
+    )
+    step = sound
   if not step:
     return
-  kept = store.all_steps()
-  if kept and step == kept[-1]:
+  if kept and step == kept[-1] and ledger.is_sound(step):
+    _clear_divergence(ledger, kept)
     return
   if kept and store.restore_config(kept[-1]) == _as_json(config.to_dict()):
     logging.info('Resuming step %d, saved since going back to step %d.', kept[-1], step)
     return
+  sound_steps = [s for s in kept if ledger.is_sound(s)]
+  listed = ', '.join(map(str, sound_steps)) or 'none'
   if step not in kept:
-    listed = ', '.join(map(str, kept)) or 'none'
     raise ConfigError(
-        f'config.restore_step={step}: {workdir} keeps no checkpoint of step {step}; kept steps: '
-        f'{listed} (0 = the newest).'
+        f'config.restore_step={step}: {workdir} keeps no checkpoint of step {step}; kept '
+        f'sound steps: {listed} (0 = the newest).'
     )
-  store.go_back_to(step)
+  if not ledger.is_sound(step):
+    raise ConfigError(
+        f'config.restore_step={step}: step {step} of {workdir} is not sound '
+        f'({ledger.why(step)}); kept sound steps: {listed}.'
+    )
+  moved = store.go_back_to(step)
+  ledger.forget(moved)
+  _clear_divergence(ledger, store.all_steps())
+
+
+def _clear_divergence(ledger: SoundStepLedger, kept: Sequence[int]) -> None:
+  if ledger.diverged is not None or set(ledger.steps) - set(kept):
+    ledger.diverged = None
+    ledger.keep_only(kept)
+    ledger.write()

@@ -17,8 +17,11 @@ was), and the flags and losses are fetched only when something is due (a log
 line, an evaluation, a checkpoint, a stop). Then `divergence.DivergenceGuard`
 protects a checkpoint from before a loss spike and stops a run whose bad
 steps come in a row, so every checkpoint holds finite parameters;
-`config.restore_step` goes back to an older kept step. SIGTERM saves a
-checkpoint before the program exits; with several processes, SIGTERM to any
+every save records in WORKDIR/sound_steps.json whether the step is sound, so
+that a re-run after a divergence never goes on from, or loses, the wrong
+step; `config.restore_step` goes back to an older sound step. SIGTERM and
+Ctrl-C save a checkpoint before the program exits (143, 130); with several
+processes, SIGTERM to any
 one of them makes all save the same step (JAX's preemption sync point).
 """
 
@@ -26,6 +29,7 @@ import json
 import math
 import os
 import signal
+import sys
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -33,8 +37,10 @@ from absl import logging
 from clu import parameter_overview
 import jax
 from jax.experimental import multihost_utils
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 
 from linformer_jax import storage
 from linformer_jax.checkpoints.store import CheckpointStore
@@ -44,6 +50,7 @@ from linformer_jax.training import compiled_step
 from linformer_jax.training import divergence
 from linformer_jax.training import run_builder
 from linformer_jax.training import run_config
+from linformer_jax.training import sound_steps
 from linformer_jax.training import tasks
 from linformer_jax.training import train_steps
 from linformer_jax.training import workdir_lock
@@ -54,9 +61,14 @@ RESULTS_FILE = 'eval_results.json'
 
 
 class _TerminationRequest:
-  """SIGTERM (a scheduler's preemption notice) as a step every process stops at.
+  """SIGTERM (a scheduler's preemption notice) or Ctrl-C as a step every
+  process stops at.
 
-  One process: a handler sets a flag that the loop reads after each step.
+  One process: a handler of SIGTERM and SIGINT sets a flag that the loop reads
+  after each step, so the loop saves that step and exits (143 or 130). A
+  second Ctrl-C before then exits at once with one line: a save in flight is
+  still only orbax's temporary folder, which the next run removes, so every
+  kept step stays intact.
   Several: `jax.distributed.initialize` has started JAX's preemption sync
   manager, whose own handler catches SIGTERM on whichever process gets it and
   tells the others through the coordination service; they agree on the step
@@ -67,24 +79,40 @@ class _TerminationRequest:
   """
 
   def __init__(self):
-    self._requested = False
+    self.signal: Optional[int] = None  # the signal received, once one is
     self._shared = jax.process_count() > 1
+    self._previous = {}
     if not self._shared:
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
+      for signum in (signal.SIGTERM, signal.SIGINT):
+        self._previous[signum] = signal.signal(signum, self._handle)
 
   def _handle(self, signum, frame):
-    del signum, frame
-    self._requested = True
+    del frame
+    if signum == signal.SIGINT and self.signal == signal.SIGINT:
+      print(
+          'Ctrl-C again: exiting now; the kept checkpoints are intact (an unfinished save '
+          'is removed by the next run).',
+          file=sys.stderr,
+          flush=True,
+      )
+      os._exit(128 + signal.SIGINT)  # pylint: disable=protected-access
+    self.signal = signum
 
   def at(self, step: int) -> bool:
     """Whether to save and stop after `step`; called once at every step."""
     if self._shared:
-      return multihost_utils.reached_preemption_sync_point(step)
-    return self._requested
+      if multihost_utils.reached_preemption_sync_point(step):
+        self.signal = signal.SIGTERM
+        return True
+      return False
+    return self.signal is not None
+
+  def describe(self) -> str:
+    return 'Ctrl-C' if self.signal == signal.SIGINT else 'SIGTERM'
 
   def restore(self):
-    if not self._shared:
-      signal.signal(signal.SIGTERM, self._previous)
+    for signum, previous in self._previous.items():
+      signal.signal(signum, previous)
 
 
 def report(message: str) -> None:
@@ -132,6 +160,7 @@ class Run:
     self.store = CheckpointStore(
         checkpoint_directory(workdir), keep=config.keep_checkpoints, owner=True
     )
+    self.ledger = sound_steps.SoundStepLedger(workdir)
     try:
       self._build(config, workdir)
     except BaseException:
@@ -144,9 +173,9 @@ class Run:
     resuming = self.store.latest_step() is not None
     if resuming:
       run_config.check_same_model(self.store.restore_config(), config, workdir)
-      divergence.go_back(self.store, config, workdir)
+      divergence.go_back(self.store, config, workdir, self.ledger)
     elif config.get('restore_step', 0):
-      divergence.go_back(self.store, config, workdir)  # refuses it: nothing is kept
+      divergence.go_back(self.store, config, workdir, self.ledger)  # refuses it: nothing is kept
     # Checked before the data is built, so a bad init_from fails fast.
     init_from = self.task.check_init_from(config) if config.init_from and not resuming else None
     self.data = self.parts.build_data(workdir)
@@ -187,10 +216,17 @@ class Run:
     """This process's rows of a batch as global arrays split over the mesh."""
     return self.parts.device_batch(local_batch)
 
-  def save(self, force: bool = False, data_position: Optional[bytes] = None) -> None:
+  def save(
+      self,
+      force: bool = False,
+      data_position: Optional[bytes] = None,
+      guard: Optional[divergence.DivergenceGuard] = None,
+  ) -> None:
     """Saves the state; `data_position` is the iterator's state after the
     batches the saved steps consumed (default: its state now; a loop that
-    read ahead passes the one it kept)."""
+    read ahead passes the one it kept). Records in the workdir's ledger
+    whether the step is sound (`sound_steps`), with `guard`'s losses and
+    suspicion (none without a guard)."""
     # Every process reads its own shard, so the checkpoint keeps every
     # process's iterator position (orbax writes JSON from process 0 only), and
     # the tokenizer's fingerprint, so that no other tokenizer resumes it.
@@ -200,18 +236,40 @@ class Run:
         'process_states': [state.decode('latin-1') for state in states],
         'tokenizer_sha256': self.data.tokenizer_sha256,
     }
-    self.store.save(
-        int(self.state.step),
-        state=self.state,
-        data_state=data_state,
-        config=self.config.to_dict(),
-        force=force,
+    step = int(self.state.step)
+    saved = self.store.save(
+        step, state=self.state, data_state=data_state, config=self.config.to_dict(), force=force
     )
+    if not saved:
+      return
+    finite, norm = jax.device_get(_health(self.state))
+    self.ledger.record(
+        step,
+        finite=bool(finite),
+        param_norm=float(norm),
+        recent_losses=guard.recent_losses() if guard else (),
+        suspect=guard.suspicion(step) if guard else '',
+    )
+    self.ledger.keep_only(self.store.all_steps())
+    self.ledger.write()
 
   def evaluate(self) -> Dict[str, float]:
     return tasks.evaluate_batches(
         self.task, self.eval_step, self.state.variables(), self.data.eval_batches, self.device_batch
     )
+
+
+@jax.jit
+def _health(state: train_steps.TrainState) -> Tuple[jax.Array, jax.Array]:
+  """Whether the parameters and optimizer state are all finite, and the
+  parameters' global L2 norm."""
+  leaves = [
+      x
+      for x in jax.tree_util.tree_leaves((state.params, state.opt_state))
+      if jnp.issubdtype(x.dtype, jnp.inexact)
+  ]
+  finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+  return finite, optax.tree.norm(state.params)
 
 
 def _write_json(path: str, payload: Dict[str, Any]) -> None:
@@ -304,11 +362,17 @@ def _train_and_evaluate(
   )
   logger.discard_after(first_step)
   termination = _TerminationRequest()
-  guard = divergence.DivergenceGuard(config, workdir, run.store)
+  guard = divergence.DivergenceGuard(
+      config, workdir, run.store, run.ledger, resumed_step=first_step if first_step else None
+  )
   last = config.total_steps
   eval_metrics: Optional[Dict[str, float]] = None
   peak_flops = compiled_step.peak_flops(jax.devices()[0].device_kind)
   profile = _profile_steps(config)
+  if profile and first_step >= profile[0]:
+    # A resume inside the window traces the rest of it; after it, nothing.
+    profile = (first_step + 1, profile[1]) if first_step < profile[1] else None
+  tracing = False
   iterator = run.data.train_iterator
   # The batch of step t + 1 is read and put on the devices while step t runs
   # (dispatch is asynchronous); a checkpoint keeps the iterator's position
@@ -318,6 +382,7 @@ def _train_and_evaluate(
     for step in range(first_step + 1, last + 1):
       if profile and step == profile[0]:
         jax.profiler.start_trace(os.path.join(workdir, PROFILE_FOLDER))
+        tracing = True
       batch = next_batch
       try:
         run.state, metrics = run.train_step(run.state, batch, dropout_key)
@@ -336,9 +401,10 @@ def _train_and_evaluate(
       consumed = iterator.get_state() if save or stop or terminate else None
       if step < last:
         next_batch = run.device_batch(next(iterator))
-      if profile and step == profile[1]:
+      if tracing and step == profile[1]:
         jax.block_until_ready(metrics)
         jax.profiler.stop_trace()
+        tracing = False
       guard.add(step, metrics)
       run.store.check_for_errors()  # A background save that failed stops the run now.
       if not (log or evaluate or save or stop or terminate):
@@ -364,20 +430,25 @@ def _train_and_evaluate(
         logger.write_scalars(step, _prefixed('eval', eval_metrics))
         report(f'step {step}: ' + task.describe(config.data.eval_split, eval_metrics))
       if save:
-        run.save(data_position=consumed)
+        run.save(data_position=consumed, guard=guard)
       logger.exclude(time.monotonic() - paused)
       if stop:
-        run.save(force=True, data_position=consumed)
+        run.save(force=True, data_position=consumed, guard=guard)
         return None
       if terminate:
-        report(f'SIGTERM received: saving the checkpoint of step {step}, then exiting.')
-        run.save(force=True, data_position=consumed)
+        report(
+            f'{termination.describe()} received: saving the checkpoint of step {step}, '
+            'then exiting.'
+        )
+        run.save(force=True, data_position=consumed, guard=guard)
         run.store.wait()
-        raise SystemExit(128 + signal.SIGTERM)
+        raise SystemExit(128 + termination.signal)
   except NonFiniteLossError:
     run.store.close()  # its threads stopped, only the one-line error is printed
     raise
   finally:
+    if tracing:
+      jax.profiler.stop_trace()
     termination.restore()
     try:
       run.store.wait()

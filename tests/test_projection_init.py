@@ -121,6 +121,18 @@ def test_xavier_is_uniform_with_the_glorot_limit_per_matrix(sharing):
     assert not np.array_equal(weight[0], weight[1])  # each head draws its own matrix
 
 
+def test_fairseq_is_glorot_uniform_with_gain_one_over_root_two():
+  config = small_config(max_len=1024, projected_len=64, projection_init='fairseq', sharing='kv')
+  limit = (3 / (1024 + 64)) ** 0.5  # gain^2 = 1/2 of Glorot's 6 / (fan_in + fan_out)
+  weight = next(
+      iter(projection_weights(init_variables(models.MaskedLanguageModel(config))).values())
+  )
+  assert 0.999 * limit < float(jnp.max(jnp.abs(weight))) <= limit
+  np.testing.assert_allclose(float(jnp.var(weight)), 1 / (1024 + 64), rtol=0.03)
+  # A slot of E^T x keeps about one row's norm, where jl's grows as sqrt(n / k).
+  np.testing.assert_allclose(float(jnp.mean(jnp.sum(weight**2, axis=0))), 1024 / 1088, rtol=0.03)
+
+
 def test_jl_draws_the_same_values_as_before_the_choice_existed():
   """Pinned entries of E under seed 0: runs and checkpoints from before keep them bit for bit."""
   for config in (small_config(sharing='kv'), small_config(sharing='kv', projection_init='jl')):
@@ -145,6 +157,7 @@ def test_jl_draws_the_same_values_as_before_the_choice_existed():
         ('local', 0.0, 'layerwise'),
         ('xavier', 0.0, 'none'),
         ('xavier', 0.0, 'kv'),
+        ('fairseq', 0.0, 'none'),
     ],
 )
 def test_padding_never_enters_the_output_for_any_init(projection_init, noise, sharing):
@@ -168,7 +181,11 @@ def test_padding_never_enters_the_output_for_any_init(projection_init, noise, sh
 @pytest.mark.parametrize(
     'overrides,field,allowed',
     [
-        (dict(projection_init='orthogonal'), 'projection_init', "('jl', 'local', 'xavier')"),
+        (
+            dict(projection_init='orthogonal'),
+            'projection_init',
+            "('jl', 'local', 'xavier', 'fairseq')",
+        ),
         (dict(projection='mean', projection_init='local'), 'projection_init', "('jl',)"),
         (dict(projection='random', projection_init='xavier'), 'projection_init', "('jl',)"),
         (dict(projection_init='local', projected_len=12), 'projection_init', '32 % 12'),

@@ -145,3 +145,63 @@ def test_a_bad_scale_is_a_one_line_config_error(value):
   config.projection_learning_rate_scale = value
   with pytest.raises(ConfigError, match=r'projection_learning_rate_scale=.* use a finite number'):
     run_config.validate(config)
+
+
+def test_the_slot_common_component_is_exactly_removed_float64():
+  """Against a naive float64 reference on a tiny E: each row of the update
+  loses its mean over the k slots, nothing else changes."""
+  rng = np.random.default_rng(0)
+  update = rng.normal(size=(2, 5, 3))  # [heads, n, k]
+  want = np.empty_like(update)
+  for head in range(2):
+    for row in range(5):
+      want[head, row] = update[head, row] - sum(update[head, row]) / 3
+  got = np.asarray(train_steps.remove_slot_common_component(jnp.asarray(update, jnp.float32)))
+  np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)  # float32 rounding
+  np.testing.assert_allclose(got.astype(np.float64).sum(-1), 0, atol=1e-6)
+  # An update that is already slot-free is left as it was.
+  again = train_steps.remove_slot_common_component(jnp.asarray(want, jnp.float32))
+  np.testing.assert_allclose(again, want, atol=1e-6)
+
+
+def centred_config(on, projection='linear'):
+  config = tiny_config(1.0, projection=projection)
+  config.projection_remove_common_update = on
+  return config
+
+
+def test_centring_touches_only_the_learned_matrices_and_is_one_setting_away():
+  params, grads = params_and_grads()
+  plain = updates_over_steps(centred_config(False), params, grads)
+  centred = updates_over_steps(centred_config(True), params, grads)
+  for want, got in zip(plain, centred):
+    want, got = flat(want), flat(got)
+    for name, update in got.items():
+      if name.endswith("_projection']"):
+        np.testing.assert_allclose(np.asarray(update).sum(-1), 0, atol=1e-6, err_msg=name)
+        expected = want[name] - np.mean(want[name], axis=-1, keepdims=True)
+        np.testing.assert_allclose(update, expected, atol=1e-7, err_msg=name)
+      else:
+        np.testing.assert_array_equal(update, want[name], err_msg=name)
+  # Other projections' weights (conv kernels) are not [n, k] matrices: untouched.
+  conv = updates_over_steps(centred_config(True, 'conv'), params, grads)
+  for want, got in zip(plain, conv):
+    jax.tree_util.tree_map(np.testing.assert_array_equal, got, want)
+
+
+def test_a_centred_run_keeps_every_slot_sum_of_its_updates_zero():
+  config = tiny_config(1.0, projection_init='local', sharing='layerwise')
+  config.projection_remove_common_update = True
+  initial, trained = train(config)
+  (name, start), = split_projections(initial)[0].items()
+  end = split_projections(trained)[0][name]
+  assert np.any(end != start)
+  np.testing.assert_allclose((end - start).sum(-1), 0, atol=1e-6)
+
+
+@pytest.mark.parametrize('value', [None])  # ConfigDict itself refuses 1 or 'yes'
+def test_a_non_boolean_centring_is_a_one_line_config_error(value):
+  config = tiny_config()
+  config.projection_remove_common_update = value
+  with pytest.raises(ConfigError, match='projection_remove_common_update=.* use True or False'):
+    run_config.validate(config)

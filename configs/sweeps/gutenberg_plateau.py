@@ -14,7 +14,9 @@ Recipes (`RECIPES`): `jl` the paper's E as configs/gutenberg.py has it;
 `centred` the same with the slot-common component removed from every update
 of E and F (`projection_remove_common_update`); `fairseq` E drawn Glorot
 uniform with gain 1/sqrt(2), whose slots keep a row's norm at every n;
-`fairseq-centred` both; `xavier` Glorot with gain 1; `preln` pre-LN; and the
+`fairseq-centred` both; `local-centred` E starting as the mean of its n / k
+adjacent tokens (the windows of projection='mean'), its updates centred;
+`xavier` Glorot with gain 1; `preln` pre-LN; and the
 references, fixed `mean` slots and the Transformer. Every n takes 8,192
 tokens per step, as configs/sweeps/gutenberg_seq_len.py. It writes
 results.md and perplexity.png, the table of docs/results_gutenberg.md.
@@ -32,6 +34,10 @@ SEEDS = (0, 1, 2, 3, 4)  # seeds per recipe and n
 RECIPES = {
     'jl': {},
     'centred': {'projection_remove_common_update': True},
+    'local-centred': {
+        'model.projection_init': 'local',
+        'projection_remove_common_update': True,
+    },
     'fairseq': {'model.projection_init': 'fairseq'},
     'fairseq-centred': {
         'model.projection_init': 'fairseq',

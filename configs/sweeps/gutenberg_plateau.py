@@ -15,7 +15,8 @@ Recipes (`RECIPES`): `jl` the paper's E as configs/gutenberg.py has it;
 of E and F (`projection_remove_common_update`); `fairseq` E drawn Glorot
 uniform with gain 1/sqrt(2), whose slots keep a row's norm at every n;
 `fairseq-centred` both; `local-centred` E starting as the mean of its n / k
-adjacent tokens (the windows of projection='mean'), its updates centred;
+adjacent tokens (the windows of projection='mean'), its updates centred,
+and `local` the same start without the centring;
 `xavier` Glorot with gain 1; `preln` pre-LN; and the
 references, fixed `mean` slots and the Transformer. Every n takes 8,192
 tokens per step, as configs/sweeps/gutenberg_seq_len.py. It writes
@@ -38,6 +39,7 @@ RECIPES = {
         'model.projection_init': 'local',
         'projection_remove_common_update': True,
     },
+    'local': {'model.projection_init': 'local'},
     'fairseq': {'model.projection_init': 'fairseq'},
     'fairseq-centred': {
         'model.projection_init': 'fairseq',

@@ -1,9 +1,13 @@
 """What the command-line entry points share: config flags and one-line errors.
 
 A mistake in what the user asked for (an unknown config key, a bad value, a
-missing data path, a workdir holding a different model) ends the program with a
-one-line message saying what to change and exit code 2, before anything in the
-workdir is written.
+missing data path, a workdir holding a different model, a path that cannot be
+written, a gs:// workdir without credentials or network) ends the program with
+a one-line message `error: ...` saying what to change and exit code 2, before
+anything in the workdir is written. A command that prints results before
+saving them (evaluate, spectrum, projection_stats) saves them inside
+`saving_printed_results`: a file it cannot write then ends the command in one
+line that says the printed results were not saved.
 """
 
 import contextlib
@@ -11,9 +15,10 @@ import errno
 import importlib.machinery
 import importlib.util
 import os
+import re
 import sys
 import traceback
-from typing import Callable, Iterator, List
+from typing import Callable, Iterator, List, Sequence
 
 # TensorFlow (imported only by TFDS data sources) prints C++ start-up notices;
 # it only reads datasets here, so its oneDNN kernels are not needed either.
@@ -34,13 +39,18 @@ import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import ml_collections  # pylint: disable=g-import-not-at-top,wrong-import-position
 from ml_collections import config_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+from linformer_jax import storage  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.errors import free_space_of  # pylint: disable=g-import-not-at-top,wrong-import-position
+from linformer_jax.errors import is_disk_full  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.registry import import_extensions  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.training import compilation_cache  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.training import multihost  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 USAGE_ERROR_EXIT_CODE = 2
+# An OSError the user fixes by changing a path or its permissions: a read-only
+# filesystem, no permission, a file where a folder belongs or the other way round.
+_PATH_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR, errno.EEXIST)
 # The flags the functions below define belong to the command that calls them,
 # so that its --help lists them.
 flags.disclaim_key_flags()
@@ -119,14 +129,25 @@ class ConfigFileParser(flags.ArgumentParser):
     return config
 
 
+def _defining_config_flag(define: Callable[[], None]) -> None:
+  """Runs `define` (ml_collections reads --flagfile files when --config is
+  defined), reporting a flag file it cannot open in one line."""
+  try:
+    define()
+  except flags.Error as error:
+    fail(_flag_error_words(error, sys.argv))
+
+
 def define_config_flags() -> None:
   """Defines --config (a Python config file, overridable per field) and --workdir."""
-  config_flags.DEFINE_config_file(
-      'config',
-      None,
-      'Config file, e.g. configs/default.py; any field can be '
-      'overridden as --config.model.projected_len=64.',
-      lock_config=True,
+  _defining_config_flag(
+      lambda: config_flags.DEFINE_config_file(
+          'config',
+          None,
+          'Config file, e.g. configs/default.py; any field can be '
+          'overridden as --config.model.projected_len=64.',
+          lock_config=True,
+      )
   )
   flags.FLAGS['config'].parser = ConfigFileParser('config')
   flags.DEFINE_string(
@@ -159,7 +180,9 @@ def define_config_flags() -> None:
 def define_config_file_flag(default: str, help_text: str) -> None:
   """Defines --config alone, a config file loaded as ml_collections loads it,
   `default` unless given: for tools that run other commands with it."""
-  config_flags.DEFINE_config_file('config', default, help_text, lock_config=True)
+  _defining_config_flag(
+      lambda: config_flags.DEFINE_config_file('config', default, help_text, lock_config=True)
+  )
 
 
 def start_processes() -> None:
@@ -183,13 +206,77 @@ def fail(message: str) -> None:
   sys.exit(USAGE_ERROR_EXIT_CODE)
 
 
+@contextlib.contextmanager
+def saving_printed_results(where: str) -> Iterator[None]:
+  """For the block that saves results the command has already printed: a
+  file it cannot write (read-only, no permission, not a folder) ends the
+  command in one line naming it and saying that the printed results were not
+  saved. A full disk is reported by `run`."""
+  try:
+    yield
+  except OSError as error:
+    if is_disk_full(error):
+      raise
+    path = error.filename or where
+    fail(
+        f'the results printed above are not saved: {path} cannot be written '
+        f'({error.strerror}); make it writable, or copy the run to a folder you can write to '
+        'and run the same command there.'
+    )
+
+
+def _config_override(argv: Sequence[str], field: str) -> str:
+  """The --config.PATH[=VALUE] argument whose PATH names `field`, else --config.FIELD."""
+  for argument in argv:
+    path = argument.split('=', 1)[0]
+    if path.startswith('--config.') and field in path[len('--config.') :].split('.'):
+      return argument
+  return f'--config.{field}'
+
+
+def _unknown_field_words(error: Exception, argv: Sequence[str]) -> str:
+  """An unknown --config.PATH override in words. ml_collections raises a
+  KeyError (inside an AttributeError) whose text is the key's repr, a newline
+  and maybe its suggestion, or names the lookup that failed."""
+  inner = error.args[0] if error.args and isinstance(error.args[0], KeyError) else error
+  text = str(inner.args[0]) if inner.args else str(inner)
+  lookup = re.search(r'Attempting to lookup: (\S+)', text)
+  if lookup:
+    *parents, field = lookup.group(1).split('.')
+    return f'{_config_override(argv, field)}: config.{".".join(parents)} has no field {field!r}'
+  field = text.splitlines()[0].strip('\'"')
+  argument = _config_override(argv, field)
+  path = argument.split('=', 1)[0][len('--') :].split('.')
+  group = '.'.join(path[: path.index(field)]) if field in path else 'config'
+  suggestion = re.search(r'Did you mean "([^"]+)"', text)
+  hint = f'; did you mean {group}.{suggestion.group(1)}?' if suggestion else ''
+  return f'{argument}: {group} has no field {field!r}{hint}'
+
+
+def _flag_error_words(error: Exception, argv: Sequence[str]) -> str:
+  """A flag-parsing error in one line that says what to change."""
+  if isinstance(error, flags.CantOpenFlagFileError):
+    cause = error.__context__
+    if isinstance(cause, OSError):
+      return f'--flagfile={cause.filename} cannot be opened ({cause.strerror}).'
+  if isinstance(error, flags.UnrecognizedFlagError):
+    # absl keeps the suggestions only in its message: "... Did you mean: a, b ?"
+    suggested = re.search(r'Did you mean: (.*) \?$', str(error))
+    names = suggested.group(1).split(', ') if suggested else []
+    hint = f'; did you mean {" or ".join(f"--{name}" for name in names)}?' if names else ''
+    return f'--{error.flagname} is not a flag of this command{hint} (see --helpfull)'
+  if isinstance(error, (KeyError, AttributeError)):
+    return f'{_unknown_field_words(error, argv)} (see --helpfull)'
+  return f'{error} (see --helpfull)'
+
+
 def _parse_flags(argv: List[str]) -> List[str]:
   try:
     return flags.FLAGS(argv)
   except ConfigFileError as error:
     fail(error)
   except (flags.Error, KeyError, TypeError, ValueError, AttributeError) as error:
-    fail(f'{error} (see --helpfull)')
+    fail(_flag_error_words(error, argv))
 
 
 def run(main: Callable[[List[str]], None]) -> None:
@@ -202,8 +289,12 @@ def run(main: Callable[[List[str]], None]) -> None:
       logging.set_verbosity(logging.WARNING)
     try:
       if 'config' in flags.FLAGS and flags.FLAGS.config is not None:
-        # Before anything compiles: JAX picks its cache folder at the first compile.
         workdir = flags.FLAGS['workdir'].value if 'workdir' in flags.FLAGS else ''
+        # Before any library meets a gs:// workdir without credentials or
+        # network: it would retry for minutes, then raise a page of traceback.
+        if workdir:
+          storage.check_reachable(storage.location(workdir))
+        # Before anything compiles: JAX picks its cache folder at the first compile.
         compilation_cache.use_config_cache(flags.FLAGS.config, workdir or '')
         # The user's own parts register themselves before the config is checked.
         import_extensions(flags.FLAGS.config.get('extensions'))
@@ -211,13 +302,28 @@ def run(main: Callable[[List[str]], None]) -> None:
     except ConfigError as error:
       fail(error)
     except OSError as error:
-      if error.errno not in (errno.ENOSPC, errno.EDQUOT):
-        raise
       where = error.filename or (flags.FLAGS['workdir'].value if 'workdir' in flags.FLAGS else '')
       where = where or os.getcwd()
+      if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        fail(
+            f'cannot write {where}: the disk is full ({free_space_of(where)}). Free space or '
+            'move the workdir to a larger disk, then run the same command to resume.'
+        )
+      if error.errno not in _PATH_ERRNOS:
+        raise
       fail(
-          f'Cannot write {where}: the disk is full ({free_space_of(where)}). Free space or '
-          'move the workdir to a larger disk, then run the same command to resume.'
+          f'{where} cannot be used ({error.strerror}); fix the path or its permissions, or '
+          'give another one, then run the same command again.'
       )
+    except KeyboardInterrupt:
+      # Ctrl-C before a training loop takes it over (which saves and exits 130
+      # itself), or in a command that only reads: nothing half-written is kept.
+      print(
+          'interrupted (Ctrl-C): stopped before anything was saved; run the same command '
+          'again to start over.',
+          file=sys.stderr,
+          flush=True,
+      )
+      sys.exit(128 + 2)  # 128 + SIGINT, as a shell reports it
 
   app.run(guarded_main, flags_parser=_parse_flags)

@@ -1,11 +1,16 @@
 """Evaluates the newest checkpoint of a run and writes WORKDIR/eval_SPLIT.json.
 
   python -m linformer_jax.evaluate --config configs/default.py --workdir runs/default \
-      --split validation
+      --split validation [--config.restore_step=STEP]
 
 Prints masked-token loss, perplexity and accuracy on the split next to a
 unigram model's perplexity; for a classification run, loss and accuracy next
-to the majority class's accuracy.
+to the majority class's accuracy. The results name the step scored: the
+newest, or the kept step --config.restore_step names (then saved as
+eval_SPLIT_STEP.json); a step that is not kept is refused in one line that
+lists the kept ones. Evaluating never moves a checkpoint
+(`linformer_jax.training.evaluation`). A workdir it cannot write still gets
+its results printed, then one error line saying they were not saved.
 """
 
 import json
@@ -13,7 +18,7 @@ import json
 from absl import flags
 
 from linformer_jax import cli
-from linformer_jax.training import trainer
+from linformer_jax.training import evaluation
 
 cli.define_config_flags()
 _SPLIT = flags.DEFINE_string(
@@ -26,8 +31,11 @@ def main(argv):
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
   cli.start_processes()
-  results = trainer.evaluate_checkpoint(FLAGS.config, FLAGS.workdir, _SPLIT.value)
+  results = evaluation.evaluate_run(FLAGS.config, FLAGS.workdir, _SPLIT.value)
   print(json.dumps(results, indent=2, sort_keys=True), flush=True)
+  path = evaluation.results_path(FLAGS.config, FLAGS.workdir, _SPLIT.value)
+  with cli.saving_printed_results(path):
+    evaluation.write_results(path, results)
 
 
 if __name__ == '__main__':

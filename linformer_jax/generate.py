@@ -4,10 +4,15 @@
       --prompt "It was a dark and stormy night" --max_new_tokens 40 \
       [--temperature 0.8 --top_k 40 --seed 0]
 
-Reads the run's newest checkpoint and tokenizer, feeds `<s>` and the prompt
-through the decode cache, samples the continuation (deterministic for a seed;
---temperature=0 is greedy) and prints it, up to the first `</s>`.
+Reads the run's newest checkpoint (or the kept step --config.restore_step
+names) and tokenizer, feeds `<s>` and the prompt through the decode cache,
+samples the continuation (deterministic for a seed; --temperature=0 is
+greedy) and prints it, up to the first `</s>`, alone on stdout; stderr names
+the step that wrote it. Bad sampling settings and a step that is not kept
+end in one error line (the kept steps listed) before anything is sampled.
 """
+
+import sys
 
 from absl import flags
 
@@ -26,7 +31,7 @@ FLAGS = flags.FLAGS
 def main(argv):
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
-  text = text_generation.continue_prompt(
+  continuation = text_generation.continue_prompt(
       FLAGS.config,
       FLAGS.workdir,
       _PROMPT.value,
@@ -35,7 +40,8 @@ def main(argv):
       top_k=_TOP_K.value,
       seed=_SEED.value,
   )
-  print(text, flush=True)
+  print(f'sampled by step {continuation.step} of {FLAGS.workdir}', file=sys.stderr, flush=True)
+  print(continuation.text, flush=True)
 
 
 if __name__ == '__main__':

@@ -4,11 +4,14 @@
       --workdir runs/default --out runs/default/spectrum \
       --num_sequences=64 --index=128
 
-Loads the newest checkpoint of a trained masked-LM run and writes, to --out
-(default WORKDIR/spectrum), spectrum.json, cumulative_singular_values.png and
-heatmap.png, printing one summary line per layer; what is computed is
-described in `linformer_jax.analysis.spectrum`. A workdir without a checkpoint
-ends with a one-line error and exit code 2.
+Loads the newest checkpoint of a trained masked-LM run (or the kept step
+--config.restore_step names), prints one summary line per layer and writes,
+to --out (default WORKDIR/spectrum), spectrum.json,
+cumulative_singular_values.png and heatmap.png; what is computed is described
+in `linformer_jax.analysis.spectrum`. A workdir without a checkpoint (or
+without the kept step) and an --out that is a file end with a one-line error
+and exit code 2 before anything is computed; an --out it cannot write, after
+the summary is printed.
 """
 
 import os
@@ -16,6 +19,7 @@ import os
 from absl import flags
 
 from linformer_jax import cli
+from linformer_jax import storage
 from linformer_jax.analysis.spectrum import compute_spectrum
 from linformer_jax.analysis.spectrum import summary_lines
 from linformer_jax.analysis.spectrum import title
@@ -39,13 +43,17 @@ def main(argv):
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
   parsed = flags.FLAGS
+  if parsed.out:
+    storage.check_folder(parsed.out, '--out', writable=False)
+  out = parsed.out or os.path.join(parsed.workdir, 'spectrum')
   report = compute_spectrum(
       parsed.config, parsed.workdir, num_sequences=parsed.num_sequences, index=parsed.index
   )
-  paths = write_outputs(report, parsed.out or os.path.join(parsed.workdir, 'spectrum'))
   print(f'{title(report)}: normalised cumulative singular values of P', flush=True)
   for line in summary_lines(report):
     print(line, flush=True)
+  with cli.saving_printed_results(out):
+    paths = write_outputs(report, out)
   print(f"results in {', '.join(paths)}", flush=True)
 
 

@@ -14,12 +14,22 @@ gcsfs reads the usual Google credentials; `STORAGE_EMULATOR_HOST` points it
 at an emulator (the tests start one). TensorFlow's own gs:// client (which
 epath would otherwise use) cannot be pointed at an emulator, so epath is told
 to use gcsfs.
+
+Without credentials or network, those clients fail slowly and loudly (gcsfs
+retries for two minutes, then raises through a page of traceback), so the
+commands call `check_reachable` first: it looks for credentials and sends
+one request to the store, and gives up after REACH_TIMEOUT_S.
+`check_folder` is the same early check for a local folder a command writes.
 """
 
 import os
 import re
 import shutil
-from typing import IO, List
+import tempfile
+import threading
+from typing import IO, List, Optional, Tuple
+import urllib.error
+import urllib.request
 
 from linformer_jax.errors import ConfigError
 
@@ -30,6 +40,11 @@ from etils import epath  # noqa: E402  (reads EPATH_USE_TF when first used)
 
 OBJECT_STORE_SCHEMES = ('gs',)
 _SCHEME = re.compile(r'^([A-Za-z][A-Za-z0-9+.-]*)://')
+# Google Cloud Storage's endpoint, unless $STORAGE_EMULATOR_HOST names another.
+GCS_ENDPOINT = 'https://storage.googleapis.com'
+EMULATOR_VARIABLE = 'STORAGE_EMULATOR_HOST'
+# How long `check_reachable` waits for credentials and an answer.
+REACH_TIMEOUT_S = 10.0
 
 
 def scheme_of(path: str) -> str:
@@ -200,3 +215,110 @@ def read_text(path: str) -> str:
     return _remote(path).read_text()
   with open(path) as f:
     return f.read()
+
+
+def check_folder(path: str, flag: str = '--workdir', *, writable: bool = True) -> None:
+  """Raises ConfigError unless local `path` is a folder, or nothing is there
+  yet and a folder can be made, and (with `writable`) files can be created
+  in it. A folder still to be made is judged by its nearest existing parent.
+
+  Creating a file (removed at once) is the only test that sees read-only
+  mounts, permissions and ACLs alike. Nothing else is created; gs:// paths
+  pass (see `check_reachable`).
+  """
+  if is_object_store(path):
+    return
+  existing = os.path.abspath(path)
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    what = 'a file' if existing == os.path.abspath(path) else f'inside the file {existing}'
+    raise ConfigError(
+        f'{flag}={path!r} cannot be a folder (it is {what}); give the path of a folder.'
+    )
+  if not writable:
+    return
+  try:
+    handle, probe = tempfile.mkstemp(prefix='.write-test-', dir=existing)
+  except OSError as error:
+    where = '' if existing == os.path.abspath(path) else f': its parent {existing} is not'
+    raise ConfigError(
+        f'{flag}={path!r} is not writable{where} ({error.strerror}); give the path of a folder '
+        'you can write to.'
+    ) from None
+  os.close(handle)
+  os.remove(probe)
+
+
+def _endpoint() -> Tuple[str, bool]:
+  """(URL, is_emulator) of the object store the clients will use."""
+  emulator = os.environ.get(EMULATOR_VARIABLE, '')
+  if not emulator:
+    return GCS_ENDPOINT, False
+  return (emulator if '://' in emulator else f'http://{emulator}').rstrip('/'), True
+
+
+def _what_to_check(emulator: bool) -> str:
+  return f'${EMULATOR_VARIABLE}' if emulator else 'the network'
+
+
+def _credentials_problem() -> str:
+  """'' when Google's default credentials are found, else what is missing."""
+  import google.auth  # pylint: disable=g-import-not-at-top
+  from google.auth import exceptions  # pylint: disable=g-import-not-at-top
+
+  try:
+    google.auth.default()
+  except exceptions.DefaultCredentialsError as error:
+    # Its first argument (sometimes a tuple of a message and the error
+    # behind it), first sentence: the rest is a web link.
+    reason = error.args[0] if error.args else str(error)
+    reason = str(reason[0] if isinstance(reason, tuple) else reason)
+    return reason.split('. ')[0].rstrip('.')
+  return ''
+
+
+def _reach_problem(url: str, emulator: bool, timeout_s: float) -> str:
+  """What keeps this process from the store at `url`, and what to do about
+  it; '' when nothing does. Any HTTP answer counts as reached (without
+  credentials the store answers 401)."""
+  if not emulator:
+    missing = _credentials_problem()
+    if missing:
+      return (
+          f'no Google Cloud credentials ({missing}): run `gcloud auth application-default login` '
+          'or set GOOGLE_APPLICATION_CREDENTIALS to a key file'
+      )
+  try:
+    urllib.request.urlopen(f'{url}/storage/v1/b', timeout=timeout_s).close()
+  except urllib.error.HTTPError:
+    pass
+  except (urllib.error.URLError, OSError) as error:
+    reason = getattr(error, 'reason', error)
+    reason = getattr(reason, 'strerror', None) or str(reason) or type(reason).__name__
+    return f'{url} cannot be reached ({reason}): check {_what_to_check(emulator)}'
+  return ''
+
+
+def check_reachable(path: str, flag: str = '--workdir', timeout_s: Optional[float] = None) -> None:
+  """Raises ConfigError, within about `timeout_s` (REACH_TIMEOUT_S), unless
+  the object store of `path` can be used: credentials are found (an emulator
+  needs none) and its endpoint answers a request. Local paths pass.
+  """
+  if not is_object_store(path):
+    return
+  timeout_s = REACH_TIMEOUT_S if timeout_s is None else timeout_s
+  url, emulator = _endpoint()
+  found = []
+  # In a thread, so that a name lookup that hangs (no DNS server) cannot hold
+  # the command past the deadline; a daemon, left behind when the command exits.
+  worker = threading.Thread(
+      target=lambda: found.append(_reach_problem(url, emulator, timeout_s)),
+      daemon=True,
+  )
+  worker.start()
+  worker.join(timeout_s)
+  if not found:
+    found.append(f'{url} gave no answer within {timeout_s:g} s: check {_what_to_check(emulator)}')
+  if found[0]:
+    raise ConfigError(f'{flag}={path}: {found[0]}, or give a local {flag}.')

@@ -1,7 +1,11 @@
-"""Helpers for tests that run the training loop on configs/tiny.py."""
+"""Helpers for tests that run the training loop on configs/tiny.py, and for
+tests of the commands' contract on bad input."""
 
+import hashlib
 import os
+import shutil
 import socket
+import subprocess
 import time
 
 import jax
@@ -86,3 +90,47 @@ def free_port():
   with socket.socket() as s:
     s.bind(('', 0))
     return s.getsockname()[1]
+
+
+def one_error_line(process: subprocess.CompletedProcess, *names: str) -> str:
+  """Checks the contract for bad input: exit code 2, one non-empty line on
+  stderr starting `error: ` and naming every one of `names`, no traceback in
+  stdout or stderr. Returns the line."""
+  output = process.stdout + process.stderr
+  lines = [line for line in process.stderr.splitlines() if line.strip()]
+  assert process.returncode == 2, output
+  assert len(lines) == 1 and lines[0].startswith('error: '), output
+  assert 'Traceback' not in output, output
+  for name in names:
+    assert name in lines[0], lines[0]
+  return lines[0]
+
+
+def folder_contents(folder):
+  """Every file and folder below `folder`: relative path -> the file's
+  sha256, or 'folder'; None when `folder` does not exist."""
+  if not os.path.exists(folder):
+    return None
+  found = {}
+  for root, folders, files in os.walk(folder):
+    for name in folders:
+      found[os.path.relpath(os.path.join(root, name), folder)] = 'folder'
+    for name in files:
+      path = os.path.join(root, name)
+      with open(path, 'rb') as f:
+        found[os.path.relpath(path, folder)] = hashlib.sha256(f.read()).hexdigest()
+  return found
+
+
+def can_mount_privately():
+  """Whether this kernel lets a test mount (a tmpfs, a read-only bind) in a
+  private user and mount namespace (`unshare`)."""
+  if shutil.which('unshare') is None:
+    return False
+  probe = subprocess.run(
+      ['unshare', '--user', '--map-root-user', '--mount', 'sh', '-c',
+       'mount -t tmpfs -o size=1m tmpfs /mnt'],
+      capture_output=True,
+      check=False,
+  )  # fmt: skip
+  return probe.returncode == 0

@@ -11,6 +11,7 @@ import pathlib
 import subprocess
 
 import pytest
+from run_helpers import one_error_line
 
 from linformer_jax import cli
 from linformer_jax.analysis import sweep as sweep_lib
@@ -21,16 +22,11 @@ from linformer_jax.errors import ConfigError
 def assert_one_error_line(
     process: subprocess.CompletedProcess, workdir: pathlib.Path, *names: str
 ) -> str:
-  """Checks the contract; returns the line, which must name every one of `names`."""
-  output = process.stdout + process.stderr
-  lines = [line for line in process.stderr.splitlines() if line.strip()]
-  assert process.returncode == 2, output
-  assert len(lines) == 1 and lines[0].startswith('error: '), output
-  assert 'Traceback' not in output, output
-  for name in names:
-    assert name in lines[0], lines[0]
+  """Checks the contract (`one_error_line`) and that the workdir was not
+  created; returns the line, which must name every one of `names`."""
+  line = one_error_line(process, *names)
   assert not workdir.exists(), f'{workdir} was created'
-  return lines[0]
+  return line
 
 
 # A config file's text (None: no file) and what the error line must say.

@@ -85,8 +85,8 @@ def test_sampling_is_deterministic_for_a_seed(causal_run):
       config, workdir, 'the', 12, temperature=1.0, top_k=20, seed=seed
   )
   first = sample(3)
-  assert first == sample(3)
-  assert sample(4) != first
+  assert first == sample(3) and first.step == 20
+  assert sample(4).text != first.text
 
 
 def test_bad_generation_requests_are_one_line_errors(causal_run, tmp_path):
@@ -114,6 +114,7 @@ def test_the_generate_command_prints_the_continuation(causal_run):
       '--temperature',
       '0',
   ]
-  printed = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+  printed = subprocess.run(command, capture_output=True, text=True, check=True)
   expected = text_generation.continue_prompt(config, workdir, 'the', 6, temperature=0)
-  assert printed == expected + '\n'
+  assert printed.stdout == expected.text + '\n'
+  assert printed.stderr.splitlines()[-1] == f'sampled by step 20 of {workdir}'

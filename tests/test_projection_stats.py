@@ -96,7 +96,7 @@ def test_the_report_reads_a_runs_learned_matrix_and_its_step_0(tmp_path):
   assert learned['participation'] > 8 and learned['own_window'] < 0.5
   assert report['initial']['8']['local']['own_window'] == pytest.approx(1)
   lines = projection_stats.summary_lines(report)
-  assert len(lines) == 4 and lines[0].startswith('step 2 ') and 'drift from step 0' in lines[0]
+  assert len(lines) == 5 and lines[0].startswith('step 2 ') and 'drift from step 0' in lines[0]
   assert projection_stats.projection_report(config, str(tmp_path), step=2) == report
   with pytest.raises(ConfigError, match='keeps no checkpoint of step 1; its kept steps are 2'):
     projection_stats.projection_report(config, str(tmp_path), step=1)

@@ -32,6 +32,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import ml_collections
 
+from linformer_jax import storage
 from linformer_jax.analysis.sweep_report import ACCURACY_FIGURE_FILE  # noqa: F401
 from linformer_jax.analysis.sweep_report import FIGURE_FILE  # noqa: F401
 from linformer_jax.analysis.sweep_report import REPORT_FILE  # noqa: F401
@@ -290,11 +291,13 @@ def run_sweep(
     The final results of each variant run, name -> eval_results.json contents.
 
   Raises:
-    ConfigError: bad sweep, sets or names, or a variant directory holding a
-      run of another model; raised before anything is trained or written.
+    ConfigError: bad sweep, sets or names, a workdir that is not a folder
+      this process can write (or make), or a variant directory holding a run
+      of another model; raised before anything is trained or written.
   """
   configs = variant_configs(sweep, sets)
   selected = _selected(sweep, only)
+  storage.check_folder(workdir)
   for variant in selected:
     _check_existing_run(os.path.join(workdir, variant.name), configs[variant.name])
   os.makedirs(workdir, exist_ok=True)

@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Un
 import grain
 import numpy as np
 
+from linformer_jax import storage
 from linformer_jax.data import loaders
 from linformer_jax.data import packing
 from linformer_jax.data import prepare
@@ -263,11 +264,13 @@ def prepare_splits(
   Returns a summary: per split its folder, this part's sequences, tokens and
   shards, and whether every part is there yet. A tokenizer trained here is
   kept in `workdir` once the splits are prepared (at once with
-  `tokenizer_only`).
+  `tokenizer_only`). A `workdir` that is a file is refused, whatever the
+  tokenizer.
   """
   part_count = _check_int('--part_count', part_count, 1)
   part_index = _check_int('--part_index', part_index, 0, part_count - 1)
   seq_len = _check_int('config.model.max_len', config.model.max_len, 3)
+  storage.check_folder(workdir, writable=False)
   with _run_tokenizer(config, workdir) as tokenizer:
     summary: Dict[str, Any] = {'tokenizer': tokenizer.fingerprint}
     if not tokenizer_only:

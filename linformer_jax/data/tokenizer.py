@@ -378,6 +378,10 @@ def workdir_tokenizer(
         'a checkpoint there (python -m linformer_jax.import_checkpoint), or set '
         'config.init_from to a run that has one.'
     )
+  # Before the training (minutes on a real corpus) rather than after it; a
+  # gs:// run trains in its mirror in the data cache, checked with the cache.
+  if not remote:
+    storage.check_folder(workdir)
   created = not model_path.parent.exists()
   staged = model_path.with_name(f'{filename}.staged{os.getpid()}')
   try:

@@ -6,9 +6,14 @@ costs one token's attention over the cache (the causal Linformer's current
 block and block summaries, or the Transformer's keys and values), never a pass
 over the whole prefix. Sampling is deterministic for a seed: step t draws with
 `fold_in(key, t)`.
+
+Sampling settings are checked before anything is traced (`check_sampling`):
+each message starts with the argument's name, which the `generate` command's
+flags share.
 """
 
-from typing import Any, Dict
+import math
+from typing import Any, Dict, Optional
 
 import flax.linen as nn
 import jax
@@ -39,6 +44,30 @@ def sample_token(logits: Array, key: Array, temperature: float, top_k: int) -> A
   return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
 
 
+def check_sampling(
+    max_new_tokens: int, temperature: float, top_k: int, vocab_size: Optional[int] = None
+) -> None:
+  """Raises ValueError, naming the argument, unless max_new_tokens >= 1,
+  temperature is finite and >= 0, and 0 <= top_k <= vocab_size (when given).
+  """
+  if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    raise ValueError(
+        f'max_new_tokens={max_new_tokens!r} is not allowed: generate at least 1 token.'
+    )
+  # NaN passes every comparison, so finiteness is checked first.
+  if isinstance(temperature, bool) or not math.isfinite(temperature) or temperature < 0:
+    raise ValueError(
+        f'temperature={temperature!r} is not allowed: use a finite number >= 0 (0 is greedy).'
+    )
+  if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+    raise ValueError(f'top_k={top_k!r} is not allowed: use 0 (every token) or a positive number.')
+  if vocab_size is not None and top_k > vocab_size:
+    raise ValueError(
+        f'top_k={top_k} is more than the {vocab_size} tokens of the vocabulary: use 0 (every '
+        f'token) or at most {vocab_size}.'
+    )
+
+
 def generate(
     model: nn.Module,
     variables: Dict[str, Any],
@@ -62,17 +91,23 @@ def generate(
 
   Returns:
     int32 [batch, p + max_new_tokens].
+
+  Raises:
+    ValueError: bad sampling settings (see `check_sampling`), an empty
+      prompt, or more positions than the model holds.
   """
+  check_sampling(max_new_tokens, temperature, top_k, model.config.vocab_size)
   batch, prompt_len = prompt.shape
   total = prompt_len + max_new_tokens
   max_len = model.config.max_len
-  if prompt_len < 1 or max_new_tokens < 0 or total > max_len:
+  if prompt_len < 1:
+    raise ValueError('prompt holds no token: give at least one (e.g. the bos token).')
+  if total > max_len:
     raise ValueError(
-        f'A prompt of {prompt_len} tokens and max_new_tokens={max_new_tokens} make {total} '
-        f'positions; the model holds max_len={max_len}: shorten the prompt or generate fewer.'
+        f'max_new_tokens={max_new_tokens} after a prompt of {prompt_len} '
+        f'token{"s" * (prompt_len != 1)} makes {total} positions; the model holds '
+        f'max_len={max_len}: shorten the prompt or generate fewer.'
     )
-  if temperature < 0 or top_k < 0:
-    raise ValueError(f'temperature={temperature} and top_k={top_k} must be >= 0.')
   padded_prompt = jnp.pad(prompt.astype(jnp.int32), ((0, 0), (0, max_new_tokens)))
 
   def step(carry, t):

@@ -94,6 +94,7 @@ def _check_workdir(workdir: str) -> None:
     raise ConfigError(
         f'--workdir={workdir} already exists; the import writes a new run, give a new --workdir.'
     )
+  storage.check_folder(workdir)
 
 
 def import_checkpoint(

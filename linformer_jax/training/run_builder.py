@@ -5,8 +5,10 @@ mesh memory.
 model, the device mesh and its axis rules. From them come the abstract train
 state (shapes and shardings, nothing computed), the jitted step functions and
 this process's data. `load_for_evaluation(config, workdir)` restores only the
-model's variables of a run's newest checkpoint, with the evaluation data: no
-optimizer, no training iterator.
+model's variables of a run's newest checkpoint (or the kept step
+`config.restore_step` names), with the evaluation data: no optimizer, no
+training iterator. Loading only reads the workdir: unlike training, which
+moves the steps after `config.restore_step` aside, it leaves every step kept.
 """
 
 import dataclasses
@@ -274,11 +276,12 @@ class EvaluationRun:
 
 
 def load_for_evaluation(config: ml_collections.ConfigDict, workdir: str) -> EvaluationRun:
-  """The model variables of `workdir`'s newest checkpoint and the evaluation data.
+  """The model variables of `workdir`'s newest checkpoint (or of its kept
+  step config.restore_step) and the evaluation data.
 
   Raises:
-    ConfigError: a bad config, no checkpoint in workdir, or a workdir of
-      another model or tokenizer.
+    ConfigError: a bad config, no checkpoint (or no kept config.restore_step)
+      in workdir, or a workdir of another model or tokenizer.
   """
   parts = build_parts(config)
   step, data_state = _newest_step(config, workdir)
@@ -300,12 +303,12 @@ def load_for_inference(
     config: ml_collections.ConfigDict, workdir: str, step: Optional[int] = None
 ) -> Tuple[RunParts, int, Dict[str, Any], tokenizer_lib.Tokenizer]:
   """(parts, step, variables, tokenizer) of `workdir`'s newest checkpoint (or
-  its kept `step`), with no data read: the tokenizer is the run's own
-  (WORKDIR/tokenizer.model, or bytes), checked against the checkpoint's
-  fingerprint.
+  its kept `step`, else its kept config.restore_step), with no data read: the
+  tokenizer is the run's own (WORKDIR/tokenizer.model, or bytes), checked
+  against the checkpoint's fingerprint.
 
   Raises:
-    ConfigError: a bad config, no checkpoint (or no kept `step`) or tokenizer
+    ConfigError: a bad config, no checkpoint (or no kept step) or tokenizer
       in workdir, or a workdir of another model or tokenizer.
   """
   parts = build_parts(config)
@@ -321,16 +324,21 @@ def load_for_inference(
 def _newest_step(
     config: ml_collections.ConfigDict, workdir: str, wanted: Optional[int] = None
 ) -> Tuple[int, Any]:
-  """The newest intact step of workdir, or its kept step `wanted` (checked
-  against config), and its data state."""
+  """The newest intact step of workdir, or its kept step `wanted` (else
+  config.restore_step, 0 = the newest), checked against config, and its data
+  state."""
+  named = ''
+  if wanted is None and config.get('restore_step', 0):
+    wanted = config.restore_step
+    named = f'config.restore_step={wanted}: '
   with CheckpointStore(checkpoint_directory(workdir)) as store:
     step = store.latest_step()
     if step is None:
       raise ConfigError(f'{workdir} holds no checkpoint; train first or fix --workdir.')
     if wanted is not None and wanted not in store.all_steps():
       raise ConfigError(
-          f'{workdir} keeps no checkpoint of step {wanted}; its kept steps are '
-          f'{", ".join(map(str, store.all_steps()))}.'
+          f'{named}{workdir} keeps no checkpoint of step {wanted}; its kept steps are '
+          f'{", ".join(map(str, store.all_steps()))} (0 = the newest).'
       )
     step = step if wanted is None else wanted
     run_config.check_same_model(store.restore_config(step), config, workdir)

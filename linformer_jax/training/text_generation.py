@@ -1,5 +1,11 @@
 """Text from a trained causal language model: a run's checkpoint, its tokenizer
-and the cached sampling of `linformer_jax.model.generation`."""
+and the cached sampling of `linformer_jax.model.generation`.
+
+The checkpoint is the run's newest, or the kept step `config.restore_step`
+names (0 = the newest); generating only reads the workdir.
+"""
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +14,16 @@ import ml_collections
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import generation
 from linformer_jax.training import run_builder
+
+# jax.random.PRNGKey takes a 64-bit signed seed.
+SEEDS = range(-(2**63), 2**63)
+
+
+class Continuation(NamedTuple):
+  """What `continue_prompt` sampled, and the step of the checkpoint that did."""
+
+  text: str
+  step: int
 
 
 def continue_prompt(
@@ -19,23 +35,32 @@ def continue_prompt(
     temperature: float = 1.0,
     top_k: int = 0,
     seed: int = 0,
-) -> str:
-  """The sampled continuation of `prompt` by workdir's newest checkpoint, cut
-  at the first `</s>`.
+) -> Continuation:
+  """The sampled continuation of `prompt` by workdir's newest checkpoint (or
+  its kept config.restore_step), cut at the first `</s>`.
 
   The model reads `<s>` and the prompt's tokens, then samples max_new_tokens
-  (deterministic for a seed; temperature 0 is greedy).
+  (deterministic for a seed; temperature 0 is greedy). The sampling settings
+  are checked before the checkpoint is read; messages name them as the
+  `generate` command's flags.
 
   Raises:
-    ConfigError: not a causal_lm config, a workdir without a matching run or
-      tokenizer, or a prompt and max_new_tokens longer than model.max_len.
+    ConfigError: not a causal_lm config, bad sampling settings or seed, a
+      workdir without a matching run, tokenizer or kept restore_step, or a
+      prompt and max_new_tokens longer than model.max_len.
   """
   if config.get('task') != 'causal_lm':
     raise ConfigError(
         f"config.task={config.get('task')!r} cannot generate; use a causal_lm config "
         '(e.g. configs/causal_lm.py).'
     )
-  parts, _, variables, tokenizer = run_builder.load_for_inference(config, workdir)
+  if seed not in SEEDS:
+    raise ConfigError(f'--seed={seed} is not allowed: use an integer from -2**63 to 2**63 - 1.')
+  try:
+    generation.check_sampling(max_new_tokens, temperature, top_k)
+  except ValueError as error:
+    raise ConfigError(f'--{error}') from None
+  parts, step, variables, tokenizer = run_builder.load_for_inference(config, workdir)
   prompt_ids = [tokenizer.bos_id] + tokenizer.encode(prompt)
   try:
     tokens = generation.generate(
@@ -48,8 +73,8 @@ def continue_prompt(
         top_k=top_k,
     )
   except ValueError as error:
-    raise ConfigError(f'{error} (--prompt, --max_new_tokens, --temperature, --top_k)') from None
+    raise ConfigError(f'--{error}') from None
   new = [int(t) for t in jax.device_get(tokens)[0, len(prompt_ids) :]]
   if tokenizer.eos_id in new:
     new = new[: new.index(tokenizer.eos_id)]
-  return tokenizer.decode(new)
+  return Continuation(tokenizer.decode(new), step)

@@ -468,23 +468,3 @@ def _train_and_evaluate(
   _write_json(os.path.join(workdir, RESULTS_FILE), results)
   run.store.close()
   return results
-
-
-def evaluate_checkpoint(
-    config: ml_collections.ConfigDict, workdir: str, split: str
-) -> Dict[str, Any]:
-  """Evaluates the newest checkpoint of a run on a split; writes JSON."""
-  workdir = storage.location(workdir)
-  config = ml_collections.ConfigDict(config.to_dict())
-  config.data.eval_split = split
-  loaded = run_builder.load_for_evaluation(config, workdir)
-  metrics = loaded.evaluate()
-  results = {
-      'step': loaded.step,
-      'split': split,
-      'task': loaded.parts.task.name,
-      **metrics,
-      **loaded.parts.task.reference_results(loaded.data),
-  }
-  _write_json(os.path.join(workdir, f'eval_{split}.json'), results)
-  return results

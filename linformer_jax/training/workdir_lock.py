@@ -21,7 +21,6 @@ import fcntl
 import json
 import os
 import socket
-import tempfile
 import threading
 import time
 from typing import Iterator
@@ -35,20 +34,6 @@ from linformer_jax.errors import ConfigError
 LOCK_OBJECT = '.lock'
 LEASE_SECONDS = 120.0
 RENEW_SECONDS = 30.0
-
-
-def _check_writable(workdir: str) -> None:
-  """ConfigError unless a file can be created in `workdir`: creating one is
-  the only test that sees read-only mounts, permissions and ACLs alike."""
-  try:
-    handle, probe = tempfile.mkstemp(prefix='.write-test-', dir=workdir)
-  except OSError as error:
-    raise ConfigError(
-        f'--workdir={workdir!r} is not writable ({error.strerror}); give the path of a folder '
-        'you can write to.'
-    ) from None
-  os.close(handle)
-  os.remove(probe)
 
 
 @contextlib.contextmanager
@@ -83,7 +68,7 @@ def exclusive_workdir(workdir: str) -> Iterator[None]:
       raise ConfigError(
           f'{workdir} is in use by another run; wait for it to finish or use another --workdir.'
       ) from None
-    _check_writable(workdir)
+    storage.check_folder(workdir)
     yield
   except ConfigError:
     if created and not os.listdir(workdir):

@@ -1,0 +1,400 @@
+"""The table of bad inputs that tests/test_command_inputs.py runs through
+every command: what each case passes and what its one error line must say.
+
+An argument may name the case's own folders, made for it by the test:
+{run} and {causal} (copies of a finished tiny masked-LM and causal-LM run),
+{file} (a file), {missing} (nothing there), {read_only} (a read-only copy of
+the run), {read_only_folder} (an empty read-only folder); and
+{refused_port}, a local port where nothing listens. `says` may name them
+too. docs/reliability.md ("Every command's inputs") lists the table with the
+line each case returns.
+"""
+
+import dataclasses
+import pathlib
+from typing import Dict, Tuple
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+HF_FOLDER = REPO_ROOT / 'tests' / 'fixtures' / 'hf' / 'roberta'
+# The variables that point the Google clients at the tests' GCS emulator
+# (tests/gcs_emulator.py): never passed to a case, which names its own.
+EMULATOR_VARIABLES = (
+    'TENSORSTORE_GCS_HTTP_URL',
+    'GOOGLE_AUTH_TOKEN_FOR_TESTING',
+    'STORAGE_EMULATOR_HOST',
+    'FSSPEC_GS_TOKEN',
+    'GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT',
+)
+# Credentials that cannot be found, so that no case ever uses the user's own.
+NO_CREDENTIALS = {'GOOGLE_APPLICATION_CREDENTIALS': '/nonexistent/credentials.json'}
+# An object store without network: an emulator address where nothing listens.
+NO_NETWORK = {'STORAGE_EMULATOR_HOST': 'http://127.0.0.1:{refused_port}'}
+
+CAUSAL_FIELDS = {
+    'task': 'causal_lm',
+    'model.causal': True,
+    'model.pre_layer_norm': True,
+    'model.block_len': 8,
+    'model.projected_len': 2,
+}
+TINY = ('--config=configs/tiny.py',)
+EVALUATE = TINY + ('--workdir={run}',)
+# The tiny causal run, 4 new tokens (of max_len=32): each case adds its own flag.
+GENERATE = (
+    TINY
+    + tuple(f'--config.{key}={value}' for key, value in CAUSAL_FIELDS.items())
+    + ('--workdir={causal}', '--max_new_tokens=4')
+)
+SPECTRUM = TINY + ('--workdir={run}', '--num_sequences=4')
+SWEEP = (
+    '--sweep=configs/sweeps/projected_len.py',
+    '--set=total_steps=2',
+    '--set=warmup_steps=1',
+)
+IMPORT = (
+    '--config=configs/imported.py',
+    '--config.model.max_len=64',
+    '--config.model.projected_len=16',
+    f'--from={HF_FOLDER}',
+)
+GS_WORKDIR = '--workdir=gs://linformer-test/run'
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  """A bad input: `python -m linformer_jax.COMMAND ARGS` and what its error
+  line says. `printed`: what stdout must hold too (results printed before a
+  save that failed)."""
+
+  command: str
+  args: Tuple[str, ...]
+  says: str
+  env: Tuple[Tuple[str, str], ...] = ()
+  printed: str = ''
+
+  def needs_private_mounts(self) -> bool:
+    return '{read_only' in ' '.join(self.args)
+
+
+def case(command, args, says, env=None, printed=''):
+  return Case(command, tuple(args), says, tuple((env or {}).items()), printed)
+
+
+CASES: Dict[str, Case] = {
+    # evaluate
+    'evaluate/restore_step not kept': case(
+        'evaluate',
+        EVALUATE + ('--config.restore_step=7',),
+        'config.restore_step=7: {run} keeps no checkpoint of step 7; its kept steps are 10, 20',
+    ),
+    'evaluate/restore_step negative': case(
+        'evaluate',
+        EVALUATE + ('--config.restore_step=-1',),
+        'config.restore_step=-1 is not allowed: use an integer >= 0',
+    ),
+    'evaluate/read-only workdir': case(
+        'evaluate',
+        TINY + ('--workdir={read_only}',),
+        'the results printed above are not saved: {read_only}/eval_validation.json cannot be '
+        'written (Read-only file system)',
+        printed='"step": 20',
+    ),
+    'evaluate/missing workdir': case(
+        'evaluate', TINY + ('--workdir={missing}',), '{missing} holds no checkpoint'
+    ),
+    'evaluate/workdir is a file': case(
+        'evaluate', TINY + ('--workdir={file}',), '{file} holds no checkpoint'
+    ),
+    'evaluate/empty workdir': case('evaluate', TINY + ('--workdir=',), 'cannot be a run folder'),
+    'evaluate/typo in a key': case(
+        'evaluate',
+        EVALUATE + ('--config.restor_step=3',),
+        "--config.restor_step=3: config has no field 'restor_step'; did you mean "
+        'config.restore_step?',
+    ),
+    'evaluate/typo in a nested key': case(
+        'evaluate',
+        EVALUATE + ('--config.model.projected_lenn=3',),
+        "config.model has no field 'projected_lenn'; did you mean config.model.projected_len?",
+    ),
+    'evaluate/unknown group': case(
+        'evaluate', EVALUATE + ('--config.nope.x=1',), "config has no field 'nope'"
+    ),
+    'evaluate/unknown flag': case(
+        'evaluate', EVALUATE + ('--nosuchflag',), '--nosuchflag is not a flag of this command'
+    ),
+    'evaluate/typo in a flag': case(
+        'evaluate',
+        EVALUATE + ('--splt=test',),
+        '--splt is not a flag of this command; did you mean --split?',
+    ),
+    'evaluate/value of the wrong type': case(
+        'evaluate',
+        EVALUATE + ('--config.learning_rate=abc',),
+        "--config.learning_rate=abc: could not convert string to float: 'abc'",
+    ),
+    'evaluate/unexpected argument': case(
+        'evaluate', EVALUATE + ('extra',), "unexpected arguments ['extra']"
+    ),
+    'evaluate/no --config': case(
+        'evaluate', ('--workdir={run}',), 'Flag --config must have a value other than None'
+    ),
+    'evaluate/missing flag file': case(
+        'evaluate',
+        EVALUATE + ('--flagfile={missing}',),
+        '--flagfile={missing} cannot be opened (No such file or directory)',
+    ),
+    'evaluate/unknown split': case(
+        'evaluate', EVALUATE + ('--split=bogus',), "Split 'bogus' does not exist"
+    ),
+    'evaluate/another model': case(
+        'evaluate',
+        EVALUATE + ('--config.model.hidden_dim=64',),
+        '{run} holds a run with config.model.hidden_dim=32, not 64',
+    ),
+    'evaluate/unsupported storage': case(
+        'evaluate', TINY + ('--workdir=s3://bucket/run',), 's3:// is not a supported storage'
+    ),
+    'evaluate/gs without credentials': case(
+        'evaluate', TINY + (GS_WORKDIR,), 'no Google Cloud credentials (File '
+    ),
+    'evaluate/gs without network': case(
+        'evaluate', TINY + (GS_WORKDIR,), 'cannot be reached (Connection refused)', NO_NETWORK
+    ),
+    # generate: sampling settings, steps, workdirs
+    'generate/max_new_tokens negative': case(
+        'generate',
+        GENERATE + ('--max_new_tokens=-1',),
+        '--max_new_tokens=-1 is not allowed: generate at least 1 token',
+    ),
+    'generate/max_new_tokens zero': case(
+        'generate', GENERATE + ('--max_new_tokens=0',), '--max_new_tokens=0 is not allowed'
+    ),
+    'generate/longer than max_len': case(
+        'generate',
+        GENERATE + ('--max_new_tokens=40',),
+        '--max_new_tokens=40 after a prompt of 1 token makes 41 positions; the model holds '
+        'max_len=32',
+    ),
+    'generate/top_k above the vocabulary': case(
+        'generate',
+        GENERATE + ('--top_k=1000',),
+        '--top_k=1000 is more than the 260 tokens of the vocabulary: use 0 (every token) or at '
+        'most 260',
+    ),
+    'generate/top_k negative': case(
+        'generate', GENERATE + ('--top_k=-1',), '--top_k=-1 is not allowed'
+    ),
+    'generate/temperature negative': case(
+        'generate', GENERATE + ('--temperature=-0.5',), '--temperature=-0.5 is not allowed'
+    ),
+    'generate/temperature nan': case(
+        'generate',
+        GENERATE + ('--temperature=nan',),
+        '--temperature=nan is not allowed: use a finite number >= 0 (0 is greedy)',
+    ),
+    'generate/temperature inf': case(
+        'generate', GENERATE + ('--temperature=inf',), '--temperature=inf is not allowed'
+    ),
+    'generate/seed beyond 64 bits': case(
+        'generate', GENERATE + ('--seed=' + '9' * 25,), f'--seed={"9" * 25} is not allowed'
+    ),
+    'generate/max_new_tokens not a number': case(
+        'generate',
+        GENERATE + ('--max_new_tokens=ten',),
+        "--max_new_tokens=ten: invalid literal for int() with base 10: 'ten'",
+    ),
+    'generate/restore_step not kept': case(
+        'generate',
+        GENERATE + ('--config.restore_step=7',),
+        'config.restore_step=7: {causal} keeps no checkpoint of step 7; its kept steps are 1, 2',
+    ),
+    'generate/restore_step negative': case(
+        'generate',
+        GENERATE + ('--config.restore_step=-1',),
+        'config.restore_step=-1 is not allowed',
+    ),
+    'generate/a masked-LM config': case(
+        'generate',
+        TINY + ('--workdir={run}', '--max_new_tokens=4'),
+        "config.task='masked_lm' cannot generate",
+    ),
+    'generate/missing workdir': case(
+        'generate',
+        GENERATE + ('--workdir={missing}',),
+        '{missing} holds no checkpoint',
+    ),
+    'generate/gs without network': case(
+        'generate',
+        GENERATE + (GS_WORKDIR,),
+        'http://127.0.0.1:{refused_port} cannot be reached',
+        NO_NETWORK,
+    ),
+    # spectrum
+    'spectrum/index 0': case('spectrum', SPECTRUM + ('--index=0',), '--index=0: use a positive'),
+    'spectrum/num_sequences 0': case(
+        'spectrum', SPECTRUM + ('--num_sequences=0',), '--num_sequences=0: use a positive number'
+    ),
+    'spectrum/out is a file': case(
+        'spectrum',
+        SPECTRUM + ('--out={file}',),
+        "--out='{file}' cannot be a folder (it is a file)",
+    ),
+    'spectrum/read-only workdir': case(
+        'spectrum',
+        TINY + ('--workdir={read_only}', '--num_sequences=4'),
+        'the results printed above are not saved: {read_only}/spectrum cannot be written '
+        '(Read-only file system)',
+        printed='layer 1: cumulative singular value',
+    ),
+    'spectrum/restore_step not kept': case(
+        'spectrum',
+        SPECTRUM + ('--config.restore_step=7',),
+        'keeps no checkpoint of step 7; its kept steps are 10, 20',
+    ),
+    'spectrum/missing workdir': case(
+        'spectrum', TINY + ('--workdir={missing}',), '{missing} holds no checkpoint'
+    ),
+    'spectrum/gs without credentials': case(
+        'spectrum', TINY + (GS_WORKDIR,), 'no Google Cloud credentials'
+    ),
+    # projection_stats
+    'projection_stats/step not kept': case(
+        'projection_stats',
+        EVALUATE + ('--step=7',),
+        '{run} keeps no checkpoint of step 7; its kept steps are 10, 20',
+    ),
+    'projection_stats/step negative': case(
+        'projection_stats', EVALUATE + ('--step=-1',), '--step=-1 is not allowed'
+    ),
+    'projection_stats/restore_step not kept': case(
+        'projection_stats',
+        EVALUATE + ('--config.restore_step=3',),
+        'config.restore_step=3: {run} keeps no checkpoint of step 3',
+    ),
+    'projection_stats/missing workdir': case(
+        'projection_stats', TINY + ('--workdir={missing}',), '{missing} holds no checkpoint'
+    ),
+    'projection_stats/typo in a key': case(
+        'projection_stats',
+        EVALUATE + ('--config.sed=1',),
+        "config has no field 'sed'; did you mean config.seed?",
+    ),
+    'projection_stats/gs without network': case(
+        'projection_stats', TINY + (GS_WORKDIR,), 'cannot be reached', NO_NETWORK
+    ),
+    # sweep
+    'sweep/unknown variant': case(
+        'sweep', SWEEP + ('--workdir={missing}', '--only=nope'), '--only: no variant named nope'
+    ),
+    'sweep/typo in a set key': case(
+        'sweep',
+        SWEEP + ('--workdir={missing}', '--set=model.projected_lenn=1'),
+        'did you mean config.model.projected_len?',
+    ),
+    'sweep/set to nan': case(
+        'sweep',
+        SWEEP + ('--workdir={missing}', '--set=learning_rate=nan'),
+        '--set=learning_rate=nan',
+    ),
+    'sweep/workdir is a file': case(
+        'sweep', SWEEP + ('--workdir={file}',), "--workdir='{file}' cannot be a folder"
+    ),
+    'sweep/read-only workdir': case(
+        'sweep',
+        SWEEP + ('--workdir={read_only_folder}',),
+        "--workdir='{read_only_folder}' is not writable (Read-only file system)",
+    ),
+    'sweep/folder under a read-only one': case(
+        'sweep',
+        SWEEP + ('--workdir={read_only_folder}/sweep',),
+        'is not writable: its parent {read_only_folder} is not',
+    ),
+    'sweep/gs workdir': case(
+        'sweep', SWEEP + ('--workdir=gs://linformer-test/sweep',), 'a sweep writes its report'
+    ),
+    'sweep/missing sweep file': case(
+        'sweep',
+        ('--sweep={missing}', '--workdir={missing}'),
+        '--sweep={missing}: no such file',
+    ),
+    'sweep/unexpected argument': case(
+        'sweep', SWEEP + ('--workdir={missing}', 'extra'), 'unexpected arguments'
+    ),
+    # import_checkpoint
+    'import_checkpoint/from a missing folder': case(
+        'import_checkpoint',
+        IMPORT + ('--workdir={missing}', '--from={missing}'),
+        '--from={missing}: no such folder',
+    ),
+    'import_checkpoint/from a run of ours': case(
+        'import_checkpoint',
+        IMPORT + ('--workdir={missing}', '--from={run}'),
+        'the folder has no tokenizer.json',
+    ),
+    'import_checkpoint/workdir exists': case(
+        'import_checkpoint', IMPORT + ('--workdir={run}',), '--workdir={run} already exists'
+    ),
+    'import_checkpoint/under a read-only folder': case(
+        'import_checkpoint',
+        IMPORT + ('--workdir={read_only_folder}/run',),
+        'is not writable: its parent {read_only_folder} is not (Read-only file system)',
+    ),
+    'import_checkpoint/longer than the checkpoint': case(
+        'import_checkpoint',
+        IMPORT + ('--workdir={missing}', '--config.model.max_len=512'),
+        'config.model.max_len=512 is longer than the 64 positions',
+    ),
+    'import_checkpoint/gs without network': case(
+        'import_checkpoint', IMPORT + (GS_WORKDIR,), 'cannot be reached', NO_NETWORK
+    ),
+    # prepare_data
+    'prepare_data/part_index out of range': case(
+        'prepare_data',
+        TINY + ('--workdir={missing}', '--part_index=3', '--part_count=2'),
+        '--part_index=3 is not allowed',
+    ),
+    'prepare_data/part_count 0': case(
+        'prepare_data',
+        TINY + ('--workdir={missing}', '--part_count=0'),
+        '--part_count=0 is not allowed',
+    ),
+    'prepare_data/workdir is a file': case(
+        'prepare_data',
+        TINY + ('--workdir={file}',),
+        "--workdir='{file}' cannot be a folder (it is a file)",
+    ),
+    'prepare_data/tokenizer under a read-only folder': case(
+        'prepare_data',
+        TINY
+        + (
+            '--workdir={read_only_folder}/run',
+            '--config.data.tokenizer=sentencepiece',
+            '--config.data.vocab_size=200',
+        ),
+        'is not writable: its parent {read_only_folder} is not',
+    ),
+    'prepare_data/unknown tokenizer': case(
+        'prepare_data',
+        TINY + ('--workdir={missing}', '--config.data.tokenizer=nope'),
+        "config.data.tokenizer='nope' is not allowed",
+    ),
+    'prepare_data/typo in a key': case(
+        'prepare_data',
+        TINY + ('--workdir={missing}', '--config.data.tokenizr=byte'),
+        'did you mean config.data.tokenizer?',
+    ),
+    'prepare_data/gs without credentials': case(
+        'prepare_data', TINY + (GS_WORKDIR,), 'no Google Cloud credentials'
+    ),
+}
+# One case of every command, run again through a plain `python -m`.
+FRESH_CASES = (
+    'evaluate/restore_step not kept',
+    'generate/temperature nan',
+    'spectrum/out is a file',
+    'projection_stats/step negative',
+    'sweep/unknown variant',
+    'import_checkpoint/from a missing folder',
+    'prepare_data/workdir is a file',
+)

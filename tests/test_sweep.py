@@ -11,8 +11,10 @@ import math
 import os
 
 import pytest
+from run_helpers import tiny_config
 
 from linformer_jax.analysis import sweep as sweep_lib
+from linformer_jax.analysis import sweep_report
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import run_config
 from linformer_jax.training import trainer
@@ -284,3 +286,21 @@ def test_a_classification_sweep_reports_accuracy_and_the_spread_over_seeds(tmp_p
     with open(tmp_path / figure, 'rb') as f:
       assert f.read(8) == b'\x89PNG\r\n\x1a\n'
   assert 'accuracy_over_seeds.png' in text
+
+
+def test_the_by_step_table_gives_each_evaluation_and_when_a_run_left_the_plateau(tmp_path):
+  """A run leaves the unigram plateau at its first evaluation at or below
+  0.85 x the unigram perplexity (700 here: 595 or less)."""
+  curves = {'stuck': [710.0, 700.0, 698.0], 'leaves': [720.0, 600.0, 595.0]}
+  for name, values in curves.items():
+    os.makedirs(tmp_path / name)
+    with open(tmp_path / name / 'metrics.jsonl', 'w') as f:
+      for step, value in zip((100, 200, 300), values):
+        f.write(json.dumps({'step': step, 'eval_perplexity': value}) + '\n')
+    with open(tmp_path / name / 'eval_results.json', 'w') as f:
+      json.dump({'step': 300, 'eval_perplexity': values[-1], 'unigram_perplexity': 700.0}, f)
+  sweep = sweep_lib.Sweep(base=tiny_config(), variants=[sweep_lib.Variant(name) for name in curves])
+  table = sweep_report.steps_table(sweep, str(tmp_path)).splitlines()
+  assert table[0] == '| variant | left the plateau at step | 100 | 200 | 300 |'
+  assert table[2] == '| stuck | – | 710.0 | 700.0 | 698.0 |'
+  assert table[3] == '| leaves | 300 | 720.0 | 600.0 | 595.0 |'

@@ -167,6 +167,39 @@ def seed_table(sweep: Any, workdir: str) -> Optional[str]:
   return '\n'.join(rows)
 
 
+# A language model is off the unigram plateau once its validation perplexity is
+# at most this fraction of the unigram model's.
+PLATEAU_FRACTION = 0.85
+
+
+def steps_table(sweep: Any, workdir: str) -> Optional[str]:
+  """A language-model sweep's perplexity at every evaluation step of each
+  finished variant, and the first evaluation step at or below
+  PLATEAU_FRACTION x the unigram perplexity ('–' if none): when the run left
+  the unigram plateau. None for other sweeps or before any variant finished."""
+  judged = _judged(sweep)
+  if judged is _CLASSIFICATION:
+    return None
+  finished = []
+  for variant in sweep.variants:
+    results = results_of(os.path.join(workdir, variant.name))
+    if results is not None and results.get('unigram_perplexity'):
+      finished.append((variant, results, _curve(workdir, variant.name, judged.metric)))
+  if not finished:
+    return None
+  steps = sorted(set().union(*(curve for _, _, curve in finished)))
+  rows = [
+      f'| variant | left the plateau at step | {" | ".join(map(str, steps))} |',
+      f'|---|---:|{"---:|" * len(steps)}',
+  ]
+  for variant, results, curve in finished:
+    limit = PLATEAU_FRACTION * results['unigram_perplexity']
+    left = next((step for step in sorted(curve) if curve[step] <= limit), None)
+    cells = [_number(curve.get(step), 1) for step in steps]
+    rows.append(f'| {variant.name} | {left if left is not None else "–"} | {" | ".join(cells)} |')
+  return '\n'.join(rows)
+
+
 def over_seeds_figure(figure: str) -> str:
   """The name of the figure of the seed groups beside figure `figure`."""
   stem, extension = os.path.splitext(figure)
@@ -257,6 +290,13 @@ def write_report(sweep: Any, workdir: str) -> str:
       'wall time is that of the session that finished the run. Evaluation '
       f'{judged.label} against steps: {judged.figure}.\n'
   )
+  by_step = steps_table(sweep, workdir)
+  if by_step:
+    text += (
+        f'\n## By step\n\n{by_step}\n\nValidation {judged.label} at each evaluation; a run '
+        f'left the unigram plateau at the first evaluation at or below {PLATEAU_FRACTION:g} x '
+        'the unigram perplexity.\n'
+    )
   if seeds:
     text += (
         f'\n## Over seeds\n\n{seeds}\n\nThe mean over seeds against steps, shaded from the '

@@ -43,6 +43,7 @@ from linformer_jax import storage  # pylint: disable=g-import-not-at-top,wrong-i
 from linformer_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.errors import free_space_of  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.errors import is_disk_full  # pylint: disable=g-import-not-at-top,wrong-import-position
+from linformer_jax.registry import import_command_extensions  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.registry import import_extensions  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.training import compilation_cache  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.training import multihost  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -125,6 +126,12 @@ class ConfigFileParser(flags.ArgumentParser):
           f'{flag}: get_config() returned {returned}, not an ml_collections.ConfigDict; '
           'make it return the config it builds.'
       )
+    # The user's own parts register themselves, and the settings they declare
+    # become fields, before the --config.X overrides are typed against them.
+    try:
+      import_command_extensions(config, sys.argv)
+    except ConfigError as error:
+      raise ConfigFileError(str(error)) from None
     config.lock()
     return config
 

@@ -1,9 +1,9 @@
 """Named extension points: a config string chooses a part, a file registers one.
 
 A `Registry` maps the names a config field accepts (`config.model.projection`,
-`config.model.attention`, `config.data.source`) to the objects that implement
-them. The package registers its own parts where they are defined; a
-researcher's part, in a file of their own, registers the same way:
+`config.model.attention`, `config.data.source`, `config.task`) to the objects
+that implement them. The package registers its own parts where they are
+defined; a researcher's part, in a file of their own, registers the same way:
 
   from linformer_jax.model import projections
 
@@ -12,21 +12,119 @@ researcher's part, in a file of their own, registers the same way:
     ...
 
 and becomes usable from a config, a sweep and every command once that file is
-imported. Naming it in `config.extensions` (a list of Python files or module
+imported. Naming it in `config.extensions` (a tuple of Python files or module
 names) has every command import it before the config is checked, and keeps it
-in the workdir's config.json, so evaluation and analyses of the run import it
-too. `docs/extending.md` walks through one example of each kind.
+in the workdir's config.json. A file imported both ways (a normal `import` and
+config.extensions) registers its parts once.
+
+A model kind (attention or projection) may declare settings of its own, each a
+`Setting` (name, type, default, check), in its `settings` attribute: they are
+fields of `config.model` like the built-in ones, checked by `ModelConfig`,
+settable as --config.model.NAME=VALUE once `import_command_extensions` has
+added them to a command's config, and written to the run's config.json.
+`docs/extending.md` walks through one example of each kind.
 """
 
+import dataclasses
 import importlib
 import importlib.util
 import os
 import sys
-from typing import Callable, Dict, Generic, Iterable, Optional, Tuple, TypeVar
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Generic,
+    Iterable,
+    List,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+)
+
+from absl import flags
+from ml_collections.config_flags import tuple_parser
 
 from linformer_jax.errors import ConfigError
 
 T = TypeVar('T')
+
+# The types a declared setting may have: those a --config.X=VALUE flag parses.
+SETTING_TYPES = (bool, int, float, str, tuple)
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+  """A config field a registered part declares for itself.
+
+  Attributes:
+    name: the field's name in its registry's config section, e.g.
+      'temperature_init' for config.model.temperature_init.
+    type: one of SETTING_TYPES; an int is taken where a float is declared.
+    default: the value a config that does not set the field has.
+    check: value -> whether it is allowed (its type is checked first); None
+      allows every value of the type.
+    allowed: what the one-line error says to use, e.g. 'use a number > 0'.
+  """
+
+  name: str
+  type: type
+  default: Any
+  check: Optional[Callable[[Any], bool]] = None
+  allowed: str = ''
+
+  def __post_init__(self):
+    if not isinstance(self.name, str) or not self.name.isidentifier():
+      raise ValueError(f'Setting name {self.name!r} must be a Python identifier.')
+    if self.type not in SETTING_TYPES:
+      raise ValueError(
+          f'Setting {self.name!r}: type {self.type!r} is not one of {SETTING_TYPES}; a command '
+          'line cannot set it.'
+      )
+    if not self.allowed:
+      object.__setattr__(self, 'allowed', f'use a {self.type.__name__}')
+    if not self.allows(self.default):
+      raise ValueError(f'Setting {self.name!r}: the default {self.default!r} fails its own check.')
+
+  def normalised(self, value: Any) -> Any:
+    """The value in the declared type: a float for an int, a tuple for a list."""
+    if self.type is float and isinstance(value, int) and not isinstance(value, bool):
+      return float(value)
+    if self.type is tuple and isinstance(value, list):
+      return tuple(value)
+    return value
+
+  def allows(self, value: Any) -> bool:
+    """Whether `value` (normalised) has the declared type and passes `check`."""
+    value = self.normalised(value)
+    if not isinstance(value, self.type) or (isinstance(value, bool) and self.type is not bool):
+      return False
+    return self.check is None or bool(self.check(value))
+
+  def same_declaration(self, other: 'Setting') -> bool:
+    """Whether two declarations agree (a subclass inherits its parent's `settings`;
+    a file imported twice declares equal settings with new check functions)."""
+    return (self.name, self.type, self.default, self.allowed) == (
+        other.name,
+        other.type,
+        other.default,
+        other.allowed,
+    )
+
+
+class DeclaredSetting(NamedTuple):
+  """A setting and the registered parts declaring it.
+
+  Attributes:
+    setting: the declaration.
+    owners: (registry field, registered name) pairs, e.g.
+      (('config.model.attention', 'tempered_linformer'),).
+  """
+
+  setting: Setting
+  owners: Tuple[Tuple[str, str], ...]
 
 
 class Registry(Generic[T]):
@@ -35,29 +133,41 @@ class Registry(Generic[T]):
   Attributes:
     field: the config field whose values are the names, e.g.
       'config.model.projection'; it words the errors.
+    section: the config section the field is in ('config.model'), where the
+      settings its parts declare live.
+    declares_settings: its parts' `settings` attribute declares fields of
+      `section` (the model kinds'); other registries never read it.
   """
 
-  def __init__(self, field: str):
+  def __init__(self, field: str, *, declares_settings: bool = False):
     self.field = field
+    self.section = field.rsplit('.', 1)[0]
+    self.declares_settings = declares_settings
     self._parts: Dict[str, T] = {}
+    _REGISTRIES.append(self)
 
   def register(self, name: str) -> Callable[[T], T]:
     """A decorator registering what it decorates under `name`.
 
     Registering a second, different part under a name already taken is an
-    error (two files would silently fight over one config value); registering
-    the same object again (a module imported twice) is harmless.
+    error (two files would silently fight over one config value). The same
+    part again (a module imported twice, or one file imported both by a normal
+    `import` and through config.extensions: the same file and class name)
+    replaces it harmlessly. A declared setting that another part declares
+    differently is an error too.
     """
     if not isinstance(name, str) or not name:
       raise ValueError(f'{self.field}: a registered name must be a non-empty string, not {name!r}.')
 
     def add(part: T) -> T:
       held = self._parts.get(name)
-      if held is not None and held is not part and _qualified_name(held) != _qualified_name(part):
+      if held is not None and held is not part and _identity(held) != _identity(part):
         raise ValueError(
             f'{self.field}={name!r} is registered already (by {_qualified_name(held)}); '
             'choose another name.'
         )
+      if self.declares_settings:
+        _check_new_settings(self, name, part)
       self._parts[name] = part
       return part
 
@@ -77,8 +187,122 @@ class Registry(Generic[T]):
     """The registered names, in registration order."""
     return tuple(self._parts)
 
+  def settings_of(self, name: str) -> Tuple[Setting, ...]:
+    """The settings the part registered under `name` declares."""
+    if not self.declares_settings:
+      return ()
+    return tuple(getattr(self._parts[name], 'settings', ()) or ())
+
   def __contains__(self, name: object) -> bool:
     return isinstance(name, str) and name in self._parts
+
+
+# Every registry, so that the settings of one config section can be collected.
+_REGISTRIES: List[Registry] = []
+
+
+def _check_new_settings(registry: Registry, name: str, part: Any) -> None:
+  """Raises a ValueError for bad `settings` of a part about to be registered."""
+  settings = getattr(part, 'settings', ()) or ()
+  if not isinstance(settings, (tuple, list)) or not all(isinstance(s, Setting) for s in settings):
+    raise ValueError(
+        f'{registry.field}={name!r}: `settings` must be a tuple of registry.Setting, '
+        f'not {settings!r}.'
+    )
+  for setting in settings:
+    declared = declared_settings(registry.section).get(setting.name)
+    others = [
+        owner for owner in (declared.owners if declared else ()) if owner != (registry.field, name)
+    ]
+    if others and not declared.setting.same_declaration(setting):
+      field, owner = others[0]
+      raise ValueError(
+          f'{registry.section}.{setting.name} is declared already, differently, by '
+          f'{field}={owner!r}; give the setting another name.'
+      )
+
+
+def declared_settings(section: str) -> Dict[str, DeclaredSetting]:
+  """The settings the registered parts declare in a config section, by name.
+
+  Args:
+    section: e.g. 'config.model'.
+  """
+  found: Dict[str, DeclaredSetting] = {}
+  for registry in _REGISTRIES:
+    if registry.section != section:
+      continue
+    for name in registry.names():
+      for setting in registry.settings_of(name):
+        held = found.get(setting.name)
+        owners = (held.owners if held else ()) + ((registry.field, name),)
+        found[setting.name] = DeclaredSetting(held.setting if held else setting, owners)
+  return found
+
+
+def add_declared_settings(config: Any) -> None:
+  """Adds each declared setting that `config` (the whole run config, an
+  ml_collections.ConfigDict, locked or not) lacks, with its default.
+
+  What a command does before its --config.X overrides are parsed, and what a
+  notebook does before training, so that the run's config.json lists every
+  setting of the kinds it may use.
+  """
+  sections = {registry.section for registry in _REGISTRIES if registry.declares_settings}
+  for section in sorted(sections):
+    target = config
+    for part in section.split('.')[1:]:
+      target = target[part]
+    missing = {n: d for n, d in declared_settings(section).items() if n not in target}
+    if missing:
+      with target.unlocked():
+        for name, declared in missing.items():
+          target[name] = declared.setting.default
+
+
+def import_command_extensions(config: Any, argv: Sequence[str]) -> None:
+  """Imports the extensions a command line names and adds the settings their
+  parts declare to the command's config.
+
+  For a command's config file, loaded but not yet locked: the --config.X
+  overrides are typed against the config after this, so that
+  --config.model.temperature_init=2.0 parses once the file declaring it is
+  imported. The extensions are `config.extensions`, or those of the
+  --config.extensions overrides in argv (flag files read), as ml_collections
+  will set them.
+
+  Raises:
+    ConfigError: as `import_extensions`.
+  """
+  overrides = _extension_overrides(flags.FLAGS.read_flags_from_files(list(argv), force_gnu=False))
+  import_extensions(config.get('extensions') if overrides is None else overrides)
+  add_declared_settings(config)
+
+
+def _extension_overrides(argv: Sequence[str]) -> Optional[Tuple[Any, ...]]:
+  """The --config.extensions values in argv, joined as ml_collections joins
+  repeated ones, or None when it has none."""
+  values = []
+  arguments = iter(argv[1:])
+  for argument in arguments:
+    if argument == '--':
+      break
+    name, has_value, value = argument.partition('=')
+    if not name.startswith('-') or name.lstrip('-') != 'config.extensions':
+      continue
+    values.append(value if has_value else next(arguments, ''))
+  if not values:
+    return None
+  parser = tuple_parser.TupleParser()
+  return tuple(entry for value in values for entry in parser.parse(value))
+
+
+def _identity(part: object) -> Tuple[str, str]:
+  """The source file (or module name) and qualified name a part was defined by."""
+  module = getattr(part, '__module__', type(part).__module__)
+  path = getattr(sys.modules.get(module), '__file__', None)
+  name = getattr(part, '__qualname__', type(part).__qualname__)
+  return (os.path.realpath(path) if path else module), name
 
 
 def _qualified_name(part: object) -> str:
@@ -94,12 +318,19 @@ _IMPORTED_FILES: Dict[str, object] = {}
 def import_extensions(extensions: Optional[Iterable[str]]) -> None:
   """Imports each entry of `config.extensions`: a Python file (a path ending in
   .py, relative to the working directory) or an importable module name. Each
-  import runs the file's `register` calls. A file is imported once per process.
+  import runs the file's `register` calls. A file is imported once per process,
+  and not again when a normal `import` has imported it already.
 
   Raises:
-    ConfigError: a file that does not exist, a module that cannot be found, or
-      an error raised while importing one, naming the entry.
+    ConfigError: a string instead of a tuple, a file that does not exist, a
+      module that cannot be found, or an error raised while importing one,
+      naming the entry.
   """
+  if isinstance(extensions, str):
+    raise ConfigError(
+        f'config.extensions={extensions!r} is a string; pass a tuple of files or module '
+        f'names, e.g. --config.extensions="({extensions!r},)".'
+    )
   for entry in extensions or ():
     if not isinstance(entry, str) or not entry:
       raise ConfigError(
@@ -111,12 +342,26 @@ def import_extensions(extensions: Optional[Iterable[str]]) -> None:
       _import_module(entry)
 
 
+def _imported_module_of(path: str) -> Optional[object]:
+  """A module already imported from the file at `path`, if any."""
+  real = os.path.realpath(path)
+  for module in list(sys.modules.values()):
+    file = getattr(module, '__file__', None)
+    if file and os.path.realpath(file) == real:
+      return module
+  return None
+
+
 def _import_file(entry: str) -> None:
   path = os.path.abspath(entry)
   if path in _IMPORTED_FILES:
     return
   if not os.path.isfile(path):
     raise ConfigError(f'config.extensions names {entry!r}, which is not a file; fix the path.')
+  imported = _imported_module_of(path)
+  if imported is not None:
+    _IMPORTED_FILES[path] = imported
+    return
   name = 'linformer_jax_extension_' + os.path.splitext(os.path.basename(path))[0]
   spec = importlib.util.spec_from_file_location(name, path)
   module = importlib.util.module_from_spec(spec)

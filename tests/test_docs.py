@@ -8,9 +8,12 @@ import ast
 import importlib
 import pathlib
 import re
+import textwrap
 
 import ml_collections
 import pytest
+
+from linformer_jax import registry
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = REPO / 'linformer_jax'
@@ -139,12 +142,23 @@ def test_every_command_in_the_docs_exists():
     assert (PACKAGE / f'{command}.py').is_file(), f'{page} runs linformer_jax.{command}'
 
 
+def _declared_fields(arguments):
+  """The config.model fields that the kinds of a command's --config.extensions
+  declare (`registry.Setting`), as dotted paths."""
+  extensions = re.search(r'--config\.extensions="(\([^"]*\))"', arguments)
+  if not extensions:
+    return set()
+  registry.import_extensions(ast.literal_eval(extensions.group(1)))
+  return {f'model.{name}' for name in registry.declared_settings('config.model')}
+
+
 def test_every_config_field_set_in_the_docs_exists(fields_by_config):
   every_field = set().union(*fields_by_config.values())
   checked = 0
   for page, command, arguments in _commands():
     config = re.search(r'--config[= ](configs/\w+\.py)', arguments)
     fields = fields_by_config.get(config.group(1), every_field) if config else every_field
+    fields = fields | _declared_fields(arguments)
     for field in re.findall(r'--config\.([\w.]+)', arguments):
       checked += 1
       assert field in fields or any(
@@ -157,3 +171,33 @@ def test_the_readme_states_no_figure_of_the_suite():
   readme = (REPO / 'README.md').read_text()
   assert not re.search(r'\d[\d,]* tests\b', readme), 'the README counts the tests'
   assert not re.search(r'make test\S*`? [^.\n]*\d+ (?:s|seconds|minutes)\b', readme)
+
+
+def test_training_docs_allow_registered_kinds_for_projection_and_attention():
+  rows = {
+      row.split('|')[1].strip(): row
+      for row in (REPO / 'docs' / 'training.md').read_text().splitlines()
+      if row.startswith('| `model.')
+  }
+  for field in ('`model.projection`', '`model.attention`'):
+    assert 'registered in a file named in `extensions`' in rows[field], rows[field]
+
+
+def _example_sources():
+  return [path.read_text() for path in sorted((REPO / 'docs' / 'examples').glob('*.py'))]
+
+
+def test_every_python_block_of_extending_is_an_example_excerpt_or_runs(monkeypatch):
+  """A block is either code of a docs/examples file (which the tests import)
+  or a snippet that runs as it stands, from the repository root."""
+  monkeypatch.chdir(REPO)
+  sources = _example_sources()
+  text = (REPO / 'docs' / 'extending.md').read_text()
+  blocks = re.findall(r'```python\n(.*?)```', text, flags=re.S)
+  assert len(blocks) >= 4
+  for block in blocks:
+    excerpt = textwrap.dedent(block)
+    indents = ('', '  ', '    ')
+    if any(textwrap.indent(excerpt, indent) in source for source in sources for indent in indents):
+      continue
+    exec(compile(block, 'docs/extending.md', 'exec'), {})  # pylint: disable=exec-used

@@ -10,17 +10,28 @@ steps, each process on one core:
       --workdir runs/sweeps/gutenberg_plateau --set=total_steps=300 --set=log_every=25 \
       --only=centred-n1024-s1,fairseq-n1024-s1
 
-Recipes (`RECIPES`): `jl` the paper's E as configs/gutenberg.py has it;
-`centred` the same with the slot-common component removed from every update
-of E and F (`projection_remove_common_update`); `fairseq` E drawn Glorot
-uniform with gain 1/sqrt(2), whose slots keep a row's norm at every n;
-`fairseq-centred` both; `local-centred` E starting as the mean of its n / k
-adjacent tokens (the windows of projection='mean'), its updates centred,
-and `local` the same start without the centring;
-`xavier` Glorot with gain 1; `preln` pre-LN; and the
-references, fixed `mean` slots and the Transformer. Every n takes 8,192
-tokens per step, as configs/sweeps/gutenberg_seq_len.py. It writes
-results.md and perplexity.png, the table of docs/results_gutenberg.md.
+Recipes (`RECIPES`), each naming its E in full so that it stays the same
+whatever the defaults: `jl` the paper's E drawn N(0, 1/k) and trained as
+every other weight; `centred` the same with the slot-common component removed
+from every update of E and F (`projection_remove_common_update`); `local`
+E starting as the mean of its n / k adjacent tokens (the windows of
+projection='mean'); `local-centred` both, the default since
+docs/results_gutenberg.md; `fairseq` E drawn Glorot uniform with gain
+1/sqrt(2), whose slots keep a row's norm at every n, and `fairseq-centred`;
+`xavier` Glorot with gain 1; `preln` pre-LN; and the references, fixed
+`mean` slots and the Transformer. Every n takes 8,192 tokens per step, as
+configs/sweeps/gutenberg_seq_len.py.
+
+The table of a recipe runs the whole 500 steps of configs/gutenberg.py, at
+every n and seed asked for, e.g. on two cores:
+
+  taskset -c 1 python -m linformer_jax.sweep --sweep configs/sweeps/gutenberg_plateau.py \
+      --workdir runs/sweeps/gutenberg_plateau_500 --set=log_every=25 \
+      --only=local-centred-n256-s0,local-centred-n256-s1,local-centred-n256-s2
+
+Each writes results.md (with the perplexity at every evaluation and the step
+where each run left the plateau) and perplexity.png: the tables of
+docs/results_gutenberg.md.
 """
 
 from configs import gutenberg
@@ -33,20 +44,24 @@ SEEDS = (0, 1, 2, 3, 4)  # seeds per recipe and n
 
 # Recipe -> its overrides of configs/gutenberg.py.
 RECIPES = {
-    'jl': {},
-    'centred': {'projection_remove_common_update': True},
+    'jl': {'model.projection_init': 'jl', 'projection_remove_common_update': False},
+    'centred': {'model.projection_init': 'jl', 'projection_remove_common_update': True},
     'local-centred': {
         'model.projection_init': 'local',
         'projection_remove_common_update': True,
     },
-    'local': {'model.projection_init': 'local'},
-    'fairseq': {'model.projection_init': 'fairseq'},
+    'local': {'model.projection_init': 'local', 'projection_remove_common_update': False},
+    'fairseq': {'model.projection_init': 'fairseq', 'projection_remove_common_update': False},
     'fairseq-centred': {
         'model.projection_init': 'fairseq',
         'projection_remove_common_update': True,
     },
-    'xavier': {'model.projection_init': 'xavier'},
-    'preln': {'model.pre_layer_norm': True},
+    'xavier': {'model.projection_init': 'xavier', 'projection_remove_common_update': False},
+    'preln': {
+        'model.projection_init': 'jl',
+        'projection_remove_common_update': False,
+        'model.pre_layer_norm': True,
+    },
     'mean': {'model.projection': 'mean'},
     'transformer': {'model.attention': 'full'},
 }

@@ -50,6 +50,8 @@ CACHE = 'cache'
 DENSE_INIT = nn.initializers.normal(stddev=0.02)
 # Names of the sequence-projection weights, E and F.
 PROJECTION_NAMES = ('kv_projection', 'key_projection', 'value_projection')
+# The attention layer's own submodules; a kind's parameters take other names.
+ATTENTION_SUBMODULES = ('query', 'key', 'value', 'out', 'projection')
 
 
 def partitioned(init, names):
@@ -123,12 +125,13 @@ class SequenceProjection(nn.Module):
 class SelfAttention(nn.Module):
   """Multi-head self-attention of the configured kind, bidirectional or causal.
 
-  The layer holds the query, key, value and output dense layers and the
-  sequence projection's weights; the attention kind (`config.model.attention`,
-  see `attention_kinds`) does the rest: the keys and values queries attend
-  over, the causal pass, decoding through the cache. Bidirectional inference
-  passes with `config.inference_chunk` attend chunk by chunk of queries
-  (`in_chunks`).
+  The layer holds the query, key, value and output dense layers, the
+  sequence projection's weights and the parameters the attention kind
+  declares (`AttentionKind.parameters`, bound to the kind before any pass);
+  the kind (`config.model.attention`, see `attention_kinds`) does the rest:
+  the keys and values queries attend over, the causal pass, decoding through
+  the cache. Bidirectional inference passes with `config.inference_chunk`
+  attend chunk by chunk of queries (`in_chunks`).
 
   Attributes:
     config: the model configuration.
@@ -153,7 +156,7 @@ class SelfAttention(nn.Module):
   ) -> Array:
     cfg = self.config
     dtype = cfg.compute_dtype
-    kind = cfg.attention_kind
+    kind = self._attention_kind()
 
     query_dense, key_dense, value_dense = (
         dense(
@@ -178,7 +181,7 @@ class SelfAttention(nn.Module):
     if decode_position is not None or cfg.causal:
       q, k, v = query_dense(x), key_dense(x), value_dense(x)
       if decode_position is not None:
-        out = self._decode(q, k, v, decode_position, projection)
+        out = self._decode(kind, q, k, v, decode_position, projection)
       else:
         out = kind.causal_attention(q, k, v, padding_mask, projection, cfg)
       return dropout(out_dense(out), deterministic=deterministic)
@@ -211,6 +214,26 @@ class SelfAttention(nn.Module):
       )
     return dropout(out, deterministic=deterministic)
 
+  def _attention_kind(self) -> attention_kinds.AttentionKind:
+    """The configured kind, holding the layer's values of the parameters it
+    declares (`AttentionKind.parameters`)."""
+    kind = self.config.attention_kind
+    values = {}
+    for name, parameter in kind.parameters(self.config).items():
+      if name in ATTENTION_SUBMODULES:
+        raise ValueError(
+            f'attention={kind.name!r} declares a parameter {name!r}, the name of one of the '
+            f"layer's own weights {ATTENTION_SUBMODULES}; rename it."
+        )
+      if len(parameter.axes) != len(parameter.shape):
+        raise ValueError(
+            f'attention={kind.name!r}: parameter {name!r} of shape {parameter.shape} needs one '
+            f'logical axis name per dimension, not {parameter.axes}.'
+        )
+      init = partitioned(parameter.init, tuple(parameter.axes))
+      values[name] = self.param(name, init, tuple(parameter.shape), jnp.float32)
+    return kind.with_parameters(values)
+
   def _projection(self, shared_projection) -> projections.LayerProjection:
     """This layer's sequence projection: the model's shared weights or its own."""
     cfg = self.config
@@ -227,14 +250,13 @@ class SelfAttention(nn.Module):
       )()
     return projections.LayerProjection(cfg.projection_kind, projected_len, *weights)
 
-  def _decode(self, q, k, v, position, projection) -> Array:
+  def _decode(self, kind, q, k, v, position, projection) -> Array:
     """Attention of one token [batch, 1, ...] at `position`, through the cache."""
     cfg = self.config
     if not cfg.causal:
       raise ValueError(
           'Decoding needs a causal model; set config.model.causal=True (config.task=causal_lm).'
       )
-    kind = cfg.attention_kind
     empty = kind.init_cache(q.shape[0], cfg, projection, k.dtype)
     cache = {
         name: self.variable(CACHE, name, lambda initial=value: initial)

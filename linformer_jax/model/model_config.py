@@ -7,6 +7,10 @@ model could not honour. Nothing is silently truncated or rounded. The attention
 kinds and sequence projections allowed are those registered
 (`attention_kinds.REGISTRY`, `projections.REGISTRY`), a researcher's own
 included once its file is imported.
+
+The settings those kinds declare (`registry.Setting`) are fields of
+config.model too: `from_config` takes them, `extension_settings` keeps those
+that differ from their defaults, and a kind reads one with `setting(name)`.
 """
 
 import dataclasses
@@ -15,6 +19,7 @@ from typing import Any, Mapping, Tuple, Union
 
 import jax.numpy as jnp
 
+from linformer_jax import registry
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import attention_kinds
 from linformer_jax.model import projections
@@ -31,10 +36,17 @@ POOLING_TYPES = ('first', 'mean', 'attention')
 # see layers.REMAT_POLICIES.
 REMAT_POLICIES = ('none', 'full', 'dots', 'dots_no_batch')
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
+# The config section whose fields the model kinds' declared settings are.
+SETTINGS_SECTION = 'config.model'
 
 
 def _field_error(field: str, value: Any, allowed: str) -> ConfigError:
   return ConfigError(f'config.model.{field}={value!r} is not allowed: {allowed}.')
+
+
+def _owners_in_words(owners: Tuple[Tuple[str, str], ...]) -> str:
+  """(('config.model.attention', 'x'),) as "attention='x'"."""
+  return ' or '.join(f'{field[len(SETTINGS_SECTION) + 1 :]}={name!r}' for field, name in owners)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +78,9 @@ class ModelConfig:
   attention_kernel: str = 'einsum'
   remat: str = 'none'
   scan_layers: bool = False
+  # The registered kinds' own settings that differ from their defaults, as
+  # sorted (name, value) pairs (a mapping is taken too); see `setting`.
+  extension_settings: Tuple[Tuple[str, Any], ...] = ()
 
   def __post_init__(self):
     if isinstance(self.projected_len, list):
@@ -74,16 +89,39 @@ class ModelConfig:
 
   @classmethod
   def from_config(cls, model_config: Mapping[str, Any]) -> 'ModelConfig':
-    """Builds the dataclass from `config.model`, rejecting unknown fields."""
+    """Builds the dataclass from `config.model`, rejecting unknown fields.
+
+    A field a registered kind declares (`registry.Setting`) goes to
+    `extension_settings`.
+    """
     values = dict(model_config)
-    known = {f.name for f in dataclasses.fields(cls)}
+    known = {f.name for f in dataclasses.fields(cls)} - {'extension_settings'}
+    declared = registry.declared_settings(SETTINGS_SECTION)
+    extension_fields = set(declared) - known  # a clash with a built-in field is refused later
+    settings = {name: values.pop(name) for name in list(values) if name in extension_fields}
     unknown = sorted(set(values) - known)
     if unknown:
       raise ConfigError(
           f'Unknown field(s) config.model.{", config.model.".join(unknown)}; '
-          f'known fields are: {", ".join(sorted(known))}.'
+          f'known fields are: {", ".join(sorted(known | set(declared)))} (the setting of a '
+          "kind of your own is known once config.extensions imports the kind's file)."
       )
-    return cls(**values)
+    return cls(**values, extension_settings=settings)
+
+  def setting(self, name: str) -> Any:
+    """The value of config.model.NAME, a setting a registered kind declares
+    (its default unless the config sets it).
+
+    Raises:
+      ConfigError: no registered kind declares `name`.
+    """
+    declared = registry.declared_settings(SETTINGS_SECTION)
+    if name not in declared:
+      raise ConfigError(
+          f'config.model.{name} is a setting no registered kind declares; add '
+          f"registry.Setting({name!r}, ...) to the kind's `settings`."
+      )
+    return dict(self.extension_settings).get(name, declared[name].setting.default)
 
   def require_unscanned(self, reader: str) -> None:
     """A ConfigError if the layers are scanned: `reader` finds layers by name."""
@@ -140,6 +178,7 @@ class ModelConfig:
       raise _field_error('sharing', self.sharing, f'use one of {SHARING_MODES}')
     projection_kind = self.projection_kind
     self._validate_projection_init(projection_kind)
+    self._validate_extension_settings()
     if (
         not isinstance(self.num_segments, int)
         or isinstance(self.num_segments, bool)
@@ -218,6 +257,42 @@ class ModelConfig:
       raise _field_error(
           'projection_init_noise', noise, "it is noise on projection_init='local'; use 0.0 here"
       )
+
+  def _validate_extension_settings(self) -> None:
+    """Checks each setting against its declaration and keeps, sorted, those
+    that differ from their defaults. A setting of a kind the config does not
+    choose must keep its default: it would change nothing, silently."""
+    declared = registry.declared_settings(SETTINGS_SECTION)
+    chosen = {
+        f'{SETTINGS_SECTION}.attention': self.attention,
+        f'{SETTINGS_SECTION}.projection': self.projection,
+    }
+    clashes = sorted(set(declared) & {f.name for f in dataclasses.fields(self)})
+    if clashes:
+      raise ConfigError(
+          f'config.model.{clashes[0]} is a built-in field; the setting that '
+          f'{_owners_in_words(declared[clashes[0]].owners)} declares must be renamed.'
+      )
+    kept = {}
+    for name, value in dict(self.extension_settings).items():
+      if name not in declared:
+        raise ConfigError(
+            f'config.model.{name} is a setting no registered kind declares; import the file '
+            'of the kind that declares it (config.extensions) or remove the field.'
+        )
+      setting, owners = declared[name]
+      owned_by = _owners_in_words(owners)
+      if not setting.allows(value):
+        raise _field_error(name, value, f'{setting.allowed} (a setting of {owned_by})')
+      value = setting.normalised(value)
+      if value == setting.default:
+        continue
+      if not any(chosen.get(field) == owner for field, owner in owners):
+        raise _field_error(
+            name, value, f'it is a setting of {owned_by}, which this config does not use; remove it'
+        )
+      kept[name] = value
+    object.__setattr__(self, 'extension_settings', tuple(sorted(kept.items())))
 
   def _validate_projected_len(self, projection_kind: projections.SequenceProjectionKind) -> None:
     per_layer = self.projected_len

@@ -7,7 +7,8 @@
 Each kind is an `AttentionKind` subclass registered under its name (base.py
 says what a kind provides: the bidirectional, causal and decoding passes). A
 variant of your own is one file that subclasses a kind and registers it,
-named in `config.extensions`.
+named in `config.extensions`; it may declare learned parameters (`Parameter`)
+and settings of its own.
 """
 
 import importlib
@@ -15,6 +16,7 @@ import importlib
 from linformer_jax.model.attention_kinds.base import REGISTRY
 from linformer_jax.model.attention_kinds.base import AttentionKind
 from linformer_jax.model.attention_kinds.base import KeyValueDense
+from linformer_jax.model.attention_kinds.base import Parameter
 from linformer_jax.model.attention_kinds.base import kind
 
 # The package's own kinds, each in the module of its config name; importing
@@ -23,4 +25,4 @@ BUILT_IN = ('full', 'linformer')
 for _name in BUILT_IN:
   importlib.import_module(f'{__name__}.{_name}')
 
-__all__ = ['BUILT_IN', 'REGISTRY', 'AttentionKind', 'KeyValueDense', 'kind']
+__all__ = ['BUILT_IN', 'REGISTRY', 'AttentionKind', 'KeyValueDense', 'Parameter', 'kind']

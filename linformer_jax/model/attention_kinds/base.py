@@ -6,6 +6,12 @@ one of them. Each is an `AttentionKind` registered under its
 `config.model.attention` name; `layers.SelfAttention` holds the dense layers
 and the projection weights and calls the kind, which never sees a Flax module.
 
+A kind may also own what a layer learns or a config sets for it: learned
+parameters it declares in `parameters(config)`, which `layers.SelfAttention`
+creates in the layer and hands back as `self.params` (`with_parameters`), and
+settings of its own (`settings`, fields of config.model; see
+`linformer_jax.registry.Setting`), read with `config.setting(name)`.
+
 A kind serves three passes, each a method:
   bidirectional  `keys_and_values`, then `attend` (per chunk of queries);
   causal         `causal_attention` (config.model.causal, training and scoring);
@@ -14,18 +20,38 @@ Shapes follow `linformer_jax.model.attention`: q, k, v are [batch, length,
 heads, head_dim], padding masks [batch, length], True for real tokens.
 """
 
-from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
+import copy
+import types
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple
 
 import jax
 
 from linformer_jax.model import attention
 from linformer_jax.model.projections import LayerProjection
 from linformer_jax.registry import Registry
+from linformer_jax.registry import Setting
 
 Array = jax.Array
 
 # The names `config.model.attention` accepts, each an AttentionKind subclass.
-REGISTRY = Registry('config.model.attention')
+REGISTRY = Registry('config.model.attention', declares_settings=True)
+
+
+class Parameter(NamedTuple):
+  """A learned parameter each attention layer of a kind holds.
+
+  Attributes:
+    shape: its shape, e.g. (config.num_heads,).
+    init: a Flax initializer, (key, shape, dtype) -> array; the parameter is
+      float32.
+    axes: one logical axis name per dimension
+      (`linformer_jax.model.logical_axes`), by which `config.axis_rules`
+      shards it; a name that no rule maps is replicated.
+  """
+
+  shape: Tuple[int, ...]
+  init: Callable[..., Array]
+  axes: Tuple[str, ...]
 
 
 class KeyValueDense(NamedTuple):
@@ -53,13 +79,43 @@ class AttentionKind:
     uses_projection: its layers hold sequence projections E and F (so
       config.model.projection, sharing and projected_len apply to it).
     supports_causal: it has a left-to-right form (config.model.causal=True).
+    settings: the config.model fields it declares (`registry.Setting`).
+    params: the values of the parameters `parameters` declares, by name, in
+      a kind that `with_parameters` returned (SelfAttention binds them before
+      any pass); empty otherwise.
   """
 
   uses_projection: bool = False
   supports_causal: bool = True
+  settings: Tuple[Setting, ...] = ()
+  params: Mapping[str, Array] = types.MappingProxyType({})
 
   def __init__(self, name: str):
     self.name = name
+
+  def parameters(self, config: Any) -> Dict[str, Parameter]:
+    """The learned parameters each layer of this kind holds, by name.
+
+    `layers.SelfAttention` creates them with the layer's other weights (in
+    'params': trained, checkpointed and sharded like them, one per layer, and
+    stacked by model.scan_layers), then calls the passes on
+    `with_parameters(values)`. A name must not be one of the layer's own
+    ('query', 'key', 'value', 'out', 'projection').
+
+    Args:
+      config: the `ModelConfig` (its sizes and `config.setting(name)`).
+
+    Returns:
+      name -> `Parameter`; none by default.
+    """
+    del config
+    return {}
+
+  def with_parameters(self, values: Mapping[str, Array]) -> 'AttentionKind':
+    """A copy of this kind whose `params` are `values` (name -> array)."""
+    bound = copy.copy(self)
+    bound.params = types.MappingProxyType(dict(values))
+    return bound
 
   def compressed_span(self, config: Any) -> int:
     """The positions one sequence compression covers (max_len by default)."""

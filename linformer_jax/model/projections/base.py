@@ -16,11 +16,12 @@ import jax
 import jax.numpy as jnp
 
 from linformer_jax.registry import Registry
+from linformer_jax.registry import Setting
 
 Array = jax.Array
 
 # The names `config.model.projection` accepts, each a SequenceProjectionKind subclass.
-REGISTRY = Registry('config.model.projection')
+REGISTRY = Registry('config.model.projection', declares_settings=True)
 
 # Variable collection of weights that are saved with the model but never
 # trained (no gradient or optimizer update reaches them).
@@ -47,12 +48,15 @@ class SequenceProjectionKind:
       per-head weight (sharing='none') has.
     projection_inits: the `config.model.projection_init` values it takes;
       'jl', the default, leaves a kind's own initialisation.
+    settings: the config.model fields it declares (`registry.Setting`),
+      read with `config.setting(name)`.
   """
 
   compresses_first: bool = False
   windowed: bool = False
   weight_ndim: int = 2
   projection_inits: Tuple[str, ...] = ('jl',)
+  settings: Tuple[Setting, ...] = ()
 
   def __init__(self, name: str):
     self.name = name
@@ -72,6 +76,10 @@ class SequenceProjectionKind:
       self, module: Any, name: str, *, config: Any, projected_len: int, per_head: bool
   ) -> Optional[Array]:
     """Creates one weight (E or F) in a Flax module's compact call.
+
+    `docs/examples/convex_projection.py` is a kind with weights, and says what
+    one must get right: the weight's [(heads,) max_len, k] layout, the mask's
+    polarity (True = real token) and inputs shorter than max_len.
 
     Args:
       module: the Flax module holding the weight (its `param` or `variable`).

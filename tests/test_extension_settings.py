@@ -1,0 +1,216 @@
+"""Settings a registered kind declares for itself (`registry.Setting`): checked
+like the built-in fields of config.model, set on the command line, kept in the
+run's config.json; and the small frictions of extensions: one file imported
+two ways, `extensions` given as a string."""
+
+import json
+import pathlib
+import re
+import shlex
+import sys
+import textwrap
+
+from absl import flags
+import ml_collections
+from ml_collections import config_flags
+import pytest
+
+from configs import tiny
+from linformer_jax import registry
+from linformer_jax.errors import ConfigError
+from linformer_jax.model import attention_kinds
+from linformer_jax.model import projections
+from linformer_jax.model.attention_kinds.linformer import Linformer
+from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.registry import Setting
+from linformer_jax.registry import import_extensions
+
+CONVEX = 'docs/examples/convex_projection.py'
+TEMPERED = 'docs/examples/tempered_attention.py'
+REPO = pathlib.Path(__file__).resolve().parent.parent
+SMALL = dict(vocab_size=40, max_len=16, num_layers=1, num_heads=2, hidden_dim=8, mlp_dim=16)
+
+
+@pytest.fixture(scope='module', autouse=True)
+def examples():
+  import_extensions([TEMPERED])
+
+
+def tempered(**settings):
+  return ModelConfig(
+      **SMALL, projected_len=4, attention='tempered_linformer', extension_settings=settings
+  )
+
+
+def test_a_setting_defaults_and_keeps_only_values_that_differ():
+  assert tempered().setting('temperature_init') == 1.0
+  assert tempered(temperature_init=1.0) == tempered()
+  config = tempered(temperature_init=2)  # an int where a float is declared
+  assert config.setting('temperature_init') == 2.0
+  assert config.extension_settings == (('temperature_init', 2.0),)
+  hash(config)  # Flax modules hold it
+
+
+@pytest.mark.parametrize('value', [-1.0, 0.0, float('inf'), 'warm', True])
+def test_a_bad_setting_is_one_line_naming_the_field_and_what_is_allowed(value):
+  with pytest.raises(ConfigError) as error:
+    tempered(temperature_init=value)
+  message = str(error.value)
+  assert message.startswith(f'config.model.temperature_init={value!r} is not allowed')
+  assert 'use a finite number > 0' in message and "attention='tempered_linformer'" in message
+  assert '\n' not in message
+
+
+def test_a_setting_of_a_kind_the_config_does_not_use_must_keep_its_default():
+  with pytest.raises(ConfigError, match="setting of attention='tempered_linformer', which this"):
+    ModelConfig(**SMALL, projected_len=4, extension_settings={'temperature_init': 2.0})
+  ModelConfig(**SMALL, projected_len=4, extension_settings={'temperature_init': 1.0})
+
+
+def test_from_config_takes_declared_fields_and_names_unknown_ones():
+  fields = {**SMALL, 'projected_len': 4, 'attention': 'tempered_linformer'}
+  config = ModelConfig.from_config(ml_collections.ConfigDict({**fields, 'temperature_init': 3.0}))
+  assert config.setting('temperature_init') == 3.0
+  with pytest.raises(ConfigError, match='temperatur_init.*temperature_init.*config.extensions'):
+    ModelConfig.from_config(ml_collections.ConfigDict({**fields, 'temperatur_init': 3.0}))
+  with pytest.raises(ConfigError, match='no registered kind declares'):
+    tempered().setting('temperatur_init')
+
+
+def test_declarations_are_checked():
+  with pytest.raises(ValueError, match='type'):
+    Setting('window', list, [])
+  with pytest.raises(ValueError, match='fails its own check'):
+    Setting('window', int, 0, check=lambda value: value > 0)
+  # A subclass inherits its parent's settings: one setting, two owners.
+  attention_kinds.REGISTRY.register('tempered_twice')(
+      type('TemperedTwice', (attention_kinds.REGISTRY.get('tempered_linformer'),), {})
+  )
+  owners = registry.declared_settings('config.model')['temperature_init'].owners
+  assert ('config.model.attention', 'tempered_twice') in owners
+  # Another kind may not declare it differently.
+  other = type(
+      'Other',
+      (projections.SequenceProjectionKind,),
+      {'settings': (Setting('temperature_init', float, 0.5),)},
+  )
+  with pytest.raises(ValueError, match='temperature_init is declared already, differently'):
+    projections.REGISTRY.register('other_temperature')(other)
+  assert 'other_temperature' not in projections.REGISTRY
+
+
+def test_a_setting_may_not_take_a_built_in_name(monkeypatch):
+  clash = type('Clash', (Linformer,), {'settings': (Setting('max_len', int, 8),)})
+  # Registered for this test only: every ModelConfig refuses it.
+  parts = attention_kinds.REGISTRY._parts  # pylint: disable=protected-access
+  monkeypatch.setitem(parts, 'clashing_max_len', clash)
+  with pytest.raises(ConfigError, match="max_len is a built-in field.*'clashing_max_len'"):
+    tempered()
+
+
+def test_declared_settings_are_added_to_a_locked_config_with_their_defaults():
+  config = tiny.get_config()
+  config.model.attention = 'tempered_linformer'
+  config.lock()
+  registry.add_declared_settings(config)
+  assert config.model.temperature_init == 1.0 and config.model.is_locked
+  config.model.temperature_init = 2.0
+  registry.add_declared_settings(config)  # keeps a value that is set
+  assert config.model.temperature_init == 2.0
+  assert json.loads(config.to_json())['model']['temperature_init'] == 2.0
+
+
+def parsed_command_config(argv):
+  """The config a command's flags give for configs/tiny.py and `argv`, through
+  ml_collections' own override parsing, after `import_command_extensions`."""
+  config = tiny.get_config()
+  registry.import_command_extensions(config, argv)
+  config.lock()
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_dict('config', config, flag_values=flag_values, sys_argv=argv)
+  flag_values(argv)
+  return flag_values.config
+
+
+@pytest.mark.parametrize(
+    'extensions', [[f"--config.extensions=('{TEMPERED}',)"], ['--config.extensions', TEMPERED]]
+)
+def test_a_declared_setting_is_overridden_on_the_command_line(extensions):
+  argv = [
+      'train',
+      *extensions,
+      '--config.model.attention=tempered_linformer',
+      '--config.model.temperature_init=2',
+  ]
+  config = parsed_command_config(argv)
+  assert config.extensions == (TEMPERED,)
+  assert config.model.temperature_init == 2.0
+  assert ModelConfig.from_config(config.model).setting('temperature_init') == 2.0
+
+
+def test_extensions_given_as_a_string_are_refused_in_one_line():
+  with pytest.raises(ConfigError) as error:
+    import_extensions(TEMPERED)
+  message = str(error.value)
+  assert 'is a string; pass a tuple' in message
+  assert f'--config.extensions="(\'{TEMPERED}\',)"' in message
+
+
+KIND_FILE = """
+from linformer_jax.model import projections
+
+
+@projections.REGISTRY.register('{name}')
+class Imported(projections.SequenceProjectionKind):
+  def compress(self, x, weight, **unused):
+    return x, None
+"""
+
+
+@pytest.mark.parametrize('extension_first', [False, True])
+def test_one_file_imported_by_import_and_through_extensions_registers_once(
+    tmp_path, monkeypatch, extension_first
+):
+  name = f'imported_twice_{int(extension_first)}'
+  (tmp_path / f'{name}.py').write_text(textwrap.dedent(KIND_FILE.format(name=name)))
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.chdir(tmp_path)
+  if extension_first:
+    import_extensions((f'{name}.py',))
+  module = __import__(name)
+  import_extensions((f'{name}.py', name))
+  assert projections.REGISTRY.get(name) is module.Imported
+  del sys.modules[name]
+
+
+def test_a_different_part_under_a_taken_name_is_still_an_error(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  for copy in ('taken_first', 'taken_second'):
+    (tmp_path / f'{copy}.py').write_text(textwrap.dedent(KIND_FILE.format(name='taken_once')))
+  import_extensions(('taken_first.py',))
+  with pytest.raises(ConfigError, match="config.model.projection='taken_once' is registered"):
+    import_extensions(('taken_second.py',))
+
+
+def documented_command(needle):
+  """The arguments of the command block of docs/extending.md that mentions
+  `needle`, after `python -m linformer_jax.`: the module first."""
+  text = (REPO / 'docs' / 'extending.md').read_text()
+  blocks = [b for b in re.findall(r'```[^\n]*\n(.*?)```', text, flags=re.S) if needle in b]
+  assert len(blocks) == 1, blocks
+  arguments = shlex.split(blocks[0].replace('\\\n', ' '))
+  assert arguments[:2] == ['python', '-m'], arguments
+  return [arguments[2].split('.', 1)[1], *arguments[3:]]
+
+
+@pytest.mark.slow
+def test_the_documented_command_trains_both_examples_and_saves_the_setting(run_command, tmp_path):
+  module, *arguments = documented_command('--config.model.temperature_init=2.0')
+  arguments[arguments.index('--workdir') + 1] = str(tmp_path)
+  short = ['total_steps=2', 'warmup_steps=1', 'eval_every=2', 'checkpoint_every=2']
+  process = run_command(module, *arguments, *(f'--config.{field}' for field in short))
+  assert process.returncode == 0, process.stdout + process.stderr
+  saved = json.loads((tmp_path / 'config.json').read_text())
+  assert saved['model']['temperature_init'] == 2.0
+  assert saved['model']['projection'] == 'convex'
+  assert saved['extensions'] == [CONVEX, TEMPERED]

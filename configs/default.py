@@ -36,7 +36,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.projection_learning_rate_scale = 1.0
   # Remove from each update of a learned E/F ('linear') its mean over the k slots, the
   # one vector all slots would move by alike on the unigram plateau (docs/results_gutenberg.md).
-  config.projection_remove_common_update = False
+  config.projection_remove_common_update = True
   config.log_every = 50  # steps between progress lines and train metrics
   config.eval_every = 200  # steps between evaluations (and at the end)
   config.checkpoint_every = 500  # steps between checkpoints (and at the end)
@@ -101,8 +101,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.projected_len = 32  # k: compressed length of keys/values (int or one per layer)
   config.model.sharing = 'layerwise'  # E/F sharing: 'none', 'headwise', 'kv', 'layerwise'
   config.model.projection = 'linear'  # 'linear', 'random', 'mean', 'max' or 'conv'
-  # Initial 'linear' E/F: 'jl' N(0, 1/k), 'local' (window means, as 'mean'), 'xavier' uniform.
-  config.model.projection_init = 'jl'
+  # Initial 'linear' E/F: 'jl' N(0, 1/k) (the paper's), 'local' (window means, as 'mean'),
+  # 'xavier' or 'fairseq' uniform; '' = the projection's default ('local' for 'linear').
+  config.model.projection_init = ''
   config.model.projection_init_noise = 0.0  # stddev of Gaussian noise on 'local' (0 = none)
   config.model.num_layers = 3  # encoder layers
   config.model.num_heads = 4  # attention heads per layer

@@ -41,6 +41,8 @@ def get_config():
   model = config.model
   model.max_len = 2000  # n: trees are padded to 2,000 tokens
   model.projected_len = 256  # k
+  # The paper's N(0, 1/k) E: 'local', the default, needs k to divide n.
+  model.projection_init = 'jl'
   model.sharing = 'headwise'  # one E, F per layer
   model.num_layers = 6  # LRA ListOps size
   model.num_heads = 8

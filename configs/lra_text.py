@@ -37,6 +37,8 @@ def get_config():
   model = config.model
   model.max_len = 1000  # n (bytes), the LRA's shortest text setting
   model.projected_len = 256  # k
+  # The paper's N(0, 1/k) E: 'local', the default, needs k to divide n.
+  model.projection_init = 'jl'
   model.sharing = 'headwise'  # one E, F per layer
   model.num_layers = 4  # LRA text size
   model.num_heads = 4

@@ -15,6 +15,7 @@ from linformer_jax.training import train_steps
 def tiny_config(scale=1.0, **model):
   config = tiny.get_config()
   config.projection_learning_rate_scale = scale
+  config.projection_remove_common_update = False  # the scale alone; centring is tested below
   config.warmup_steps = 0  # full learning rate from the first step
   config.model.dropout_rate = 0.0
   for key, value in model.items():

@@ -83,7 +83,7 @@ def test_only_projection_weights_are_read_even_where_another_has_their_shape():
 
 @pytest.mark.slow
 def test_the_report_reads_a_runs_learned_matrix_and_its_step_0(tmp_path):
-  config = tiny_config(total_steps=2, warmup_steps=1, seed=3)
+  config = tiny_config(total_steps=2, warmup_steps=1, seed=3, **{'model.projection_init': 'jl'})
   trainer.train_and_evaluate(config, str(tmp_path))
   report = projection_stats.projection_report(config, str(tmp_path))
   assert report['step'] == 2 and report['projection_init'] == 'jl' and report['seed'] == 3

@@ -244,6 +244,9 @@ class ModelConfig:
 
   def _validate_projection_init(self, projection_kind: projections.SequenceProjectionKind) -> None:
     allowed = projection_kind.projection_inits
+    if self.projection_init == '':
+      # '' = the kind's own default: 'local' for 'linear' (docs/results_gutenberg.md).
+      object.__setattr__(self, 'projection_init', projection_kind.default_projection_init)
     if self.projection_init not in allowed:
       raise _field_error(
           'projection_init',
@@ -335,6 +338,7 @@ class ModelConfig:
         raise _field_error(
             'projection_init',
             self.projection_init,
-            f"'local' starts as projection='mean', whose windows need {span_name}={span} to be "
-            f'a multiple of k; {span} % {k} != 0',
+            f"'local' (the default of projection='linear') starts as projection='mean', whose "
+            f'windows need {span_name}={span} to be a multiple of k; {span} % {k} != 0: use '
+            "a k that divides it, or projection_init='jl'",
         )

@@ -28,6 +28,9 @@ MODEL_DEFAULTS = {field.name: field.default for field in dataclasses.fields(Mode
 # Model fields that change how a pass is computed, not what it computes: a run
 # may be resumed or evaluated with other values.
 EXECUTION_FIELDS = ('query_blocks_per_step', 'inference_chunk', 'attention_kernel', 'remat')
+# Model fields that only say how a fresh run's arrays start: a checkpoint holds
+# its own values, so a run resumes or is scored whatever they say now.
+INITIALISATION_FIELDS = ('projection_init', 'projection_init_noise')
 # Data fields that change the token ids, and so the meaning of the parameters.
 DATA_FIELDS_FIXED_BY_A_RUN = ('tokenizer', 'vocab_size')
 
@@ -140,7 +143,11 @@ def check_same_model(
           'model',
           saved_model,
           requested_model,
-          sorted((set(saved_model) | set(requested_model)) - set(EXECUTION_FIELDS)),
+          sorted(
+              (set(saved_model) | set(requested_model))
+              - set(EXECUTION_FIELDS)
+              - set(INITIALISATION_FIELDS)
+          ),
           MODEL_DEFAULTS,
       ),
       (

@@ -48,6 +48,8 @@ class SequenceProjectionKind:
       per-head weight (sharing='none') has.
     projection_inits: the `config.model.projection_init` values it takes;
       'jl', the default, leaves a kind's own initialisation.
+    default_projection_init: what `projection_init=''` (configs/default.py's
+      value) means for this kind; the first of `projection_inits` unless set.
     settings: the config.model fields it declares (`registry.Setting`),
       read with `config.setting(name)`.
   """
@@ -57,6 +59,10 @@ class SequenceProjectionKind:
   weight_ndim: int = 2
   projection_inits: Tuple[str, ...] = ('jl',)
   settings: Tuple[Setting, ...] = ()
+
+  @property
+  def default_projection_init(self) -> str:
+    return self.projection_inits[0]
 
   def __init__(self, name: str):
     self.name = name

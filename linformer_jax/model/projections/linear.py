@@ -1,8 +1,8 @@
 """'linear': the paper's learned projection matrices E and F.
 
 Each is a [max_len, k] matrix (a leading heads axis for one per head),
-initialised as `config.model.projection_init` says (`MATRIX_INITS`) and
-trained:
+initialised as `config.model.projection_init` says (`MATRIX_INITS`; '' is
+'local', the default of configs/default.py) and trained:
   'jl'      the paper's Johnson-Lindenstrauss construction, entries N(0, 1/k)
   'local'   slot j the mean of its window of n / k adjacent positions, the
             windows of projection='mean' (block_len / k when causal), plus
@@ -165,6 +165,13 @@ class LearnedMatrix(SequenceProjectionKind):
 
   compresses_first = True
   projection_inits = MATRIX_INITS
+
+  @property
+  def default_projection_init(self) -> str:
+    # A local start, its updates centred (config.projection_remove_common_update),
+    # leaves the unigram plateau at every n where 'jl' does not
+    # (docs/results_gutenberg.md). A subclass that takes no 'local' keeps its first.
+    return 'local' if 'local' in self.projection_inits else self.projection_inits[0]
 
   def matrix_init(self, *, config, projected_len, per_head):
     """The weight's shape and its (partitioned) initialiser."""

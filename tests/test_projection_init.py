@@ -207,3 +207,27 @@ def test_a_bad_projection_init_is_a_one_line_config_error(overrides, field, allo
     ModelConfig(**{**SMALL, **overrides})
   message = str(error.value)
   assert '\n' not in message and 'allowed' in message and allowed in message
+
+
+@pytest.mark.parametrize(
+    'projection,resolved', [('linear', 'local'), ('random', 'jl'), ('mean', 'jl'), ('conv', 'jl')]
+)
+def test_the_default_init_is_each_kinds_own(projection, resolved):
+  """configs/default.py's projection_init='' is 'local' for the learned E (with its
+  updates centred, docs/results_gutenberg.md) and leaves every other kind valid."""
+  assert small_config(projection=projection, projection_init='').projection_init == resolved
+
+
+def test_the_default_config_trains_a_local_centred_e_and_the_paper_is_one_setting_away():
+  from configs import default  # pylint: disable=g-import-not-at-top
+
+  config = default.get_config()
+  assert config.projection_remove_common_update is True
+  assert ModelConfig.from_config(config.model).projection_init == 'local'
+  config.model.projection_init = 'jl'  # the paper's draw
+  assert ModelConfig.from_config(config.model).projection_init == 'jl'
+
+
+def test_a_k_that_does_not_divide_n_names_the_way_out_of_the_default():
+  with pytest.raises(ConfigError, match="or projection_init='jl'"):
+    small_config(projection_init='', projected_len=12)

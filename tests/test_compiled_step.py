@@ -82,6 +82,19 @@ def test_profile_steps_write_a_trace_tensorboard_reads(tmp_path):
   assert len(traces) == 1
 
 
+@pytest.mark.slow
+def test_a_profile_window_that_spans_a_resume_traces_the_rest_of_it(tmp_path):
+  """Stopped at step 2 inside the window (2, 3) and resumed: the resumed run
+  traces step 3 instead of stopping a trace it never started; one that
+  stops inside the window leaves no trace running."""
+  workdir = str(tmp_path / 'run')
+  config = tiny_config(total_steps=4, warmup_steps=1, profile_steps=(2, 3), eval_every=4)
+  assert trainer.train_and_evaluate(config, workdir, stop_after=2) is None
+  jax.profiler.start_trace(str(tmp_path / 'probe'))  # raises if the run left one running
+  jax.profiler.stop_trace()
+  assert trainer.train_and_evaluate(config, workdir)['step'] == 4
+
+
 @pytest.mark.parametrize('steps', [(3,), (0, 2), (4, 2), ('a', 'b')])
 def test_bad_profile_steps_are_refused(tmp_path, steps):
   with pytest.raises(ConfigError, match='config.profile_steps'):

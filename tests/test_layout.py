@@ -17,6 +17,9 @@ ALLOWED = {
 # Modules below every layer: error types, the registries of named parts and
 # the path layer (local folders and gs://).
 BASE_MODULES = ('errors', 'registry', 'storage')
+# The Python API (api.py: linformer_jax.load and build) sits on the training
+# layer, beside analysis: the commands may import it, no layer does.
+API_ALLOWED = {'training', 'checkpoints', 'model', 'data'}
 COMMANDS = (
     'train',
     'evaluate',
@@ -65,6 +68,12 @@ def test_each_layer_imports_only_itself_and_the_layers_below(layer):
       assert (
           top in BASE_MODULES or top in ALLOWED[layer]
       ), f'{path.relative_to(PACKAGE.parent)} imports linformer_jax.{name}'
+
+
+def test_the_python_api_imports_only_the_layers_below_it():
+  for name in package_imports(PACKAGE / 'api.py'):
+    top = name.split('.')[0]
+    assert top in BASE_MODULES or top in API_ALLOWED, f'linformer_jax/api.py imports {name}'
 
 
 def test_commands_are_top_level_modules_that_nothing_imports():

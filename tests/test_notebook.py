@@ -34,7 +34,9 @@ def test_the_tour_notebook_runs(tmp_path, monkeypatch, repo_root):
   text = ''.join(o.get('text', '') for o in outputs if o.output_type == 'stream')
   assert 'E = F = I, max |Linformer - full|' in text
   assert 'eval_perplexity' in text
+  assert 'guesses' in text  # the trained run, opened with linformer_jax.load
   images = [o for o in outputs if 'image/png' in o.get('data', {})]
-  assert len(images) >= 5  # loss curve, two benchmark plots, two spectrum plots
+  # The loss curve, two benchmark plots, two spectrum plots and one head's P.
+  assert len(images) >= 6
   assert os.path.exists(tmp_path / 'run' / 'benchmark' / 'results.csv')
   assert os.path.exists(tmp_path / 'run' / 'spectrum' / 'spectrum.json')

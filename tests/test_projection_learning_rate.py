@@ -194,7 +194,7 @@ def test_a_centred_run_keeps_every_slot_sum_of_its_updates_zero():
   config = tiny_config(1.0, projection_init='local', sharing='layerwise')
   config.projection_remove_common_update = True
   initial, trained = train(config)
-  (name, start), = split_projections(initial)[0].items()
+  ((name, start),) = split_projections(initial)[0].items()
   end = split_projections(trained)[0][name]
   assert np.any(end != start)
   np.testing.assert_allclose((end - start).sum(-1), 0, atol=1e-6)

@@ -14,6 +14,7 @@ import pytest
 
 from configs import tiny
 from linformer_jax.analysis import spectrum
+from linformer_jax.model import attention_capture
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.training import trainer
@@ -85,7 +86,7 @@ def test_attention_matrix_matches_a_naive_float64_softmax():
   k = rng.normal(size=(2, 6, 3, 4)).astype(np.float32) * 3
   key_mask = np.array([[True] * 6, [True] * 4 + [False] * 2])
   query_mask = np.array([[True] * 5, [True] * 3 + [False] * 2])
-  p = spectrum.attention_matrix(q, k, key_mask, query_mask)
+  p = attention_capture.attention_matrix(q, k, key_mask, query_mask)
   assert p.dtype == np.float64 and p.shape == (2, 3, 5, 6)
   np.testing.assert_allclose(
       p, naive_attention_matrix(q, k, key_mask, query_mask), rtol=1e-12, atol=1e-15
@@ -102,10 +103,10 @@ def test_padding_only_adds_zero_singular_values():
   real = 5
   mask = np.arange(8)[None] < real
   padded = spectrum.normalised_cumulative_singular_values(
-      spectrum.attention_matrix(q, k, mask, mask)
+      attention_capture.attention_matrix(q, k, mask, mask)
   )
   alone = spectrum.normalised_cumulative_singular_values(
-      spectrum.attention_matrix(q[:, :real], k[:, :real])
+      attention_capture.attention_matrix(q[:, :real], k[:, :real])
   )
   np.testing.assert_allclose(padded[..., :real], alone, atol=1e-12)
   np.testing.assert_allclose(padded[..., real:], 1.0, atol=1e-12)
@@ -137,7 +138,7 @@ def test_keys_are_the_ones_the_model_attends_over(sharing, projection):
   # Each layer's input too (post-LN: the embedding's or the previous layer's
   # last norm), since a layer that compresses its input first never projects
   # every position to a key.
-  capture = lambda module, method: spectrum.capture_intermediates(module, method) or (
+  capture = lambda module, method: attention_capture.capture_intermediates(module, method) or (
       module.name in ('embedding_norm', 'mlp_norm')
   )
   _, captured = jax.jit(
@@ -145,7 +146,9 @@ def test_keys_are_the_ones_the_model_attends_over(sharing, projection):
           v, tokens, padding_mask, capture_intermediates=capture, mutable=['intermediates']
       )
   )(variables)
-  layers = spectrum.context_queries_and_keys(captured['intermediates'], config, padding_mask)
+  layers = attention_capture.context_queries_and_keys(
+      captured['intermediates'], config, padding_mask
+  )
   encoder = captured['intermediates']['encoder']
   for layer, (q, keys, key_mask) in enumerate(layers):
     dense = encoder[f'layers_{layer}']['attention']

@@ -88,7 +88,5 @@ def get_sweep() -> Sweep:
   return Sweep(
       title='Leaving the unigram plateau by recipe, n and seed (k = 64, 8,192 tokens per step)',
       base=base,
-      variants=[
-          _variant(recipe, n, seed) for recipe in RECIPES for n in LENGTHS for seed in SEEDS
-      ],
+      variants=[_variant(recipe, n, seed) for recipe in RECIPES for n in LENGTHS for seed in SEEDS],
   )

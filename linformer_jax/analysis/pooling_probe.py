@@ -37,10 +37,10 @@ import ml_collections
 import numpy as np
 import optax
 
-from linformer_jax.analysis import spectrum
 from linformer_jax.analysis.settings_flags import setting
 from linformer_jax.checkpoints.store import CheckpointStore
 from linformer_jax.errors import ConfigError
+from linformer_jax.model import attention_capture
 from linformer_jax.model import layers
 from linformer_jax.model import models
 from linformer_jax.training import run_builder
@@ -61,7 +61,7 @@ class Features:
 
 
 def _capture(module: Any, method_name: str) -> bool:
-  return spectrum.capture_intermediates(module, method_name) or (
+  return attention_capture.capture_intermediates(module, method_name) or (
       method_name == '__call__' and isinstance(module, layers.EncoderLayer)
   )
 
@@ -136,7 +136,7 @@ def _encoder_step(config):
     hidden = [captured['encoder'][f'layers_{i}']['__call__'][0] for i in range(config.num_layers)]
     return (
         hidden,
-        spectrum.context_queries_and_keys(captured, config, padding_mask),
+        attention_capture.context_queries_and_keys(captured, config, padding_mask),
         _value_matrices(captured['encoder'], config),
     )
 
@@ -165,7 +165,8 @@ def _pooled_features(step, variables, batches, config) -> Features:
     for layer in range(config.num_layers):
       h = hidden[layer]
       q, keys, key_mask = queries_and_keys[layer]
-      p = spectrum.attention_matrix(np.asarray(q)[:, :1], np.asarray(keys), key_mask)[:, :, 0]
+      first_query = np.asarray(q)[:, :1]
+      p = attention_capture.attention_matrix(first_query, np.asarray(keys), key_mask)[:, :, 0]
       logs = np.log(np.where(p > 0, p, 1.0))
       w = token_weights(p, values[layer], np.asarray(batch['padding_mask']))
       negative = np.where(w < 0, -w, 0.0).sum(-1) / np.maximum(np.abs(w).sum(-1), 1e-30)

@@ -36,7 +36,7 @@ import ml_collections
 import numpy as np
 
 from linformer_jax.errors import ConfigError
-from linformer_jax.model import attention
+from linformer_jax.model import attention_capture
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.training import run_builder
@@ -46,40 +46,6 @@ CURVES_PLOT = 'cumulative_singular_values.png'
 HEATMAP_PLOT = 'heatmap.png'
 # Decimals kept in spectrum.json; rounding keeps curves monotone and ending at 1.
 _DECIMALS = 6
-
-
-def attention_matrix(
-    q: np.ndarray,
-    k: np.ndarray,
-    key_padding_mask: Optional[np.ndarray] = None,
-    query_padding_mask: Optional[np.ndarray] = None,
-) -> np.ndarray:
-  """The context-mapping matrix P = softmax(Q K^T / sqrt(d)), in float64.
-
-  Args:
-    q: [batch, q_length, heads, head_dim] queries.
-    k: [batch, k_length, heads, head_dim] keys (compressed for Linformer).
-    key_padding_mask: optional [batch, k_length], True for keys that may be
-      attended to; the others get zero weight.
-    query_padding_mask: optional [batch, q_length], True for real queries; the
-      rows of the others are zero.
-
-  Returns:
-    P as float64 [batch, heads, q_length, k_length]; each real query's row sums
-    to 1.
-  """
-  q = np.asarray(q, np.float64)
-  k = np.asarray(k, np.float64)
-  logits = np.einsum('bqhd,bkhd->bhqk', q, k) / np.sqrt(q.shape[-1])
-  if key_padding_mask is not None:
-    logits = np.where(
-        np.asarray(key_padding_mask)[:, None, None, :], logits, attention.MASKED_LOGIT
-    )
-  weights = np.exp(logits - logits.max(axis=-1, keepdims=True))
-  weights /= weights.sum(axis=-1, keepdims=True)
-  if query_padding_mask is not None:
-    weights = np.where(np.asarray(query_padding_mask)[:, None, :, None], weights, 0.0)
-  return weights
 
 
 def normalised_cumulative_singular_values(p: np.ndarray) -> np.ndarray:
@@ -110,67 +76,6 @@ def value_at_index(curve: np.ndarray, index: int) -> Tuple[float, int]:
   return float(curve[..., used - 1]), used
 
 
-def _captured(intermediates: Mapping[str, Any], path: Sequence[str]) -> Any:
-  """The first output of a module captured by `capture_intermediates`."""
-  node = intermediates
-  for name in path:
-    node = node[name]
-  return node['__call__'][0]
-
-
-def context_queries_and_keys(
-    intermediates: Mapping[str, Any], config: ModelConfig, padding_mask: jax.Array
-) -> List[Tuple[jax.Array, jax.Array, Optional[jax.Array]]]:
-  """Per layer, the queries and the keys P is computed over.
-
-  Args:
-    intermediates: the 'intermediates' collection of a model.apply that
-      captured the 'query' and 'key' projections and the sequence projections
-      (see `capture_intermediates`).
-    config: the model's config.
-    padding_mask: [batch, n], True for real tokens.
-
-  Returns:
-    For each layer (q, keys, key_mask): q [batch, n, heads, head_dim]; keys the
-    same for full attention, [batch, k, heads, head_dim] for Linformer (E^T K);
-    key_mask [batch, keys] of keys that may be attended to, or None for all.
-  """
-  encoder = intermediates['encoder']
-  layers = []
-  for layer in range(config.num_layers):
-    path = (f'layers_{layer}', 'attention')
-    q = _captured(encoder, path + ('query',))
-    k = _captured(encoder, path + ('key',))
-    sown = encoder[path[0]][path[1]].get('compressed_keys')
-    if sown is not None:  # the layer compressed its input before projecting it
-      layers.append((q, *sown[0]))
-      continue
-    if config.attention == 'full':
-      layers.append((q, k, padding_mask))
-      continue
-    weight = None
-    if config.projection_kind.has_weights:
-      owner = ('shared_projection',) if config.sharing == 'layerwise' else path + ('projection',)
-      weight = _captured(encoder, owner)[0]
-    keys, key_mask = config.projection_kind.compress(
-        k,
-        weight,
-        max_len=config.max_len,
-        projected_len=config.projected_len_for_layer(layer),
-        key_padding_mask=padding_mask,
-        name='E',
-    )
-    layers.append((q, keys, key_mask))
-  return layers
-
-
-def capture_intermediates(module: Any, method_name: str) -> bool:
-  """Filter for flax's capture_intermediates: Q, K and the E/F projections."""
-  return method_name == '__call__' and (
-      module.name in ('query', 'key') or isinstance(module, models.SequenceProjection)
-  )
-
-
 def make_spectrum_step(model: models.MaskedLanguageModel):
   """A jitted (variables, inputs, padding_mask) -> per-layer (q, keys, key_mask)."""
 
@@ -180,10 +85,12 @@ def make_spectrum_step(model: models.MaskedLanguageModel):
         inputs,
         padding_mask,
         deterministic=True,
-        capture_intermediates=capture_intermediates,
+        capture_intermediates=attention_capture.capture_intermediates,
         mutable=['intermediates'],
     )
-    return context_queries_and_keys(state['intermediates'], model.config, padding_mask)
+    return attention_capture.context_queries_and_keys(
+        state['intermediates'], model.config, padding_mask
+    )
 
   return jax.jit(step)
 
@@ -229,7 +136,7 @@ def mean_curves(
       for row in rows:
         # One sequence at a time: P is [heads, n, n], 800 MB for a batch of 32
         # at n = 512 with 12 heads.
-        p = attention_matrix(
+        p = attention_capture.attention_matrix(
             q[row : row + 1],
             keys[row : row + 1],
             None if key_mask is None else key_mask[row : row + 1],

@@ -7,11 +7,15 @@ state (shapes and shardings, nothing computed), the jitted step functions and
 this process's data. `load_for_evaluation(config, workdir)` restores only the
 model's variables of a run's newest checkpoint (or the kept step
 `config.restore_step` names), with the evaluation data: no optimizer, no
-training iterator. Loading only reads the workdir: unlike training, which
-moves the steps after `config.restore_step` aside, it leaves every step kept.
+training iterator; `load_for_inference` the same variables and the run's
+tokenizer, without data. Loading only reads the workdir: unlike training,
+which moves the steps after `config.restore_step` aside, it leaves every step
+kept. `saved_config(workdir)` is the config a run saved, ready to build with
+its own extensions.
 """
 
 import dataclasses
+import json
 import os
 import types
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
@@ -24,6 +28,8 @@ import ml_collections
 import numpy as np
 import optax
 
+from linformer_jax import registry
+from linformer_jax import storage
 from linformer_jax.checkpoints.store import CheckpointStore
 from linformer_jax.checkpoints.store import checkpoint_directory
 from linformer_jax.data import tokenizer as tokenizer_lib
@@ -35,6 +41,8 @@ from linformer_jax.training import tasks
 from linformer_jax.training import train_steps
 
 _OTHER_RUN_ADVICE = 'the workdir holds a run with a different model config; use another --workdir'
+# The file a run keeps its config in (written when training starts).
+CONFIG_FILE = 'config.json'
 
 
 def _with_shardings(shapes: Any, shardings: Any) -> Any:
@@ -87,6 +95,16 @@ class RunParts:
         nn.meta.unbox(boxed),
         sharding_lib.parameter_shardings(boxed, self.mesh, self.rules, self.fsdp),
     )
+
+  def initial_variables(self, seed: int) -> Dict[str, Any]:
+    """The variables a fresh run seeded by `seed` starts from ({'params': ...,
+    other collections}): the trainer's draw, created split over the mesh."""
+    tokens = jnp.ones((1, self.model_config.max_len), jnp.int32)
+    init = jax.jit(
+        lambda rng: nn.meta.unbox(self.model.init(rng, tokens)),
+        out_shardings=shardings_of(self.abstract_variables()),
+    )
+    return init(jax.random.PRNGKey(seed))
 
   def abstract_train_state(self, optimizer: optax.GradientTransformation) -> train_steps.TrainState:
     """The train state as `jax.ShapeDtypeStruct`s carrying their shardings.
@@ -301,11 +319,12 @@ def load_for_evaluation(config: ml_collections.ConfigDict, workdir: str) -> Eval
 
 def load_for_inference(
     config: ml_collections.ConfigDict, workdir: str, step: Optional[int] = None
-) -> Tuple[RunParts, int, Dict[str, Any], tokenizer_lib.Tokenizer]:
+) -> Tuple[RunParts, int, Dict[str, Any], Optional[tokenizer_lib.Tokenizer]]:
   """(parts, step, variables, tokenizer) of `workdir`'s newest checkpoint (or
   its kept `step`, else its kept config.restore_step), with no data read: the
   tokenizer is the run's own (WORKDIR/tokenizer.model, or bytes), checked
-  against the checkpoint's fingerprint.
+  against the checkpoint's fingerprint; None for ListOps, whose symbols are
+  their own ids.
 
   Raises:
     ConfigError: a bad config, no checkpoint (or no kept step) or tokenizer
@@ -313,9 +332,12 @@ def load_for_inference(
   """
   parts = build_parts(config)
   step, data_state = _newest_step(config, workdir, step)
-  tokenizer = tokenizer_lib.run_tokenizer(config.data, workdir)
+  tokenizer = None
+  if config.data.get('source') != 'listops':
+    tokenizer = tokenizer_lib.run_tokenizer(config.data, workdir)
   if isinstance(data_state, dict):
-    fingerprint = types.SimpleNamespace(tokenizer=tokenizer, tokenizer_sha256=tokenizer.sha256)
+    sha256 = tokenizer.sha256 if tokenizer else None
+    fingerprint = types.SimpleNamespace(tokenizer=tokenizer, tokenizer_sha256=sha256)
     check_same_tokenizer(data_state, fingerprint, workdir)
   variables = _restore_variables(workdir, parts.abstract_variables(), step)
   return parts, step, variables, tokenizer
@@ -355,3 +377,33 @@ def _restore_variables(workdir: str, abstract: Dict[str, Any], step: int) -> Dic
       workdir, subtrees, step=step, advice=_OTHER_RUN_ADVICE
   )
   return {path[-1]: value for path, value in restored.items()}
+
+
+def _tuples(value: Any) -> Any:
+  """JSON's lists back to the tuples the configs hold."""
+  if isinstance(value, dict):
+    return {key: _tuples(item) for key, item in value.items()}
+  if isinstance(value, list):
+    return tuple(_tuples(item) for item in value)
+  return value
+
+
+def saved_config(workdir: str) -> ml_collections.ConfigDict:
+  """The config a run saved in WORKDIR/config.json, ready to build: JSON's
+  lists back to tuples (as configs/from_workdir.py reads it), the run's
+  `extensions` imported and the settings their kinds declare added.
+
+  Raises:
+    ConfigError: no config.json in workdir, or an extension that fails to
+      import.
+  """
+  path = storage.join(workdir, CONFIG_FILE)
+  if not storage.isfile(path):
+    raise ConfigError(f'{path} does not exist; point at a run folder, one that training wrote.')
+  try:
+    config = ml_collections.ConfigDict(_tuples(json.loads(storage.read_text(path))))
+  except ValueError as error:
+    raise ConfigError(f'{path} is not a JSON config ({error}); point at a run folder.') from None
+  registry.import_extensions(config.get('extensions'))
+  registry.add_declared_settings(config)
+  return config

@@ -10,7 +10,9 @@ from typing import Any, Iterable, Mapping, Optional, Tuple
 
 import ml_collections
 
+from linformer_jax import registry
 from linformer_jax.errors import ConfigError
+from linformer_jax.model import model_config
 from linformer_jax.model.model_config import ModelConfig
 
 _POSITIVE_INTS = (
@@ -138,6 +140,9 @@ def check_same_model(
   """Refuses to resume a workdir whose run used another model or tokenizer."""
   saved_model = dict(saved.get('model', {}))
   requested_model = config.model.to_dict()
+  # A run saved before a kind declaring a setting was imported used its default.
+  declared = registry.declared_settings(model_config.SETTINGS_SECTION)
+  model_defaults = {**MODEL_DEFAULTS, **{n: d.setting.default for n, d in declared.items()}}
   for section, old, new, fields, defaults in (
       (
           'model',
@@ -148,7 +153,7 @@ def check_same_model(
               - set(EXECUTION_FIELDS)
               - set(INITIALISATION_FIELDS)
           ),
-          MODEL_DEFAULTS,
+          model_defaults,
       ),
       (
           'data',

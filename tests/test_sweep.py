@@ -64,7 +64,10 @@ def saved_config(workdir):
 
 def table_rows(workdir):
   with open(os.path.join(workdir, sweep_lib.REPORT_FILE)) as f:
-    lines = [line for line in f.read().splitlines() if line.startswith('| ')]
+    text = f.read()
+  # The first table: one row per variant (the ones after it are by step and by seed).
+  first = text[text.index('| variant') :].split('\n\n', 1)[0]
+  lines = [line for line in first.splitlines() if line.startswith('| ')]
   header, rows = lines[0], lines[1:]
   columns = [cell.strip() for cell in header.strip('|').split('|')]
   return {

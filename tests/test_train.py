@@ -160,12 +160,6 @@ def test_a_non_finite_step_is_never_saved_and_the_kept_checkpoint_resumes(tmp_pa
   )
   with pytest.raises(trainer.NonFiniteLossError, match='step 2 the parameters'):
     trainer.train_and_evaluate(config, workdir)
-  run = trainer.Run(config, workdir)
-  kept_step = int(run.state.step)
-  params = jax.tree_util.tree_leaves(jax.device_get(run.state.params))
-  run.store.close()
-  assert kept_step == 1
-  assert all(np.all(np.isfinite(p)) for p in params)
   sane = tiny_config(
       learning_rate=1e-3,
       warmup_steps=0,
@@ -175,6 +169,15 @@ def test_a_non_finite_step_is_never_saved_and_the_kept_checkpoint_resumes(tmp_pa
       log_every=1,
       total_steps=6,
   )
+  # The same settings again are refused (docs/reliability.md); changed ones go on from step 1.
+  with pytest.raises(trainer.NonFiniteLossError, match='step 1 is the newest sound one'):
+    trainer.Run(config, workdir)
+  run = trainer.Run(sane, workdir)
+  kept_step = int(run.state.step)
+  params = jax.tree_util.tree_leaves(jax.device_get(run.state.params))
+  run.store.close()
+  assert kept_step == 1
+  assert all(np.all(np.isfinite(p)) for p in params)
   results = trainer.train_and_evaluate(sane, workdir)
   resumed = {
       m['step']: m['train_loss']

@@ -237,6 +237,7 @@ class Run:
         'tokenizer_sha256': self.data.tokenizer_sha256,
     }
     step = int(self.state.step)
+    kept_before = self.store.all_steps()  # read before the save: never a folder being written
     saved = self.store.save(
         step, state=self.state, data_state=data_state, config=self.config.to_dict(), force=force
     )
@@ -250,7 +251,7 @@ class Run:
         recent_losses=guard.recent_losses() if guard else (),
         suspect=guard.suspicion(step) if guard else '',
     )
-    self.ledger.keep_only(self.store.all_steps())
+    self.ledger.keep_only(kept_before + [step])  # a step the save removed goes at the next one
     self.ledger.write()
 
   def evaluate(self) -> Dict[str, float]:

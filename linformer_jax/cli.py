@@ -47,6 +47,7 @@ from linformer_jax.registry import import_command_extensions  # pylint: disable=
 from linformer_jax.registry import import_extensions  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.training import compilation_cache  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.training import multihost  # pylint: disable=g-import-not-at-top,wrong-import-position
+from linformer_jax.training import run_builder  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 USAGE_ERROR_EXIT_CODE = 2
 # An OSError the user fixes by changing a path or its permissions: a read-only
@@ -104,8 +105,12 @@ class ConfigFileParser(flags.ArgumentParser):
     return 'config object'
 
   def parse(self, argument: str) -> ml_collections.ConfigDict:
-    path, *config_argument = argument.split(':', 1)
     flag = f'--{self.name}={argument}'
+    if argument == _config_from_workdir:
+      return self._run_config(argument, 'no --config was given, and')
+    if storage.is_object_store(argument) or os.path.isdir(argument):
+      return self._run_config(argument, f'{flag}:')
+    path, *config_argument = argument.split(':', 1)
     if not os.path.isfile(path):
       problem = 'not a file' if os.path.exists(path) else 'no such file'
       raise ConfigFileError(f'{flag}: {problem}; pass a config file such as configs/default.py.')
@@ -128,10 +133,27 @@ class ConfigFileParser(flags.ArgumentParser):
       )
     # The user's own parts register themselves, and the settings they declare
     # become fields, before the --config.X overrides are typed against them.
+    # A command reading a run also knows the parts that run registered, so
+    # that --config.model.projection=NAME parses for a run of an extension.
+    workdir = _reads_run_workdir(sys.argv)
     try:
+      if workdir and storage.isfile(storage.join(workdir, run_builder.CONFIG_FILE)):
+        import_extensions(run_builder.saved_config(workdir).get('extensions'))
       import_command_extensions(config, sys.argv)
     except ConfigError as error:
       raise ConfigFileError(str(error)) from None
+    config.lock()
+    return config
+
+  def _run_config(self, folder: str, lead: str) -> ml_collections.ConfigDict:
+    """The config a run saved in FOLDER/config.json, its extensions imported;
+    an error is `lead` and what is wrong."""
+    try:
+      config = run_builder.saved_config(folder)
+      import_command_extensions(config, sys.argv)
+    except ConfigError as error:
+      hint = ' Or pass --config, a config file such as configs/default.py.'
+      raise ConfigFileError(f'{lead} {error}{hint if lead.startswith("no") else ""}') from None
     config.lock()
     return config
 
@@ -145,14 +167,31 @@ def _defining_config_flag(define: Callable[[], None]) -> None:
     fail(_flag_error_words(error, sys.argv))
 
 
-def define_config_flags() -> None:
-  """Defines --config (a Python config file, overridable per field) and --workdir."""
+# Whether this process's command reads the run in --workdir (evaluate,
+# generate, spectrum, projection_stats): its --config then defaults to the
+# run's own config.json. Set by `define_config_flags`.
+_reads_run = False
+# The --workdir that stands for --config when a run-reading command is given none.
+_config_from_workdir = None
+
+
+def define_config_flags(reads_run: bool = False) -> None:
+  """Defines --config (a Python config file, overridable per field, or a run
+  folder whose config.json is read) and --workdir.
+
+  With `reads_run`, for commands that read a trained run, --config may be left
+  out: the run's own WORKDIR/config.json is the config (its extensions
+  imported), and --config.X overrides apply to it as to a file's.
+  """
+  global _reads_run
+  _reads_run = reads_run
+  default_words = " (default: the run's own WORKDIR/config.json)" if reads_run else ''
   _defining_config_flag(
       lambda: config_flags.DEFINE_config_file(
           'config',
           None,
-          'Config file, e.g. configs/default.py; any field can be '
-          'overridden as --config.model.projected_len=64.',
+          'Config file, e.g. configs/default.py, or a run folder (its config.json)'
+          f'{default_words}; any field can be overridden as --config.model.projected_len=64.',
           lock_config=True,
       )
   )
@@ -160,7 +199,7 @@ def define_config_flags() -> None:
   flags.DEFINE_string(
       'workdir', None, 'Directory of the run: checkpoints, metrics, TensorBoard events, results.'
   )
-  flags.mark_flags_as_required(['config', 'workdir'])
+  flags.mark_flags_as_required(['workdir'] if reads_run else ['config', 'workdir'])
   flags.DEFINE_string(
       'coordinator_address',
       '',
@@ -277,7 +316,36 @@ def _flag_error_words(error: Exception, argv: Sequence[str]) -> str:
   return f'{error} (see --helpfull)'
 
 
+def _flag_values(argv: Sequence[str], name: str) -> List[str]:
+  """The values argv (its flag files read) gives flag --NAME, in order."""
+  try:
+    arguments = flags.FLAGS.read_flags_from_files(list(argv), force_gnu=False)
+  except flags.Error:
+    return []  # reported when the flags are parsed
+  values = []
+  remaining = iter(arguments[1:])
+  for argument in remaining:
+    if argument == '--':
+      break
+    flag, has_value, value = argument.partition('=')
+    if flag.startswith('-') and flag.lstrip('-') == name:
+      values.append(value if has_value else next(remaining, ''))
+  return values
+
+
+def _reads_run_workdir(argv: Sequence[str]) -> str:
+  """The run folder a run-reading command is given (its last --workdir), else ''."""
+  workdirs = _flag_values(argv, 'workdir') if _reads_run else []
+  return workdirs[-1] if workdirs else ''
+
+
 def _parse_flags(argv: List[str]) -> List[str]:
+  # A run-reading command without --config reads the run's own config.
+  global _config_from_workdir
+  workdir = _reads_run_workdir(argv)
+  if workdir and not _flag_values(argv, 'config'):
+    _config_from_workdir = workdir
+    argv = [argv[0], f'--config={workdir}', *argv[1:]]
   try:
     return flags.FLAGS(argv)
   except ConfigFileError as error:
@@ -294,6 +362,11 @@ def run(main: Callable[[List[str]], None]) -> None:
     # writes a dozen lines per checkpoint) only with --verbosity=0.
     if not flags.FLAGS['verbosity'].present:
       logging.set_verbosity(logging.WARNING)
+    if _reads_run and flags.FLAGS.config is None:
+      fail(
+          f'--workdir={flags.FLAGS.workdir!r} names no run folder, and no --config was given; '
+          'point --workdir at a run that training wrote, or pass --config.'
+      )
     try:
       if 'config' in flags.FLAGS and flags.FLAGS.config is not None:
         workdir = flags.FLAGS['workdir'].value if 'workdir' in flags.FLAGS else ''

@@ -20,7 +20,7 @@ from absl import flags
 from linformer_jax import cli
 from linformer_jax.training import evaluation
 
-cli.define_config_flags()
+cli.define_config_flags(reads_run=True)
 _SPLIT = flags.DEFINE_string(
     'split', 'validation', "Split to evaluate: 'validation', 'test' or 'train'."
 )

@@ -19,7 +19,7 @@ from absl import flags
 from linformer_jax import cli
 from linformer_jax.training import text_generation
 
-cli.define_config_flags()
+cli.define_config_flags(reads_run=True)
 _PROMPT = flags.DEFINE_string('prompt', '', 'Text to continue (may be empty: start from <s>).')
 _MAX_NEW_TOKENS = flags.DEFINE_integer('max_new_tokens', 40, 'Tokens to generate.')
 _TEMPERATURE = flags.DEFINE_float('temperature', 1.0, 'Sampling temperature; 0 is greedy.')

@@ -50,5 +50,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  cli.define_config_flags()
+  cli.define_config_flags(reads_run=True)
   cli.run(main)

@@ -28,7 +28,7 @@ from linformer_jax.analysis.spectrum import write_outputs
 
 def define_flags() -> None:
   """The command's flags; defined only when run, so importing stays side-free."""
-  cli.define_config_flags()
+  cli.define_config_flags(reads_run=True)
   flags.DEFINE_string('out', '', 'Output folder (default WORKDIR/spectrum).')
   flags.DEFINE_integer('num_sequences', 64, 'Evaluation sequences to average over.')
   flags.DEFINE_integer(

@@ -106,6 +106,22 @@ CASES: Dict[str, Case] = {
         'evaluate', TINY + ('--workdir={file}',), '{file} holds no checkpoint'
     ),
     'evaluate/empty workdir': case('evaluate', TINY + ('--workdir=',), 'cannot be a run folder'),
+    'evaluate/no config, a workdir without a run': case(
+        'evaluate',
+        ('--workdir={missing}',),
+        'no --config was given, and {missing}/config.json does not exist',
+    ),
+    'evaluate/no config, an empty workdir': case(
+        'evaluate', ('--workdir=',), "--workdir='' names no run folder, and no --config was given"
+    ),
+    'evaluate/no config, a field of the model changed': case(
+        'evaluate',
+        ('--workdir={run}', '--config.model.num_layers=3'),
+        'holds a run with config.model.num_layers=2, not 3',
+    ),
+    'spectrum/no config, a workdir that is a file': case(
+        'spectrum', ('--workdir={file}',), 'no --config was given, and {file}/config.json'
+    ),
     'evaluate/typo in a key': case(
         'evaluate',
         EVALUATE + ('--config.restor_step=3',),
@@ -136,8 +152,8 @@ CASES: Dict[str, Case] = {
     'evaluate/unexpected argument': case(
         'evaluate', EVALUATE + ('extra',), "unexpected arguments ['extra']"
     ),
-    'evaluate/no --config': case(
-        'evaluate', ('--workdir={run}',), 'Flag --config must have a value other than None'
+    'evaluate/no --workdir': case(
+        'evaluate', ('--split=validation',), 'Flag --workdir must have a value other than None'
     ),
     'evaluate/missing flag file': case(
         'evaluate',

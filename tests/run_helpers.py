@@ -2,10 +2,14 @@
 tests of the commands' contract on bad input."""
 
 import hashlib
+import json
 import os
+import pathlib
+import shlex
 import shutil
 import socket
 import subprocess
+import sys
 import time
 
 import jax
@@ -134,3 +138,35 @@ def can_mount_privately():
       check=False,
   )  # fmt: skip
   return probe.returncode == 0
+
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def run_forked_commands(cases, folder, env, read_only=(), timeout=900):
+  """Runs `python -m linformer_jax.MODULE ARGS` for each case ({'module',
+  'args', 'env'}), one after another in the repository root, each forked
+  from one process that imported the libraries once (tests/command_runner.py);
+  returns per case {'returncode', 'stdout', 'stderr', 'seconds'}. The
+  `read_only` folders are bind-mounted read-only in a private mount namespace.
+  """
+  cases_path, results_path = (
+      pathlib.Path(folder) / 'cases.json',
+      pathlib.Path(folder) / 'results.json',
+  )
+  cases_path.write_text(json.dumps(list(cases)))
+  command = [sys.executable, str(REPO_ROOT / 'tests' / 'command_runner.py')]
+  command += [str(cases_path), str(results_path)]
+  if read_only:
+    mounts = ' && '.join(
+        f'mount --bind {shlex.quote(p)} {shlex.quote(p)} && '
+        f'mount -o remount,ro,bind {shlex.quote(p)}'
+        for p in read_only
+    )
+    private = ['unshare', '--user', '--map-root-user', '--mount', 'bash', '-c']
+    command = private + [f'{mounts} && exec "$@"', 'runner'] + command
+  runner = subprocess.run(
+      command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
+  )
+  assert runner.returncode == 0, runner.stdout + runner.stderr
+  return json.loads(results_path.read_text())

@@ -222,7 +222,7 @@ def test_the_python_block_of_the_extending_docs_runs_on_a_trained_run(tiny_run, 
   monkeypatch.chdir(REPO)
   text = (REPO / 'docs' / 'extending.md').read_text()
   (block,) = [
-      b for b in re.findall(r'```python\n(.*?)```', text, flags=re.S) if 'linformer_jax.load(' in b
+      b for b in re.findall(r'```python\n(.*?)```', text, flags=re.S) if "load('/tmp/tiny')" in b
   ]
   printed = io.StringIO()
   with contextlib.redirect_stdout(printed):

@@ -22,14 +22,11 @@ file and folder below it is hashed before and after. The fast tests at the
 end check the refusals themselves, in-process.
 """
 
-import json
 import os
 import pathlib
-import shlex
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from typing import Dict
 
@@ -45,6 +42,7 @@ from run_helpers import can_mount_privately
 from run_helpers import folder_contents
 from run_helpers import free_port
 from run_helpers import one_error_line
+from run_helpers import run_forked_commands
 from run_helpers import tiny_config
 
 from linformer_jax import cli
@@ -82,22 +80,6 @@ def materialise(case_: Case, folder: pathlib.Path, runs: Dict[str, str], refused
   return args, env, places, read_only
 
 
-def runner_command(cases_path, results_path, read_only):
-  """tests/command_runner.py, inside a private mount namespace where the
-  `read_only` folders are mounted read-only (when there are any)."""
-  command = [sys.executable, str(REPO_ROOT / 'tests' / 'command_runner.py')]
-  command += [str(cases_path), str(results_path)]
-  if not read_only:
-    return command
-  mounts = ' && '.join(
-      f'mount --bind {shlex.quote(p)} {shlex.quote(p)} && '
-      f'mount -o remount,ro,bind {shlex.quote(p)}'
-      for p in read_only
-  )
-  private = ['unshare', '--user', '--map-root-user', '--mount', 'bash', '-c']
-  return private + [f'{mounts} && exec "$@"', 'runner'] + command
-
-
 def case_environment():
   """The environment of every case: the test session's (its data and
   compilation caches), no emulator, credentials that cannot be found."""
@@ -129,26 +111,11 @@ def outcomes(runs, tmp_path_factory):
     args, env, places, mounts = materialise(CASES[name], root / str(number), runs, refused_port)
     prepared[name] = (args, env, places, folder_contents(root / str(number)))
     read_only += mounts
-  cases_path, results_path = root / 'cases.json', root / 'results.json'
-  cases_path.write_text(
-      json.dumps(
-          [
-              {'module': CASES[name].command, 'args': prepared[name][0], 'env': prepared[name][1]}
-              for name in names
-          ]
-      )
-  )
-  runner = subprocess.run(
-      runner_command(cases_path, results_path, read_only),
-      cwd=REPO_ROOT,
-      env=case_environment(),
-      capture_output=True,
-      text=True,
-      timeout=900,
-      check=False,
-  )
-  assert runner.returncode == 0, runner.stdout + runner.stderr
-  results = json.loads(results_path.read_text())
+  cases = [
+      {'module': CASES[name].command, 'args': prepared[name][0], 'env': prepared[name][1]}
+      for name in names
+  ]
+  results = run_forked_commands(cases, root, case_environment(), read_only)
   found = {}
   for number, (name, result) in enumerate(zip(names, results)):
     args, _, places, before = prepared[name]

@@ -187,13 +187,14 @@ def _example_sources():
   return [path.read_text() for path in sorted((REPO / 'docs' / 'examples').glob('*.py'))]
 
 
-# Blocks that read a trained run: tests/test_api.py runs them on one.
-TRAINED_RUN_BLOCK = "linformer_jax.load('/tmp/tiny')"
+# Blocks that read a trained run: tests/test_api.py and
+# tests/test_extending_walkthrough.py run them on one.
+TRAINED_RUN_BLOCK = "linformer_jax.load('/tmp/"
 
 
 def test_every_python_block_of_extending_is_an_example_excerpt_or_runs(monkeypatch):
   """A block is either code of a docs/examples file (which the tests import),
-  one that reads the trained run /tmp/tiny (run by tests/test_api.py), or a
+  one that reads a trained run /tmp/RUN (run by the tests that train it), or a
   snippet that runs as it stands, from the repository root."""
   monkeypatch.chdir(REPO)
   sources = _example_sources()

@@ -2,10 +2,10 @@
 learned convex mixes (docs/examples/convex_projection.py) and an attention kind
 with a learned temperature per head and a setting
 (docs/examples/tempered_attention.py). Their math against float64 loops, the
-model's padding invariance, their gradients, and a training run."""
+model's padding invariance and their gradients. tests/test_extending_walkthrough.py
+trains them (the sweep of docs/extending.md)."""
 
 import functools
-import json
 import math
 
 from flax import traverse_util
@@ -20,10 +20,6 @@ from linformer_jax.model import models
 from linformer_jax.model import projections
 from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.registry import import_extensions
-from linformer_jax.training import trainer
-from tests.run_helpers import final_params
-from tests.run_helpers import losses_by_step
-from tests.run_helpers import tiny_config
 
 CONVEX = 'docs/examples/convex_projection.py'
 TEMPERED = 'docs/examples/tempered_attention.py'
@@ -212,32 +208,3 @@ def test_the_mix_and_the_temperature_get_nonzero_gradients():
     attention = grads[layer]['attention']
     assert float(jnp.abs(attention['log_temperature']).min()) > 0
     assert float(jnp.abs(attention['projection']['kv_projection']).max()) > 0
-
-
-@pytest.mark.slow
-def test_a_tiny_training_run_trains_the_mix_and_the_temperature(tmp_path):
-  """Both examples at once: one run, one compilation."""
-  config = tiny_config(
-      total_steps=4,
-      warmup_steps=1,
-      log_every=2,
-      eval_every=4,
-      checkpoint_every=4,
-      extensions=(CONVEX, TEMPERED),
-      **{
-          'model.projection': 'convex',
-          'model.attention': 'tempered_linformer',
-          'model.temperature_init': 2.0,
-      },
-  )
-  config.data.max_eval_batches = 1
-  results = trainer.train_and_evaluate(config, str(tmp_path))
-  assert results['step'] == 4
-  losses = losses_by_step(str(tmp_path))
-  assert losses and all(math.isfinite(loss) for loss in losses.values())
-  saved = json.loads((tmp_path / 'config.json').read_text())
-  assert saved['model']['temperature_init'] == 2.0
-  _, params = final_params(str(tmp_path), config)
-  for layer in ('layers_0', 'layers_1'):
-    log_temperature = params['encoder'][layer]['attention']['log_temperature']
-    assert np.all(np.abs(log_temperature - math.log(2.0)) > 1e-6), log_temperature

@@ -1,13 +1,17 @@
 """projection_stats: slot widths and locality of learned E/F, checked on
 matrices whose answers are known, and read from a real tiny run."""
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from run_helpers import tiny_config
 
 from linformer_jax.analysis import projection_stats
 from linformer_jax.errors import ConfigError
+from linformer_jax.model import projections
 from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.registry import import_extensions
 from linformer_jax.training import trainer
 
 
@@ -69,16 +73,89 @@ def test_drift_tells_a_change_common_to_every_slot_from_one_per_slot():
 
 def test_only_projection_weights_are_read_even_where_another_has_their_shape():
   # k = hidden = 4: the position embedding is [n, k] too, and is no E.
-  e = np.ones((3, 8, 4))
+  e = np.arange(2 * 8 * 4, dtype=np.float32).reshape(2, 8, 4)
   params = {
       'encoder': {
           'position_embedding': np.zeros((8, 4)),
           'layer_0': {'attention': {'projection': {'key_projection': e}}},
       }
   }
-  found = dict(projection_stats.learned_matrices(params, max_len=8, projected_lens=(4,)))
+  model = model_config(max_len=8, projected_len=4, sharing='none', hidden_dim=4)
+  found = dict(projection_stats.learned_matrices(params, model))
   assert list(found) == ['encoder/layer_0/attention/projection/key_projection']
-  assert len(found['encoder/layer_0/attention/projection/key_projection']) == 3  # one per head
+  np.testing.assert_array_equal(np.stack(found[list(found)[0]]), e)  # one per head, E itself
+
+
+def model_config(**overrides):
+  fields = dict(
+      vocab_size=40,
+      max_len=16,
+      num_layers=2,
+      num_heads=2,
+      hidden_dim=8,
+      mlp_dim=16,
+      projected_len=4,
+  )
+  return ModelConfig(**{**fields, **overrides})
+
+
+@pytest.fixture(scope='module')
+def convex_kind():
+  import_extensions(['docs/examples/convex_projection.py'])
+  return projections.kind('convex')
+
+
+@pytest.mark.parametrize(
+    'name, per_head',
+    [('linear', False), ('linear', True), ('mean', False), ('convex', False), ('convex', True)],
+)
+def test_the_effective_matrix_is_what_compress_applies_padding_included(
+    name, per_head, convex_kind
+):
+  del convex_kind  # registers 'convex'
+  kind = projections.kind(name)
+  heads, length, n, k = 2, 12, 16, 4
+  keys = jax.random.split(jax.random.PRNGKey(0), 3)
+  weight = None
+  if kind.has_weights:
+    shape = ((heads,) if per_head else ()) + (n, k)
+    weight = jax.random.normal(keys[0], shape)
+  x = jax.random.normal(keys[1], (3, length, heads, 5))
+  mask = jnp.arange(length)[None, :] < jnp.array([[12], [7], [3]])
+  compressed, _ = kind.compress(x, weight, max_len=n, projected_len=k, key_padding_mask=mask)
+  for row in range(3):
+    matrix = kind.effective_matrix(
+        weight, max_len=n, projected_len=k, length=length, padding_mask=mask[row]
+    )
+    matrix = np.broadcast_to(np.asarray(matrix, np.float64), (heads, length, k))
+    assert not np.any(matrix[:, ~np.asarray(mask[row])]), 'padding rows must be zero'
+    expected = np.einsum('hnk,nhd->khd', matrix, np.asarray(x[row], np.float64))
+    np.testing.assert_allclose(np.asarray(compressed[row]), expected, atol=2e-5)
+
+
+def test_a_mean_pools_effective_matrix_holds_window_means():
+  matrix = projections.kind('mean').effective_matrix(None, max_len=32, projected_len=8)
+  np.testing.assert_allclose(np.asarray(matrix), window_means(32, 8), atol=1e-7)
+
+
+@pytest.mark.parametrize('name', ['max', 'conv'])
+def test_a_kind_that_is_no_fixed_mix_of_positions_is_refused_not_misread(name):
+  model = model_config(projection=name)
+  assert projections.kind(name).effective_matrix(None, max_len=16, projected_len=4) is None
+  params = {'layer_0': {'kv_projection': np.ones((4, 8, 8))}}
+  with pytest.raises(ConfigError, match=f"projection='{name}' gives no effective E"):
+    dict(projection_stats.learned_matrices(params, model))
+
+
+def test_an_outside_projections_report_describes_its_softmax_not_its_logits(convex_kind):
+  model = model_config(projection='convex', max_len=8, projected_len=4)
+  logits = np.asarray(jax.random.normal(jax.random.PRNGKey(1), (8, 4)))
+  ((_, (matrix,)),) = projection_stats.learned_matrices({'kv_projection': logits}, model)
+  softmax = np.exp(logits) / np.exp(logits).sum(0)
+  np.testing.assert_allclose(matrix, softmax, atol=1e-6)
+  assert projection_stats.matrix_stats(matrix, window=2)['slot_sum'] == pytest.approx(1)
+  assert projection_stats.initial_stats(model, 4) == {}  # no 'local' nor 'jl' draw of logits
+  assert convex_kind.name == 'convex'
 
 
 @pytest.mark.slow

@@ -76,6 +76,8 @@ def convex_mix(x, logits, *, key_padding_mask=None, name='E'):
 class ConvexCombination(projections.SequenceProjectionKind):
   """Slots that are learned convex combinations of positions."""
 
+  mixes_positions_linearly = True  # E = softmax(L): `effective_matrix` reads it
+
   def make_weight(self, module, name, *, config, projected_len, per_head):
     heads = (config.num_heads,) if per_head else ()
     axes = ((logical_axes.PROJECTION_HEADS,) if per_head else ()) + (

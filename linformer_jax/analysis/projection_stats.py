@@ -37,12 +37,13 @@ that phase wrote (docs/results_parity.md).
 import dataclasses
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from linformer_jax.errors import ConfigError
+from linformer_jax.model import projections
 from linformer_jax.model.layers import PROJECTION_NAMES
 from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.model.projections import linear
@@ -91,40 +92,56 @@ def _mean_stats(matrices: List[np.ndarray], window: int) -> Dict[str, float]:
 
 
 def learned_matrices(
-    params: Mapping[str, Any], max_len: int, projected_lens: Tuple[int, ...]
+    params: Mapping[str, Any], model_config: ModelConfig
 ) -> Iterator[Tuple[str, List[np.ndarray]]]:
-  """(path, its [n, k] matrices) of every E or F weight shaped [(heads,) n, k].
+  """(path, its [n, k] matrices E) of every learned projection weight, E as
+  the run's projection kind applies it (`effective_matrix`): one matrix per
+  head of a per-head weight, and per layer of scanned layers.
 
-  Only the projection weights count: a position embedding is [n, hidden], the
-  shape of an E whenever k equals the hidden size.
+  Raises:
+    ConfigError: the kind learns weights but gives no effective E.
   """
-  flat = jax.tree_util.tree_flatten_with_path(params)[0]
-  for path, leaf in flat:
-    shape = np.shape(leaf)
+  kind = projections.kind(model_config.projection)
+  lens = {model_config.projected_len_for_layer(layer) for layer in range(model_config.num_layers)}
+  per_head = model_config.sharing == 'none'
+  weight_ndim = kind.weight_ndim + per_head
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
     if getattr(path[-1], 'key', None) not in PROJECTION_NAMES:
       continue
-    if len(shape) in (2, 3) and shape[-2] == max_len and shape[-1] in projected_lens:
-      name = '/'.join(str(getattr(key, 'key', key)) for key in path)
-      matrices = np.asarray(leaf, np.float64).reshape(-1, *shape[-2:])
-      yield name, list(matrices)
+    name = '/'.join(str(getattr(key, 'key', key)) for key in path)
+    leaf = np.asarray(leaf, np.float32)
+    # Scanned layers stack each layer's weight on a leading axis.
+    weights = leaf.reshape(-1, *leaf.shape[leaf.ndim - weight_ndim :])
+    matrices = []
+    for weight in weights:
+      projected_len = next(iter(lens)) if len(lens) == 1 else weight.shape[-1]
+      matrix = kind.effective_matrix(
+          jnp.asarray(weight), max_len=model_config.max_len, projected_len=projected_len
+      )
+      if matrix is None:
+        raise ConfigError(
+            f'projection={model_config.projection!r} gives no effective E (its kind neither '
+            'mixes_positions_linearly nor defines effective_matrix), so projection_stats has '
+            'no matrix to describe; define effective_matrix for it (docs/extending.md).'
+        )
+      matrices += list(np.asarray(matrix, np.float64).reshape(-1, *matrix.shape[-2:]))
+    yield name, matrices
 
 
 def initial_stats(model_config: ModelConfig, projected_len: int) -> Dict[str, Dict[str, float]]:
-  """The statistics of a fresh [n, k] draw of each projection_init (seed 0)."""
+  """The statistics of a fresh [n, k] draw of each `projection_init` of a
+  learned matrix that the run's kind takes (seed 0); none for other kinds."""
+  kind = projections.kind(model_config.projection)
+  if not isinstance(kind, linear.LearnedMatrix):
+    return {}
   window = model_config.compressed_span // projected_len
   stats = {}
-  for init in linear.MATRIX_INITS:
+  for init in (init for init in linear.MATRIX_INITS if init in kind.projection_inits):
     config = dataclasses.replace(model_config, projection_init=init, projection_init_noise=0.0)
     draw = linear.matrix_initializer(config, projected_len, per_head=False)
     matrix = draw(jax.random.PRNGKey(0), (model_config.max_len, projected_len))
     stats[init] = matrix_stats(np.asarray(matrix), window)
   return stats
-
-
-def initial_params(parts: run_builder.RunParts, seed: int) -> Dict[str, Any]:
-  """The parameters a run of `parts` with `seed` starts from (the trainer's draw)."""
-  tokens = jnp.ones((1, parts.model_config.max_len), jnp.int32)
-  return nn.meta.unbox(parts.model.init(jax.random.PRNGKey(seed), tokens))['params']
 
 
 def projection_report(
@@ -142,9 +159,9 @@ def projection_report(
   lens = tuple(
       model_config.projected_len_for_layer(layer) for layer in range(model_config.num_layers)
   )
-  start = dict(learned_matrices(initial_params(parts, config.seed), model_config.max_len, lens))
+  start = dict(learned_matrices(parts.initial_variables(config.seed)['params'], model_config))
   matrices = {}
-  for path, found in learned_matrices(variables['params'], model_config.max_len, lens):
+  for path, found in learned_matrices(variables['params'], model_config):
     window = model_config.compressed_span // found[0].shape[-1]
     drift = [drift_stats(trained, initial) for trained, initial in zip(found, start[path])]
     matrices[path] = {
@@ -159,7 +176,11 @@ def projection_report(
       'max_len': model_config.max_len,
       'projected_len': sorted(set(lens)),
       'learned': matrices,
-      'initial': {str(k): initial_stats(model_config, k) for k in sorted(set(lens))},
+      'initial': {
+          str(k): stats
+          for k in sorted(set(lens))
+          if (stats := initial_stats(model_config, k))  # none for a kind of its own
+      },
   }
 
 

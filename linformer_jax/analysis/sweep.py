@@ -42,6 +42,7 @@ from linformer_jax.analysis.sweep_report import report_table  # noqa: F401
 from linformer_jax.analysis.sweep_report import results_of
 from linformer_jax.analysis.sweep_report import write_report
 from linformer_jax.errors import ConfigError
+from linformer_jax.registry import add_declared_settings
 from linformer_jax.registry import import_extensions
 from linformer_jax.training import run_config
 from linformer_jax.training import trainer
@@ -238,10 +239,18 @@ def variant_configs(sweep: Sweep, sets: Sequence[str] = ()) -> Dict[str, ml_coll
     ConfigError: an unknown key or a bad value in the sweep or in `sets`,
       naming the variant and the key.
   """
-  typed_sets = parse_sets(sweep.base, sets)
+  # The parts that the sweep and its variants name register first, so that
+  # the settings they declare are fields a variant or a --set may assign.
+  base = copy.deepcopy(sweep.base)
+  for extensions in [base.get('extensions')] + [
+      variant.overrides.get('extensions') for variant in sweep.variants
+  ]:
+    import_extensions(extensions)
+  add_declared_settings(base)
+  typed_sets = parse_sets(base, sets)
   configs = {}
   for variant in sweep.variants:
-    config = copy.deepcopy(sweep.base)
+    config = copy.deepcopy(base)
     for key, value in variant.overrides.items():
       _assign(config, key, value, f'sweep variant {variant.name!r}')
     for key, value in typed_sets.items():

@@ -52,6 +52,10 @@ class SequenceProjectionKind:
       value) means for this kind; the first of `projection_inits` unless set.
     settings: the config.model fields it declares (`registry.Setting`),
       read with `config.setting(name)`.
+    mixes_positions_linearly: `compress` is, in every head, x -> E^T x for a
+      matrix E over positions that x does not change (features untouched):
+      then `effective_matrix` reads E off the kind itself. Max pooling and a
+      convolution mixing features are not.
   """
 
   compresses_first: bool = False
@@ -59,6 +63,7 @@ class SequenceProjectionKind:
   weight_ndim: int = 2
   projection_inits: Tuple[str, ...] = ('jl',)
   settings: Tuple[Setting, ...] = ()
+  mixes_positions_linearly: bool = False
 
   @property
   def default_projection_init(self) -> str:
@@ -127,6 +132,50 @@ class SequenceProjectionKind:
       (None when every position does).
     """
     raise NotImplementedError(f'projection={self.name!r} does not define compress.')
+
+  def effective_matrix(
+      self,
+      weight: Optional[Array],
+      *,
+      max_len: int,
+      projected_len: int,
+      length: Optional[int] = None,
+      padding_mask: Optional[Array] = None,
+  ) -> Optional[Array]:
+    """E as the kind applies it to one sequence, for analyses (projection_stats).
+
+    The default, for a kind that `mixes_positions_linearly`, compresses the
+    one-hot positions of a sequence (position p's features are e_p), so slot
+    j comes back as column j of E. A kind whose E has a closed form may
+    override it; one that is no fixed mix of positions returns None, and the
+    analyses that need E refuse it.
+
+    Args:
+      weight: one weight as `make_weight` made it (or None).
+      max_len: the span n that projected_len positions summarise.
+      projected_len: k.
+      length: the sequence's length, max_len by default.
+      padding_mask: optional [length], True for real tokens.
+
+    Returns:
+      float32 [length, k], or [heads, length, k] for a per-head weight, with
+      slot j = sum_p E[p, j] x_p and zero rows at padding; None when the kind
+      has no such matrix.
+    """
+    if not self.mixes_positions_linearly:
+      return None
+    length = max_len if length is None else length
+    per_head = weight is not None and weight.ndim == self.weight_ndim + 1
+    heads = weight.shape[0] if per_head else 1
+    one_hot = jnp.broadcast_to(
+        jnp.eye(length, dtype=jnp.float32)[None, :, None, :], (1, length, heads, length)
+    )
+    mask = None if padding_mask is None else jnp.asarray(padding_mask, bool)[None]
+    compressed, _ = self.compress(
+        one_hot, weight, max_len=max_len, projected_len=projected_len, key_padding_mask=mask
+    )
+    matrices = jnp.transpose(compressed[0].astype(jnp.float32), (1, 2, 0))  # [heads, length, k]
+    return matrices if per_head else matrices[0]
 
   def compress_layer_input(
       self,

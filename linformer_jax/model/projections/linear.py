@@ -165,6 +165,7 @@ class LearnedMatrix(SequenceProjectionKind):
 
   compresses_first = True
   projection_inits = MATRIX_INITS
+  mixes_positions_linearly = True
 
   @property
   def default_projection_init(self) -> str:

@@ -47,6 +47,7 @@ class MeanPooling(SequenceProjectionKind):
 
   compresses_first = True
   windowed = True
+  mixes_positions_linearly = True
 
   def compress(self, x, weight, *, max_len, projected_len, key_padding_mask=None, name='E'):
     del weight, name

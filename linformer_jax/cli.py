@@ -133,12 +133,19 @@ class ConfigFileParser(flags.ArgumentParser):
       )
     # The user's own parts register themselves, and the settings they declare
     # become fields, before the --config.X overrides are typed against them.
-    # A command reading a run also knows the parts that run registered, so
-    # that --config.model.projection=NAME parses for a run of an extension.
-    workdir = _reads_run_workdir(sys.argv)
+    # A command reading a run, or fine-tuning one (init_from), also knows the
+    # parts that run registered, so that --config.model.projection=NAME
+    # parses for a run of an extension.
+    init_from = _flag_values(sys.argv, 'config.init_from') or [config.get('init_from', '')]
     try:
-      if workdir and storage.isfile(storage.join(workdir, run_builder.CONFIG_FILE)):
-        import_extensions(run_builder.saved_config(workdir).get('extensions'))
+      for run in (_reads_run_workdir(sys.argv), init_from[-1]):
+        # Local runs only: a gs:// one is read after its store is checked.
+        if (
+            run
+            and not storage.is_object_store(run)
+            and os.path.isfile(os.path.join(run, run_builder.CONFIG_FILE))
+        ):
+          import_extensions(run_builder.saved_config(run).get('extensions'))
       import_command_extensions(config, sys.argv)
     except ConfigError as error:
       raise ConfigFileError(str(error)) from None
@@ -149,6 +156,8 @@ class ConfigFileParser(flags.ArgumentParser):
     """The config a run saved in FOLDER/config.json, its extensions imported;
     an error is `lead` and what is wrong."""
     try:
+      if storage.is_object_store(folder):  # before gcsfs would retry for minutes
+        storage.check_reachable(folder, '--workdir' if lead.startswith('no') else '--config')
       config = run_builder.saved_config(folder)
       import_command_extensions(config, sys.argv)
     except ConfigError as error:

@@ -16,6 +16,7 @@ from ml_collections import config_flags
 import pytest
 
 from configs import tiny
+from linformer_jax import cli
 from linformer_jax import registry
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import attention_kinds
@@ -180,7 +181,6 @@ def test_one_file_imported_by_import_and_through_extensions_registers_once(
   module = __import__(name)
   import_extensions((f'{name}.py', name))
   assert projections.REGISTRY.get(name) is module.Imported
-  del sys.modules[name]
 
 
 def test_a_different_part_under_a_taken_name_is_still_an_error(tmp_path, monkeypatch):
@@ -214,3 +214,24 @@ def test_the_documented_command_trains_both_examples_and_saves_the_setting(run_c
   assert saved['model']['temperature_init'] == 2.0
   assert saved['model']['projection'] == 'convex'
   assert saved['extensions'] == [CONVEX, TEMPERED]
+
+
+@pytest.mark.parametrize('reads', ['init_from', 'workdir'])
+def test_a_command_knows_the_parts_of_the_run_it_starts_from_or_reads(tmp_path, monkeypatch, reads):
+  """`--config.init_from=RUN` (fine-tuning) and a run-reading command's
+  --workdir import RUN's own extensions, so that the run's kind parses as an
+  override without naming its file again."""
+  name = f'kind_of_a_run_{reads}'
+  (tmp_path / f'{name}.py').write_text(textwrap.dedent(KIND_FILE.format(name=name)))
+  run = tmp_path / 'run'
+  run.mkdir()
+  saved = tiny.get_config().to_dict()
+  saved['extensions'] = [f'{name}.py']
+  (run / 'config.json').write_text(json.dumps(saved))
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setattr(cli, '_reads_run', reads == 'workdir')
+  argv = ['train', f'--config.{reads}={run}' if reads == 'init_from' else f'--workdir={run}']
+  monkeypatch.setattr(sys, 'argv', argv)
+  assert name not in projections.REGISTRY
+  cli.ConfigFileParser('config').parse(str(REPO / 'configs' / 'tiny.py'))
+  assert name in projections.REGISTRY

@@ -14,9 +14,12 @@ import pytest
 
 from configs import tiny
 from linformer_jax.analysis import spectrum
+from linformer_jax.errors import ConfigError
 from linformer_jax.model import attention_capture
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.registry import add_declared_settings
+from linformer_jax.registry import import_extensions
 from linformer_jax.training import trainer
 
 
@@ -262,3 +265,24 @@ def test_a_workdir_without_a_checkpoint_is_a_one_line_error(tmp_path, run_comman
   assert result.stderr.startswith('error: ') and result.stderr.count('\n') == 1
   assert 'holds no checkpoint' in result.stderr
   assert not (tmp_path / 'out').exists()
+
+
+@pytest.mark.parametrize(
+    'extension, attention',
+    [
+        ('docs/examples/tempered_attention.py', 'tempered_linformer'),
+        ('docs/examples/scaled_linformer.py', 'scaled_linformer'),
+    ],
+)
+def test_a_kind_that_weighs_its_keys_its_own_way_is_refused_before_loading(
+    extension, attention, tmp_path
+):
+  """Its P is not softmax(Q K^T / sqrt(d)): a spectrum of it would describe
+  attention the model never used."""
+  import_extensions((extension,))
+  config = tiny.get_config()
+  config.extensions = (extension,)
+  config.model.attention = attention
+  add_declared_settings(config)
+  with pytest.raises(ConfigError, match=f"attention='{attention}' weighs its keys its own way"):
+    spectrum.compute_spectrum(config, str(tmp_path / 'nothing_here'))

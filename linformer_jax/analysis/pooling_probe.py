@@ -261,6 +261,7 @@ def probe(
     raise ConfigError(f'--train_batches={train_batches}: use a positive number.')
   parts = run_builder.build_parts(config)
   parts.model_config.require_unscanned('pooling_probe')
+  attention_capture.require_plain_softmax(parts.model_config, 'pooling_probe')
   parts.task.check_init_from(config)
   data = parts.build_data(workdir)
   abstract = parts.abstract_variables()

@@ -294,7 +294,11 @@ def compute_spectrum(
     raise ConfigError(f'--num_sequences={num_sequences}: use a positive number.')
   if index < 1:
     raise ConfigError(f'--index={index}: use a positive (1-based) index.')
-  ModelConfig.from_config(config.model).require_unscanned('spectrum')
+  model_config = ModelConfig.from_config(config.model)
+  model_config.require_unscanned('spectrum')
+  # P = softmax(Q K^T / sqrt(d)) is what the run computed only for the
+  # built-in bidirectional kinds: never a P the model did not use.
+  attention_capture.require_plain_softmax(model_config, 'spectrum')
   loaded = run_builder.load_for_evaluation(config, workdir)
   model_config = loaded.parts.model_config
   step = make_spectrum_step(loaded.parts.model)

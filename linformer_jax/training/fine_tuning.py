@@ -57,7 +57,8 @@ def check_pretrained_encoder(config: ml_collections.ConfigDict) -> Dict[str, Any
     raise ConfigError(
         f'config.init_from={config.init_from!r} was trained with '
         f'model.{field}={old!r}, this config has {new!r}; set '
-        f'--config.model.{field}={old!r} to fine-tune it.'
+        f'--config.model.{field}={old!r} to fine-tune it, or give the run as the config '
+        "file's argument (configs/finetune_sst2.py:RUN) to take every encoder field from it."
     )
   segments = saved['model'].get('num_segments', 0)
   if segments and segments != config.model.num_segments:

@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 VENV_PYTHON := $(VENV)/bin/python
 
-.PHONY: train test test-fast lint format venv venv-gpu venv-tpu xla-targets torch-baseline
+.PHONY: train test test-all test-fast lint format venv venv-gpu venv-tpu xla-targets torch-baseline
 
 venv: $(VENV)/.installed
 
@@ -39,14 +39,20 @@ $(XLA_TARGETS)/.installed: requirements-xla-targets.txt | venv
 train: venv
 	$(VENV_PYTHON) -m linformer_jax.train --config configs/default.py --workdir runs/default
 
-# Runs the whole test suite, one pytest-xdist worker per core, a test file
-# per worker at a time (module fixtures run once); pytest's exit code 5 (no
-# tests collected) counts as a failure.
+# Runs the test suite, one pytest-xdist worker per core, a test file per
+# worker at a time (module fixtures run once), without the tests marked
+# `long` (pytest.ini): under 10 minutes on 2 cores. `make test-all` runs
+# every test. pytest's exit code 5 (no tests collected) counts as a failure.
 PYTEST_PARALLEL := -n auto --dist loadfile
-test: venv xla-targets
-	$(VENV_PYTHON) -m pytest -q $(PYTEST_PARALLEL); status=$$?; \
-	if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
+PYTEST = $(VENV_PYTHON) -m pytest -q $(PYTEST_PARALLEL)
+NO_TESTS_FAIL = status=$$?; \
+	if [ $$status -eq 5 ]; then echo "make: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status
+test: venv xla-targets
+	$(PYTEST) -m "not long"; $(NO_TESTS_FAIL)
+
+test-all: venv xla-targets
+	$(PYTEST); $(NO_TESTS_FAIL)
 
 # The edit loop: the suite without the tests marked slow (end-to-end runs of
 # the training loop and the benchmarks, subprocesses, the notebook).

@@ -18,9 +18,11 @@ It is trained once per session, by whichever worker asks first (the others
 wait on a file lock), and each module gets its own copy to write into.
 
 End-to-end tests are marked `slow` (see pytest.ini): those sharing a run
-through a fixture by END_TO_END_FIXTURES below, and the cases of a check
-repeated over many variants beyond the FAST_CASES representatives.
-`pytest -m "not slow"` is the fast loop, plain `pytest` runs everything.
+through a fixture by END_TO_END_FIXTURES below, the cases of a check
+repeated over many variants beyond the FAST_CASES representatives, and the
+longest ones, marked `long` where they are defined. `pytest -m "not slow"`
+is the fast loop, `pytest -m "not long"` (`make test`) the suite under 10
+minutes on 2 cores, plain `pytest` (`make test-all`) runs everything.
 """
 
 import fcntl
@@ -90,19 +92,24 @@ def pytest_configure(config):
 # The files that take longest, run first: with one file per worker at a time
 # (`make test`), a long file started last would leave the other cores idle.
 LONGEST_FILES_FIRST = (
-    'test_train.py',
+    'test_command_inputs.py',
     'test_sharding.py',
-    'test_classification.py',
-    'test_reliability.py',
-    'test_xla_targets.py',  # last alphabetically: left unranked it ends the run alone
-    'test_data_benchmark.py',
+    'test_train.py',
     'test_models.py',
-    'test_remat_and_scan.py',
+    'test_classification.py',
+    'test_extending_walkthrough.py',
+    'test_reliability.py',
+    'test_pooling.py',
+    'test_divergence.py',
+    'test_xla_targets.py',  # last alphabetically: left unranked it ends the run alone
     'test_preemption.py',
+    'test_data_benchmark.py',
+    'test_remat_and_scan.py',
+    'test_causal_attention.py',
     'test_benchmark.py',
+    'test_object_store.py',
     'test_notebook.py',
     'test_sweep.py',
-    'test_object_store.py',
 )
 
 
@@ -121,9 +128,9 @@ END_TO_END_FIXTURES = {
 }
 
 
-# Checks repeated over many variants: `make test` runs every case, the fast
-# loop these representatives (a Linformer and a Transformer, a learned and a
-# fixed projection); the other cases are `slow`.
+# Checks repeated over many variants: `make test` and the fast loop run these
+# representatives (a Linformer and a Transformer, a learned and a fixed
+# projection); the other cases are `long` (`make test-all` runs them).
 FAST_CASES = {
     'test_model_output_is_padding_invariant': ('full-linear-False', 'linformer-mean-False'),
     'test_every_learned_projection_gets_a_nonzero_gradient': ('linear-none', 'conv-layerwise'),
@@ -142,7 +149,9 @@ def pytest_collection_modifyitems(config, items):
     another_case = fast_cases is not None and item.callspec.id not in fast_cases
     if fast_cases is not None:
       cases_seen.setdefault(item.originalname, set()).add(item.callspec.id)
-    if end_to_end or another_case:
+    if another_case:
+      item.add_marker(pytest.mark.long)
+    if end_to_end or another_case or item.get_closest_marker('long'):
       item.add_marker(pytest.mark.slow)
   for name, seen in cases_seen.items():
     # (Fewer cases than representatives: a selection of single cases.)

@@ -13,8 +13,8 @@ all of them forked one after another from one process that imported the
 libraries once (tests/command_runner.py): a case then costs its own work,
 not JAX's import. The read-only cases run inside a private mount namespace
 where their folders are bind-mounted read-only (skipped where the kernel
-does not allow it). `test_one_case_per_command_in_a_fresh_python` runs one
-case of every command again through a plain `python -m`.
+does not allow it). `test_a_fresh_python_prints_the_runners_line` runs two
+cases again through a plain `python -m`.
 
 Each case gets its own folder holding what its arguments name (a copy of a
 finished run, a file, a read-only folder: see the table's module), and every
@@ -139,7 +139,7 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(outcomes, name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize('name', FRESH_CASES)
-def test_one_case_per_command_in_a_fresh_python(outcomes, runs, run_command, tmp_path, name):
+def test_a_fresh_python_prints_the_runners_line(outcomes, runs, run_command, tmp_path, name):
   """The case through a plain `python -m`: the same line as in the runner."""
   args, env, places, _ = materialise(CASES[name], tmp_path / 'case', runs, free_port())
   before = folder_contents(tmp_path / 'case')

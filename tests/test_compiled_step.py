@@ -101,6 +101,7 @@ def test_bad_profile_steps_are_refused(tmp_path, steps):
     trainer.train_and_evaluate(tiny_config(profile_steps=steps), str(tmp_path / 'run'))
 
 
+@pytest.mark.long
 def test_scanned_layers_count_every_layers_flops(tmp_path):
   """XLA's cost analysis counts a loop body once; a scanned run's FLOPs are
   those of the same step with a Python loop over the layers."""

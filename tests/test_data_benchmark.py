@@ -202,6 +202,7 @@ def test_peak_tree_rss_counts_the_children():
   assert popen.returncode == 0
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_the_command_measures_every_stage_and_merges_runs(tmp_path, run_command):
   common = [

@@ -118,7 +118,7 @@ def test_the_python_block_loads_the_run_with_its_extension(walked):
 def test_the_sweep_trains_each_part_with_its_declared_setting(walked):
   sweep = walked['folder'] / 'convex_sweep'
   report = (sweep / 'results.md').read_text()
-  for name in ('linear', 'convex', 'convex-tempered'):
+  for name in ('linear', 'convex-tempered'):
     assert f'| {name} |' in report, report
     saved = json.loads((sweep / name / 'config.json').read_text())
     assert saved['total_steps'] == 8

@@ -5,8 +5,6 @@ two ways, `extensions` given as a string."""
 
 import json
 import pathlib
-import re
-import shlex
 import sys
 import textwrap
 
@@ -26,7 +24,6 @@ from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.registry import Setting
 from linformer_jax.registry import import_extensions
 
-CONVEX = 'docs/examples/convex_projection.py'
 TEMPERED = 'docs/examples/tempered_attention.py'
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SMALL = dict(vocab_size=40, max_len=16, num_layers=1, num_heads=2, hidden_dim=8, mlp_dim=16)
@@ -190,30 +187,6 @@ def test_a_different_part_under_a_taken_name_is_still_an_error(tmp_path, monkeyp
   import_extensions(('taken_first.py',))
   with pytest.raises(ConfigError, match="config.model.projection='taken_once' is registered"):
     import_extensions(('taken_second.py',))
-
-
-def documented_command(needle):
-  """The arguments of the command block of docs/extending.md that mentions
-  `needle`, after `python -m linformer_jax.`: the module first."""
-  text = (REPO / 'docs' / 'extending.md').read_text()
-  blocks = [b for b in re.findall(r'```[^\n]*\n(.*?)```', text, flags=re.S) if needle in b]
-  assert len(blocks) == 1, blocks
-  arguments = shlex.split(blocks[0].replace('\\\n', ' '))
-  assert arguments[:2] == ['python', '-m'], arguments
-  return [arguments[2].split('.', 1)[1], *arguments[3:]]
-
-
-@pytest.mark.slow
-def test_the_documented_command_trains_both_examples_and_saves_the_setting(run_command, tmp_path):
-  module, *arguments = documented_command('--config.model.temperature_init=2.0')
-  arguments[arguments.index('--workdir') + 1] = str(tmp_path)
-  short = ['total_steps=2', 'warmup_steps=1', 'eval_every=2', 'checkpoint_every=2']
-  process = run_command(module, *arguments, *(f'--config.{field}' for field in short))
-  assert process.returncode == 0, process.stdout + process.stderr
-  saved = json.loads((tmp_path / 'config.json').read_text())
-  assert saved['model']['temperature_init'] == 2.0
-  assert saved['model']['projection'] == 'convex'
-  assert saved['extensions'] == [CONVEX, TEMPERED]
 
 
 @pytest.mark.parametrize('reads', ['init_from', 'workdir'])

@@ -11,6 +11,7 @@ import nbformat
 import pytest
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_the_tour_notebook_runs(tmp_path, monkeypatch, repo_root):
   monkeypatch.setenv('LINFORMER_NOTEBOOK_TINY', '1')

@@ -69,6 +69,7 @@ def test_the_path_layer_on_gs(gcs_bucket):
   assert json.loads(storage.read_text(f'{folder}/moved/b.json')) == {'x': 1}
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_run_on_buckets_alone_resumes_on_another_host_as_a_local_run(
     gcs_bucket, tmp_path, monkeypatch

@@ -137,12 +137,12 @@ def test_the_query_starts_at_zero_and_learns():
   config = small_config(pooling='attention')
   model = models.SequenceClassifier(config, num_classes=2)
   tokens = jax.random.randint(jax.random.PRNGKey(5), (4, 16), 3, config.vocab_size)
-  variables = nn.meta.unbox(model.init(jax.random.PRNGKey(0), tokens))
+  variables = nn.meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(0), tokens))
   assert not np.any(variables['params']['pool_query'])
 
   def loss(params):
     logits = model.apply({**variables, 'params': params}, tokens)
     return -jax.nn.log_softmax(logits)[:, 0].mean()
 
-  gradient = jax.grad(loss)(variables['params'])['pool_query']
+  gradient = jax.jit(jax.grad(loss))(variables['params'])['pool_query']
   assert float(jnp.abs(gradient).max()) > 0

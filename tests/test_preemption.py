@@ -83,6 +83,7 @@ def preempt_process_1(processes, logs, workdir, after_step):
   return latest_checkpoint(workdir)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_sigterm_to_one_process_saves_one_step_on_all_and_resumes_exactly(tmp_path, run_python):
   preempted, straight = tmp_path / 'preempted', tmp_path / 'straight'

@@ -69,6 +69,7 @@ print(json.dumps({
 '''
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_memory_does_not_grow_with_the_corpus(tmp_path, run_python):
   """Preparing a 20 MiB file takes the memory a 5 MiB one does (both read in

@@ -124,6 +124,7 @@ def split_projections(params):
   return projections, others
 
 
+@pytest.mark.long
 def test_a_frozen_local_projection_trains_as_the_mean_projection():
   # Left to train (scale 1), E moves the other weights by about 1e-3 in two
   # steps; frozen, the run is the mean projection's to float32 rounding.

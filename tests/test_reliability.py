@@ -208,6 +208,7 @@ def test_a_run_resumes_exactly_from_the_newest_intact_checkpoint(tmp_path):
   jax.tree_util.tree_map(np.testing.assert_array_equal, params, resumed)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_run_killed_during_its_saves_resumes_exactly(tmp_path, run_command):
   """SIGKILL while a checkpoint is written every step (so orbax's temporary
@@ -299,6 +300,7 @@ def _files_left(folder):
   return [os.path.join(root, name) for root, _, names in os.walk(folder) for name in names]
 
 
+@pytest.mark.long
 @needs_private_mounts
 @pytest.mark.slow
 def test_a_full_disk_stops_the_run_in_one_line_and_it_resumes_once_there_is_room(
@@ -332,6 +334,7 @@ def test_a_full_disk_stops_the_run_in_one_line_and_it_resumes_once_there_is_room
   assert 'Resumed from the checkpoint of step' in resumed
 
 
+@pytest.mark.long
 @needs_private_mounts
 @pytest.mark.slow
 def test_a_save_failing_in_the_background_is_reported_at_once(tmp_path, repo_root):
@@ -431,6 +434,7 @@ def test_a_workdir_that_cannot_be_a_folder_is_one_line(tmp_path, run_command, ki
   assert sorted(os.listdir(tmp_path)) == (['file'] if kind == 'a file' else [])
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_init_from_a_run_of_another_size_prints_only_the_error_line(tmp_path, run_command):
   pretrained = str(tmp_path / 'pretrained')

@@ -48,7 +48,10 @@ def loss_and_grads(model, params, tokens, mask, deterministic=False):
   return jax.jit(jax.value_and_grad(loss))(params)
 
 
-@pytest.mark.parametrize('attention,sharing', [('linformer', 'layerwise'), ('full', 'none')])
+@pytest.mark.parametrize(
+    'attention,sharing',
+    [('linformer', 'layerwise'), pytest.param('full', 'none', marks=pytest.mark.long)],
+)
 def test_every_policy_gives_the_same_parameters_loss_and_gradients(attention, sharing):
   tokens = jax.random.randint(jax.random.PRNGKey(0), (2, 32), 0, 200)
   mask = jnp.arange(32)[None] < jnp.array([[32], [19]])

@@ -111,6 +111,7 @@ def assert_params_close(first, second, rtol):
     np.testing.assert_allclose(first[key], second[key], rtol=rtol, atol=1e-7, err_msg=key)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.parametrize('mesh', MESHES)
 def test_every_mesh_trains_like_one_device(runs, mesh):
@@ -121,6 +122,7 @@ def test_every_mesh_trains_like_one_device(runs, mesh):
   assert_params_close(sharded, single, rtol=1e-5)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_the_model_axis_really_splits_parameters(runs):
   # Attention and MLP weights are split model-axis ways; the rest replicated.
@@ -130,6 +132,7 @@ def test_the_model_axis_really_splits_parameters(runs):
   assert load(runs, 'train_1_8')['shard_counts'].max() == 8
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_checkpoint_restores_onto_other_meshes(runs):
   saved = load(runs, 'train_2_4')
@@ -140,6 +143,7 @@ def test_a_checkpoint_restores_onto_other_meshes(runs):
   assert_params_close(onto_one, saved, rtol=0)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_fsdp_trains_like_replicated_parameters(runs):
   replicated = load(runs, 'train_8_1')
@@ -151,6 +155,7 @@ def test_fsdp_trains_like_replicated_parameters(runs):
   assert fsdp['shard_counts'].max() == 8
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_an_fsdp_checkpoint_restores_replicated(runs):
   restored = load(runs, 'restore_fsdp_8_1_to_8_1')
@@ -158,6 +163,7 @@ def test_an_fsdp_checkpoint_restores_replicated(runs):
   assert_params_close(restored, load(runs, 'fsdp_8_1'), rtol=0)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_fsdp_divides_the_arguments_per_device_by_the_data_axis(runs):
   # Parameters, optimizer state and the batch share: all but the few small
@@ -168,6 +174,7 @@ def test_fsdp_divides_the_arguments_per_device_by_the_data_axis(runs):
   assert 6 < ratio <= 8, ratio
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_two_processes_train_like_one(runs):
   reference = load(runs, 'merged')

@@ -138,6 +138,7 @@ def test_sigkill_resumes_from_the_last_checkpoint(tmp_path, run_command):
   assert steps == list(range(1, saved + 3))
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_non_finite_step_is_never_saved_and_the_kept_checkpoint_resumes(tmp_path):
   """The guard checks parameters, not only the loss.

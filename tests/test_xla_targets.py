@@ -160,6 +160,7 @@ def _rows(stdout):
   }
 
 
+@pytest.mark.long
 def test_tiny_model_compiles_for_a_v5e_slice_and_an_h100(plugins):
   del plugins
   result = _mesh_memory('--target=v5e-4', '--target=h100', '--config.model.dtype=bfloat16')
@@ -176,6 +177,7 @@ def test_tiny_model_compiles_for_a_v5e_slice_and_an_h100(plugins):
   assert rows['h100'][9] == '-'
 
 
+@pytest.mark.long
 def test_cudnn_attention_compiles_for_an_h100(plugins):
   del plugins
   result = _mesh_memory(

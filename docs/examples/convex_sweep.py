@@ -1,5 +1,5 @@
-"""A sweep over parts of your own: the learned convex projection against the
-built-in 'linear' one, and with the tempered attention at a declared setting.
+"""A sweep over parts of your own: the built-in 'linear' projection against the
+learned convex one with the tempered attention, at a setting that kind declares.
 
   python -m linformer_jax.sweep --sweep docs/examples/convex_sweep.py \
       --workdir /tmp/convex_sweep
@@ -32,7 +32,6 @@ def get_sweep() -> Sweep:
       base=base,  # the Linformer with the built-in learned E ('linear')
       variants=[
           Variant('linear', {}),  # the built-in learned matrix
-          Variant('convex', {'extensions': (CONVEX,), 'model.projection': 'convex'}),
           Variant(
               'convex-tempered',  # and a learned temperature per head, starting at 2
               {

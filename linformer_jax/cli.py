@@ -43,6 +43,7 @@ from linformer_jax import storage  # pylint: disable=g-import-not-at-top,wrong-i
 from linformer_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.errors import free_space_of  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.errors import is_disk_full  # pylint: disable=g-import-not-at-top,wrong-import-position
+from linformer_jax.registry import flag_arguments  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.registry import import_command_extensions  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.registry import import_extensions  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.training import compilation_cache  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -331,15 +332,7 @@ def _flag_values(argv: Sequence[str], name: str) -> List[str]:
     arguments = flags.FLAGS.read_flags_from_files(list(argv), force_gnu=False)
   except flags.Error:
     return []  # reported when the flags are parsed
-  values = []
-  remaining = iter(arguments[1:])
-  for argument in remaining:
-    if argument == '--':
-      break
-    flag, has_value, value = argument.partition('=')
-    if flag.startswith('-') and flag.lstrip('-') == name:
-      values.append(value if has_value else next(remaining, ''))
-  return values
+  return flag_arguments(arguments, name)
 
 
 def _reads_run_workdir(argv: Sequence[str]) -> str:

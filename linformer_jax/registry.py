@@ -279,18 +279,24 @@ def import_command_extensions(config: Any, argv: Sequence[str]) -> None:
   add_declared_settings(config)
 
 
-def _extension_overrides(argv: Sequence[str]) -> Optional[Tuple[Any, ...]]:
-  """The --config.extensions values in argv, joined as ml_collections joins
-  repeated ones, or None when it has none."""
+def flag_arguments(argv: Sequence[str], name: str) -> List[str]:
+  """The values argv (a command line, flag files already read) gives flag
+  --NAME, as --NAME=VALUE or --NAME VALUE, in order; none after `--`."""
   values = []
   arguments = iter(argv[1:])
   for argument in arguments:
     if argument == '--':
       break
-    name, has_value, value = argument.partition('=')
-    if not name.startswith('-') or name.lstrip('-') != 'config.extensions':
-      continue
-    values.append(value if has_value else next(arguments, ''))
+    flag, has_value, value = argument.partition('=')
+    if flag.startswith('-') and flag.lstrip('-') == name:
+      values.append(value if has_value else next(arguments, ''))
+  return values
+
+
+def _extension_overrides(argv: Sequence[str]) -> Optional[Tuple[Any, ...]]:
+  """The --config.extensions values in argv, joined as ml_collections joins
+  repeated ones, or None when it has none."""
+  values = flag_arguments(argv, 'config.extensions')
   if not values:
     return None
   parser = tuple_parser.TupleParser()

@@ -17,6 +17,7 @@ import numpy as np
 
 from configs import tiny
 from linformer_jax.checkpoints.store import CheckpointStore
+from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.training import trainer
 from linformer_jax.training.metric_writers import read_metrics
 
@@ -30,6 +31,22 @@ def tiny_config(**overrides):
       target = target[parent]
     target[field] = value
   return config
+
+
+def small_model_config(**overrides):
+  """A ModelConfig of a 2-layer model, 8 wide, n = 16 and k = 4, vocabulary
+  of 40, no dropout: model-level checks of parts, fast to compile."""
+  fields = dict(
+      vocab_size=40,
+      max_len=16,
+      num_layers=2,
+      num_heads=2,
+      hidden_dim=8,
+      mlp_dim=16,
+      projected_len=4,
+      dropout_rate=0.0,
+  )
+  return ModelConfig(**{**fields, **overrides})
 
 
 def final_params(workdir, config):

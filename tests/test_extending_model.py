@@ -17,10 +17,10 @@ from linformer_jax.model import attention_kinds
 from linformer_jax.model import layers
 from linformer_jax.model import models
 from linformer_jax.model import projections
-from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.registry import import_extensions
 from linformer_jax.training import trainer
 from tests.run_helpers import losses_by_step
+from tests.run_helpers import small_model_config
 from tests.run_helpers import tiny_config
 
 STRIDED = 'docs/examples/strided_projection.py'
@@ -32,24 +32,10 @@ def examples():
   import_extensions([STRIDED, SCALED])
 
 
-def model_config(**overrides):
-  fields = dict(
-      vocab_size=50,
-      max_len=16,
-      num_layers=2,
-      num_heads=2,
-      hidden_dim=8,
-      mlp_dim=16,
-      projected_len=4,
-      dropout_rate=0.0,
-  )
-  return ModelConfig(**{**fields, **overrides})
-
-
 def outputs(config, variables=None):
   """Logits of a masked-LM for a padded batch, and the variables used."""
   model = models.MaskedLanguageModel(config)
-  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 16), 0, 50)
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 16), 0, 40)
   mask = jnp.arange(16)[None] < jnp.array([[16], [11]])
   if variables is None:
     # Random weights of a trained model's size, not init's near-uniform attention.
@@ -86,7 +72,7 @@ PINNED_PROJECTION_WEIGHTS = {
 
 @pytest.mark.parametrize('projection,sharing,causal', list(PINNED_PROJECTION_WEIGHTS))
 def test_projection_weights_keep_their_checkpoint_names_and_shapes(projection, sharing, causal):
-  config = model_config(projection=projection, sharing=sharing, causal=causal, block_len=8)
+  config = small_model_config(projection=projection, sharing=sharing, causal=causal, block_len=8)
   model = (models.CausalLanguageModel if causal else models.MaskedLanguageModel)(config)
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.ones((2, 16), jnp.int32))
   weights = {
@@ -107,7 +93,7 @@ def test_the_examples_register_their_names():
 )
 def test_an_unknown_name_is_an_error_listing_the_registered_ones(field, registered):
   with pytest.raises(ConfigError, match=f'config.model.{field}=') as error:
-    model_config(**{field: 'fourier'})
+    small_model_config(**{field: 'fourier'})
   message = str(error.value)
   assert registered in message and 'config.extensions' in message
   built_in = projections.BUILT_IN if field == 'projection' else attention_kinds.BUILT_IN
@@ -125,12 +111,12 @@ def test_strided_sampling_keeps_the_first_position_of_each_window():
 
 
 def test_the_strided_projection_changes_the_model_and_serves_causal_models():
-  strided, variables = outputs(model_config(projection='strided'))
+  strided, variables = outputs(small_model_config(projection='strided'))
   # 'mean' holds no weights either: the same variables, another compression.
-  pooled, _ = outputs(model_config(projection='mean'), variables)
+  pooled, _ = outputs(small_model_config(projection='mean'), variables)
   assert np.all(np.isfinite(strided))
   assert not np.allclose(strided, pooled, atol=1e-4)
-  causal_config = model_config(projection='strided', causal=True, block_len=8, num_layers=1)
+  causal_config = small_model_config(projection='strided', causal=True, block_len=8, num_layers=1)
   causal = models.CausalLanguageModel(causal_config)
   tokens = jnp.ones((1, 16), jnp.int32)
   logits = causal.apply(causal.init(jax.random.PRNGKey(0), tokens), tokens)
@@ -138,7 +124,7 @@ def test_the_strided_projection_changes_the_model_and_serves_causal_models():
 
 
 def test_sampling_the_layer_input_first_gives_what_sampling_the_keys_gives():
-  config = model_config(projection='strided', sharing='kv')
+  config = small_model_config(projection='strided', sharing='kv')
   x = jax.random.normal(jax.random.PRNGKey(4), (2, 16, 8))
   mask = jnp.arange(16)[None] < jnp.array([[16], [11]])
   first = layers.SelfAttention(config, 0)
@@ -168,11 +154,11 @@ def test_scaled_linformer_matches_a_float64_reference_and_changes_the_model():
   np.testing.assert_allclose(
       actual, naive_scaled_attention(q, keys[:, :3], values[:, :3]), rtol=1e-5, atol=1e-6
   )
-  scaled, variables = outputs(model_config(attention='scaled_linformer'))
-  plain, _ = outputs(model_config(attention='linformer'), variables)
+  scaled, variables = outputs(small_model_config(attention='scaled_linformer'))
+  plain, _ = outputs(small_model_config(attention='linformer'), variables)
   assert not np.allclose(scaled, plain, atol=1e-4)
   with pytest.raises(ConfigError, match='config.model.causal=True'):
-    model_config(attention='scaled_linformer', causal=True)
+    small_model_config(attention='scaled_linformer', causal=True)
 
 
 @pytest.mark.slow

@@ -18,8 +18,8 @@ import pytest
 from linformer_jax.model import attention_kinds
 from linformer_jax.model import models
 from linformer_jax.model import projections
-from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.registry import import_extensions
+from tests.run_helpers import small_model_config
 
 CONVEX = 'docs/examples/convex_projection.py'
 TEMPERED = 'docs/examples/tempered_attention.py'
@@ -28,20 +28,6 @@ TEMPERED = 'docs/examples/tempered_attention.py'
 @pytest.fixture(scope='module', autouse=True)
 def examples():
   import_extensions([CONVEX, TEMPERED])
-
-
-def model_config(**overrides):
-  fields = dict(
-      vocab_size=40,
-      max_len=16,
-      num_layers=2,
-      num_heads=2,
-      hidden_dim=8,
-      mlp_dim=16,
-      projected_len=4,
-      dropout_rate=0.0,
-  )
-  return ModelConfig(**{**fields, **overrides})
 
 
 def random_variables(model, seed=0):
@@ -132,14 +118,14 @@ def log_temperatures(variables, value):
 def test_a_temperature_of_one_is_the_linformer_and_another_is_not(causal):
   fields = dict(causal=causal, block_len=8, projection='mean' if causal else 'linear')
   model_class = models.CausalLanguageModel if causal else models.MaskedLanguageModel
-  tempered = model_class(model_config(attention='tempered_linformer', **fields))
+  tempered = model_class(small_model_config(attention='tempered_linformer', **fields))
   variables = random_variables(tempered)
   flat = traverse_util.flatten_dict(variables)
   plain = traverse_util.unflatten_dict(
       {k: v for k, v in flat.items() if k[-1] != 'log_temperature'}
   )
   tokens = jax.random.randint(jax.random.PRNGKey(6), (2, 16), 0, 40)
-  linformer = model_class(model_config(attention='linformer', **fields))
+  linformer = model_class(small_model_config(attention='linformer', **fields))
   apply = jax.jit(tempered.apply)
   at_one = apply(log_temperatures(variables, 0.0), tokens)
   np.testing.assert_allclose(at_one, jax.jit(linformer.apply)(plain, tokens), rtol=1e-5, atol=1e-5)
@@ -149,7 +135,9 @@ def test_a_temperature_of_one_is_the_linformer_and_another_is_not(causal):
 
 @pytest.mark.slow
 def test_tempered_decoding_gives_the_logits_of_the_causal_pass():
-  config = model_config(attention='tempered_linformer', projection='mean', causal=True, block_len=4)
+  config = small_model_config(
+      attention='tempered_linformer', projection='mean', causal=True, block_len=4
+  )
   model = models.CausalLanguageModel(config)
   variables = random_variables(model)
   tokens = jax.random.randint(jax.random.PRNGKey(9), (2, 9), 0, 40)
@@ -178,7 +166,7 @@ def test_tempered_decoding_gives_the_logits_of_the_causal_pass():
     ],
 )
 def test_model_output_with_an_example_is_padding_invariant(attention, projection, sharing):
-  config = model_config(attention=attention, projection=projection, sharing=sharing)
+  config = small_model_config(attention=attention, projection=projection, sharing=sharing)
   model = models.MaskedLanguageModel(config)
   variables = random_variables(model)
   apply = jax.jit(model.apply)
@@ -194,7 +182,7 @@ def test_model_output_with_an_example_is_padding_invariant(attention, projection
 
 
 def test_the_mix_and_the_temperature_get_nonzero_gradients():
-  config = model_config(attention='tempered_linformer', projection='convex', sharing='kv')
+  config = small_model_config(attention='tempered_linformer', projection='convex', sharing='kv')
   model = models.MaskedLanguageModel(config)
   variables = random_variables(model)
   tokens = jax.random.randint(jax.random.PRNGKey(8), (2, 16), 0, 40)

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from run_helpers import small_model_config
 from run_helpers import tiny_config
 
 from linformer_jax.analysis import projection_stats
@@ -80,23 +81,10 @@ def test_only_projection_weights_are_read_even_where_another_has_their_shape():
           'layer_0': {'attention': {'projection': {'key_projection': e}}},
       }
   }
-  model = model_config(max_len=8, projected_len=4, sharing='none', hidden_dim=4)
+  model = small_model_config(max_len=8, projected_len=4, sharing='none', hidden_dim=4)
   found = dict(projection_stats.learned_matrices(params, model))
   assert list(found) == ['encoder/layer_0/attention/projection/key_projection']
   np.testing.assert_array_equal(np.stack(found[list(found)[0]]), e)  # one per head, E itself
-
-
-def model_config(**overrides):
-  fields = dict(
-      vocab_size=40,
-      max_len=16,
-      num_layers=2,
-      num_heads=2,
-      hidden_dim=8,
-      mlp_dim=16,
-      projected_len=4,
-  )
-  return ModelConfig(**{**fields, **overrides})
 
 
 @pytest.fixture(scope='module')
@@ -140,7 +128,7 @@ def test_a_mean_pools_effective_matrix_holds_window_means():
 
 @pytest.mark.parametrize('name', ['max', 'conv'])
 def test_a_kind_that_is_no_fixed_mix_of_positions_is_refused_not_misread(name):
-  model = model_config(projection=name)
+  model = small_model_config(projection=name)
   assert projections.kind(name).effective_matrix(None, max_len=16, projected_len=4) is None
   params = {'layer_0': {'kv_projection': np.ones((4, 8, 8))}}
   with pytest.raises(ConfigError, match=f"projection='{name}' gives no effective E"):
@@ -148,7 +136,7 @@ def test_a_kind_that_is_no_fixed_mix_of_positions_is_refused_not_misread(name):
 
 
 def test_an_outside_projections_report_describes_its_softmax_not_its_logits(convex_kind):
-  model = model_config(projection='convex', max_len=8, projected_len=4)
+  model = small_model_config(projection='convex', max_len=8, projected_len=4)
   logits = np.asarray(jax.random.normal(jax.random.PRNGKey(1), (8, 4)))
   ((_, (matrix,)),) = projection_stats.learned_matrices({'kv_projection': logits}, model)
   softmax = np.exp(logits) / np.exp(logits).sum(0)

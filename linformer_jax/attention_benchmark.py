@@ -19,7 +19,8 @@ settings_flags.define_flags(AttentionBenchmarkSettings)
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --FLAG=VALUE (see --help)')
   settings = settings_flags.from_flags(AttentionBenchmarkSettings)
   rows = attention_benchmark.run(settings)
   print(attention_benchmark.describe_run(settings))

@@ -43,7 +43,8 @@ def _print_progress(row: Dict[str, Any]) -> None:
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --FLAG=VALUE (see --help)')
   settings = settings_flags.from_flags(BenchmarkSettings)
   matmul_gflops = measure_matmul_gflops(settings.matmul_sizes, dtype=settings.dtype)
   rows = run_grid(settings, matmul_gflops, progress=_print_progress)

@@ -4,7 +4,7 @@
       --contexts=1024,2048,4096,8192,16384,32768 --seq_lens=1024,2048,4096,8192,16384 \
       --block_len=128 --slots=16 --linformer_query_blocks=0,4 --repeats=10
 
-Times generation (one decode step at position C - 1: ms per token against the
+Times generation (one decode step at position C - 2: ms per token against the
 context C) and the full causal forward pass (against n), with XLA's compiled
 memory and FLOPs. Writes results.csv, table.md (also printed), generation.png
 and forward.png into --out. What each cell measures is described in
@@ -29,7 +29,8 @@ def _print_progress(row: Dict[str, Any]) -> None:
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --FLAG=VALUE (see --help)')
   settings = settings_flags.from_flags(CausalBenchmarkSettings)
   rows = causal_benchmark.run_all(settings, progress=_print_progress)
   header = causal_benchmark.describe_run(settings)

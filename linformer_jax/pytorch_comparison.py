@@ -46,7 +46,8 @@ def _print_progress(row: Dict[str, Any]) -> None:
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --FLAG=VALUE (see --help)')
   settings = settings_flags.from_flags(ComparisonSettings)
   try:
     rows = compare(settings, settings.torch_python, progress=_print_progress)

@@ -403,6 +403,16 @@ CASES: Dict[str, Case] = {
     'prepare_data/gs without credentials': case(
         'prepare_data', TINY + (GS_WORKDIR,), 'no Google Cloud credentials'
     ),
+    'attention_benchmark/unexpected argument': case(
+        'attention_benchmark',
+        ('extra',),
+        "unexpected arguments ['extra']; pass settings as --FLAG=VALUE",
+    ),
+    'benchmark/unexpected argument': case(
+        'benchmark',
+        ('--out={missing}', 'extra'),
+        "unexpected arguments ['extra']; pass settings as --FLAG=VALUE",
+    ),
 }
 # Two cases, a command reading a run and one writing many, run again through a
 # plain `python -m`: the forked runner gives the lines a fresh Python gives.

@@ -36,6 +36,8 @@ COMMANDS = (
     'pytorch_comparison',
     'import_checkpoint',
     'projection_stats',
+    'make_book_passages',
+    'matmul_dtypes',
 )
 
 
@@ -74,6 +76,11 @@ def test_the_python_api_imports_only_the_layers_below_it():
   for name in package_imports(PACKAGE / 'api.py'):
     top = name.split('.')[0]
     assert top in BASE_MODULES or top in API_ALLOWED, f'linformer_jax/api.py imports {name}'
+
+
+def test_every_module_that_runs_a_main_is_a_listed_command():
+  running = {path.stem for path in PACKAGE.glob('*.py') if 'cli.run(main)' in path.read_text()}
+  assert running == set(COMMANDS), f'add to or drop from COMMANDS: {running ^ set(COMMANDS)}'
 
 
 def test_commands_are_top_level_modules_that_nothing_imports():

@@ -18,7 +18,7 @@ import os
 import re
 import sys
 import traceback
-from typing import Callable, Iterator, List, Sequence
+from typing import Callable, Iterator, List, Optional, Sequence
 
 # TensorFlow (imported only by TFDS data sources) prints C++ start-up notices;
 # it only reads datasets here, so its oneDNN kernels are not needed either.
@@ -108,9 +108,9 @@ class ConfigFileParser(flags.ArgumentParser):
   def parse(self, argument: str) -> ml_collections.ConfigDict:
     flag = f'--{self.name}={argument}'
     if argument == _config_from_workdir:
-      return self._run_config(argument, 'no --config was given, and')
+      return self._run_config(argument, flag=None)
     if storage.is_object_store(argument) or os.path.isdir(argument):
-      return self._run_config(argument, f'{flag}:')
+      return self._run_config(argument, flag=flag)
     path, *config_argument = argument.split(':', 1)
     if not os.path.isfile(path):
       problem = 'not a file' if os.path.exists(path) else 'no such file'
@@ -153,17 +153,21 @@ class ConfigFileParser(flags.ArgumentParser):
     config.lock()
     return config
 
-  def _run_config(self, folder: str, lead: str) -> ml_collections.ConfigDict:
-    """The config a run saved in FOLDER/config.json, its extensions imported;
-    an error is `lead` and what is wrong."""
+  def _run_config(self, folder: str, flag: Optional[str]) -> ml_collections.ConfigDict:
+    """The config a run saved in FOLDER/config.json, its extensions imported:
+    for --config=FOLDER (`flag`), or in place of a --config not given (None)."""
     try:
       if storage.is_object_store(folder):  # before gcsfs would retry for minutes
-        storage.check_reachable(folder, '--workdir' if lead.startswith('no') else '--config')
+        storage.check_reachable(folder, flag.split('=')[0] if flag else '--workdir')
       config = run_builder.saved_config(folder)
       import_command_extensions(config, sys.argv)
     except ConfigError as error:
-      hint = ' Or pass --config, a config file such as configs/default.py.'
-      raise ConfigFileError(f'{lead} {error}{hint if lead.startswith("no") else ""}') from None
+      if flag:
+        raise ConfigFileError(f'{flag}: {error}') from None
+      raise ConfigFileError(
+          f'no --config was given, and {error} Or pass --config, a config file such as '
+          'configs/default.py.'
+      ) from None
     config.lock()
     return config
 

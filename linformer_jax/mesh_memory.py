@@ -28,6 +28,8 @@ import jax
 from linformer_jax import cli
 from linformer_jax.analysis import mesh_memory
 from linformer_jax.analysis import xla_targets
+from linformer_jax.units import GIB
+from linformer_jax.units import MIB
 
 cli.define_config_flags()
 flags.FLAGS.set_default('workdir', '')  # nothing is written; --workdir is not needed
@@ -42,7 +44,6 @@ _MAX_BATCH = flags.DEFINE_bool(
     'max_batch', False, 'Also find the largest batch per device that fits (needs --target).'
 )
 FLAGS = flags.FLAGS
-GIB = 2**30
 
 
 def _mesh_shapes() -> List[tuple]:
@@ -99,7 +100,7 @@ def main(argv: List[str]) -> None:
             f'{name} {mesh_shape}: largest batch per device that fits: '
             f'{"" if found["exact"] else "at least "}{found["batch"]}'
             + (f' ({found["total_bytes"] / GIB:.2f} GiB)' if found['batch'] else '')
-            + (f'; {per_sequence / 2**20:,.0f} MiB per sequence' if per_sequence else '')
+            + (f'; {per_sequence / MIB:,.0f} MiB per sequence' if per_sequence else '')
             + f'; {found["compiles"]} compiles'
         )
         print(searches[-1], flush=True)

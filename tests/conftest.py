@@ -132,6 +132,29 @@ END_TO_END_FIXTURES = {
 # representatives (a Linformer and a Transformer, a learned and a fixed
 # projection); the other cases are `long` (`make test-all` runs them).
 FAST_CASES = {
+    'test_padding_never_enters_the_output_for_any_init': ('jl-0.0-none', 'local-0.0-layerwise'),
+    'test_build_datasets_names_the_bad_field': (
+        'data.source-web',
+        'data.tokenizer-bpe',
+        'model.max_len-2',
+        'data.worker_count--1',
+    ),
+    'test_query_blocks_per_step_matches_all_at_once': ('max',),
+    # One bad input per command (tests/command_input_cases.py), and the checks
+    # that need an object store or a read-only mount.
+    'test_bad_input_is_one_line_exit_2_and_changes_nothing': (
+        'evaluate/restore_step not kept',
+        'evaluate/no config, a workdir without a run',
+        'evaluate/read-only workdir',
+        'evaluate/gs without credentials',
+        'generate/temperature nan',
+        'spectrum/out is a file',
+        'projection_stats/step negative',
+        'sweep/unknown variant',
+        'import_checkpoint/from a missing folder',
+        'prepare_data/workdir is a file',
+        'benchmark/unexpected argument',
+    ),
     'test_model_output_is_padding_invariant': ('full-linear-False', 'linformer-mean-False'),
     'test_every_learned_projection_gets_a_nonzero_gradient': ('linear-none', 'conv-layerwise'),
     'test_every_pooling_is_padding_invariant': ('mean-linformer', 'attention-full'),

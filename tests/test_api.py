@@ -231,3 +231,19 @@ def test_the_python_block_of_the_extending_docs_runs_on_a_trained_run(tiny_run, 
     )
   expected = block.strip().splitlines()[-1].lstrip('# ')
   assert printed.getvalue().strip() == expected
+
+
+def test_the_tiny_runs_figures_are_those_its_doc_page_reports(tiny_run):
+  """docs/training.md gives what configs/tiny.py ends with; a change that moves
+  the figures fails here until the page says what the command now prints."""
+  text = (REPO / 'docs' / 'training.md').read_text()
+  found = re.search(
+      r'`validation perplexity ([\d.]+) after (\d+) steps \(a unigram model: ([\d.]+)\)`', text
+  )
+  assert found, 'docs/training.md no longer quotes the tiny run'
+  perplexity, steps, unigram = float(found[1]), int(found[2]), float(found[3])
+  _, results = tiny_run
+  assert results['step'] == steps
+  # One decimal on the page; the tests compile at another LLVM level (last bits).
+  assert results['eval_perplexity'] == pytest.approx(perplexity, abs=0.15)
+  assert results['unigram_perplexity'] == pytest.approx(unigram, abs=0.15)

@@ -293,6 +293,7 @@ def budget_grid(tmp_path_factory):
   return settings, rows, out_dir, table
 
 
+@pytest.mark.long
 def test_each_cell_runs_at_the_largest_batch_within_the_budget(budget_grid):
   settings, rows, out_dir, _ = budget_grid
   budget = settings.memory_budget_bytes
@@ -348,6 +349,7 @@ def test_a_cell_whose_batch_of_one_exceeds_the_budget_is_skipped():
   assert row['temp_bytes'] > 0 and 'batch 1 needs' in row['note'] and 'budget' in row['note']
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_the_command_line_skips_what_does_not_fit_and_rejects_bad_flags(
     grid, tmp_path, run_command

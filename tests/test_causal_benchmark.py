@@ -53,6 +53,7 @@ def by_cell(rows):
   return {(r['benchmark'], r['model'], int(r['length'])): r for r in rows}
 
 
+@pytest.mark.long
 def test_the_csv_has_one_measured_row_per_benchmark_model_and_length(run):
   _, csv_rows, _, _ = run
   assert tuple(csv_rows[0]) == causal_benchmark.COLUMNS

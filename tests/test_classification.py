@@ -189,6 +189,7 @@ def test_fine_tuning_loads_the_pretrained_encoder_and_trains(pretrained, tmp_pat
   assert os.path.exists(tmp_path / 'finetuned' / tokenizer_lib.MODEL_FILENAME) is False
 
 
+@pytest.mark.long
 def test_attention_pooling_starts_fresh_on_a_pretrained_encoder_and_is_saved(pretrained, tmp_path):
   """init_from loads the encoder and creates the query at zero; training moves
   it, and evaluation loads the trained query back."""
@@ -209,6 +210,7 @@ def test_attention_pooling_starts_fresh_on_a_pretrained_encoder_and_is_saved(pre
   np.testing.assert_array_equal(jax.device_get(loaded.variables['params']['pool_query']), query)
 
 
+@pytest.mark.long
 def test_a_shorter_seq_len_gives_the_same_logits_for_texts_that_fit(pretrained, tmp_path):
   """data.seq_len below model.max_len cuts only padding: the same ids, the same
   logits; training runs at that length; a seq_len over max_len is refused."""
@@ -243,6 +245,7 @@ def test_a_shorter_seq_len_gives_the_same_logits_for_texts_that_fit(pretrained, 
     )
 
 
+@pytest.mark.long
 def test_runs_fine_tuned_before_mean_pooling_became_the_default_load_unchanged(
     pretrained, tmp_path
 ):
@@ -344,6 +347,7 @@ def test_a_pretrained_run_of_another_shape_is_refused_naming_the_field(
   assert not os.path.exists(tmp_path / 'run' / 'checkpoints')
 
 
+@pytest.mark.long
 def test_a_fine_tuning_config_named_by_a_run_takes_its_encoder(pretrained, tmp_path):
   """configs/finetune_qnli.py:RUN: the pretraining run's model fields and
   tokenizer, the task's pooling, dropout and segments; it fine-tunes as is."""
@@ -374,6 +378,7 @@ def test_fine_tuning_from_a_folder_without_a_run_is_refused(tmp_path):
     trainer.train_and_evaluate(config, str(tmp_path / 'run'))
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_listops_trains_from_scratch_on_generated_trees(tmp_path):
   config = tiny_classifier_config(

@@ -100,12 +100,24 @@ def runs(tiny_run, tmp_path_factory):
 
 
 @pytest.fixture(scope='module')
-def outcomes(runs, tmp_path_factory):
+def outcomes(runs, tmp_path_factory, request):
   """name -> (completed process, placeholders, contents before, contents
-  after) of every case that can run here, all run by one command_runner."""
+  after) of every case that can run here and that this session tests (all
+  of them, or the representatives of `make test`), all run by one
+  command_runner."""
   root = tmp_path_factory.mktemp('cases')
   refused_port = free_port()
-  names = [name for name in CASES if PRIVATE_MOUNTS or not CASES[name].needs_private_mounts()]
+  tested = {
+      item.callspec.params['name']
+      for item in request.session.items
+      if getattr(item, 'originalname', '')
+      == 'test_bad_input_is_one_line_exit_2_and_changes_nothing'
+  } | set(FRESH_CASES)
+  names = [
+      name
+      for name in CASES
+      if name in tested and (PRIVATE_MOUNTS or not CASES[name].needs_private_mounts())
+  ]
   prepared, read_only = {}, []
   for number, name in enumerate(names):
     args, env, places, mounts = materialise(CASES[name], root / str(number), runs, refused_port)

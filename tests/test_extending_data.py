@@ -68,6 +68,7 @@ def quick_config(extensions, tmp_path, **overrides):
   )
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_the_example_task_trains_on_the_example_source(extensions, tmp_path):
   """One tiny run uses both files: config.task='shuffled_text' on

@@ -161,6 +161,7 @@ def test_scaled_linformer_matches_a_float64_reference_and_changes_the_model():
     small_model_config(attention='scaled_linformer', causal=True)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_tiny_training_run_with_both_examples(tmp_path):
   """Both parts at once: one run, one compilation."""

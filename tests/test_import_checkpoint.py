@@ -179,6 +179,7 @@ def text_data(config, folder):
   return config
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_the_imported_run_evaluates_and_starts_other_runs(imports, tmp_path):
   _, _, _, state, _, _ = imports('bert')

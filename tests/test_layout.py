@@ -14,9 +14,9 @@ ALLOWED = {
     'training': {'training', 'checkpoints', 'model', 'data'},
     'analysis': {'analysis', 'training', 'checkpoints', 'model', 'data'},
 }
-# Modules below every layer: error types, the registries of named parts and
-# the path layer (local folders and gs://).
-BASE_MODULES = ('errors', 'registry', 'storage')
+# Modules below every layer: error types, the registries of named parts, the
+# path layer (local folders and gs://) and the units of memory.
+BASE_MODULES = ('errors', 'registry', 'storage', 'units')
 # The Python API (api.py: linformer_jax.load and build) sits on the training
 # layer, beside analysis: the commands may import it, no layer does.
 API_ALLOWED = {'training', 'checkpoints', 'model', 'data'}

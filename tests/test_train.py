@@ -67,6 +67,7 @@ def test_resume_is_exact(tmp_path):
   jax.tree_util.tree_map(np.testing.assert_array_equal, params_a, params_b)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_one_run_per_workdir_and_a_dead_runs_lock_never_blocks(tmp_path, run_command):
   """A second run on a busy workdir exits 2 with one line naming it; once the
@@ -118,6 +119,7 @@ def test_sigterm_and_ctrl_c_save_a_checkpoint_before_exiting(tmp_path, run_comma
     assert losses_by_step(workdir) == losses_by_step(straight)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_sigkill_resumes_from_the_last_checkpoint(tmp_path, run_command):
   workdir = str(tmp_path)

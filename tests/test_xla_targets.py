@@ -17,9 +17,9 @@ import pytest
 from linformer_jax.analysis import mesh_memory
 from linformer_jax.analysis import xla_targets
 from linformer_jax.errors import ConfigError
+from linformer_jax.units import GIB
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-GIB = 2**30
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ from linformer_jax.analysis.benchmark import time_ms
 from linformer_jax.analysis.benchmark_settings import DTYPES
 from linformer_jax.analysis.settings_flags import setting
 from linformer_jax.model import attention
+from linformer_jax.units import MIB
 
 _POSITIVE_SETTINGS = ('projected_len', 'batch', 'heads', 'head_dim', 'repeats')
 
@@ -85,8 +86,8 @@ def run(settings: AttentionBenchmarkSettings) -> List[Dict[str, float]]:
             'k': projected_len,
             'full_ms': full['time_ms'],
             'linformer_ms': linformer['time_ms'],
-            'full_temp_mib': full['temp_bytes'] / 2**20,
-            'linformer_temp_mib': linformer['temp_bytes'] / 2**20,
+            'full_temp_mib': full['temp_bytes'] / MIB,
+            'linformer_temp_mib': linformer['temp_bytes'] / MIB,
         }
     )
   return rows

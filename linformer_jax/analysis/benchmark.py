@@ -72,6 +72,7 @@ from linformer_jax.analysis.benchmark_settings import BenchmarkSettings
 from linformer_jax.analysis.benchmark_settings import memory_stats
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.units import GIB
 
 
 def time_ms(call: Callable[[], Any], repeats: int) -> List[float]:
@@ -112,8 +113,8 @@ def first_line(error: Exception) -> str:
 def over_limit_note(what: str, planned: Dict[str, int], limit: float) -> str:
   needed = planned['temp_bytes'] + planned['argument_bytes']
   return (
-      f'{what} skipped: needs {needed / 2**30:.2f} GiB (temp + arguments) > '
-      f'limit {limit / 2**30:.2f} GiB'
+      f'{what} skipped: needs {needed / GIB:.2f} GiB (temp + arguments) > '
+      f'limit {limit / GIB:.2f} GiB'
   )
 
 
@@ -294,7 +295,7 @@ def describe_run(settings: BenchmarkSettings) -> str:
   else:
     batch = (
         f'the largest batch (at most {settings.max_batch}) within '
-        f'{settings.memory_budget_bytes / 2**30:g} GiB'
+        f'{settings.memory_budget_bytes / GIB:g} GiB'
     )
   execution = ''
   if settings.inference_chunk:

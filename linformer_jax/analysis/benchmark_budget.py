@@ -22,6 +22,7 @@ import numpy as np
 from linformer_jax.model import layers
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.units import GIB
 
 # Lower-cased phrases of XLA's allocation failures on CPU and GPU.
 _OUT_OF_MEMORY_MARKERS = ('resource_exhausted', 'out of memory', 'failed to allocate')
@@ -198,12 +199,12 @@ def compile_within_budget(
       return None
 
   batch, compiled = search_budget_batch(compile_at, budget_bytes, max_batch)
-  budget = f'budget {budget_bytes / 2**30:.2f} GiB'
+  budget = f'budget {budget_bytes / GIB:.2f} GiB'
   if batch is None:
     if compiled is None:
       return None, {'batch': 1, 'note': 'cell skipped: batch 1 ran out of memory compiling'}
     planned = planned_bytes(compiled)
-    needs = f'{budgeted_bytes(planned) / 2**30:.2f} GiB (temp + arguments + outputs)'
+    needs = f'{budgeted_bytes(planned) / GIB:.2f} GiB (temp + arguments + outputs)'
     return None, {'batch': 1, **planned, 'note': f'cell skipped: batch 1 needs {needs} > {budget}'}
   planned = planned_bytes(compiled)
   fields = {

@@ -18,6 +18,9 @@ from typing import Any, Callable, Dict, List, Optional
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from linformer_jax.units import GIB
+from linformer_jax.units import MIB
+
 # The fields of a row, in the order of results.csv's columns.
 COLUMNS = (
     'model',
@@ -154,12 +157,12 @@ def format_details(rows: List[Dict[str, Any]], by_budget: bool = False) -> str:
         else f"{row['time_ms']:.1f} ({row['time_min_ms']:.1f}–{row['time_max_ms']:.1f})"
     )
     per_sequence = row['bytes_per_sequence']
-    per_sequence_cell = f" {_number(per_sequence and per_sequence / 2**20, '.2f')} |"
+    per_sequence_cell = f" {_number(per_sequence and per_sequence / MIB, '.2f')} |"
     lines.append(
         f"| {row['model']} | {row['seq_len']} | {row['projected_len'] or ''} | "
         f"{_number(row['batch'], 'd')} | "
         f"{timing} | {_number(row['us_per_token'], '.1f')} | "
-        f"{_number(memory and memory / 2**20, '.1f')} | "
+        f"{_number(memory and memory / MIB, '.1f')} | "
         f"{_number(row['flops'] and row['flops'] / 1e9, '.1f')} | "
         f"{_number(row['utilisation'], '.1%')} | "
         f"{_number(row['train_tokens_per_s'], '.0f')} |" + per_sequence_cell * by_budget
@@ -227,7 +230,7 @@ def describe_method(rows: List[Dict[str, Any]], memory_budget_bytes: Optional[fl
         '(in brackets the saving on temporaries alone, which a large batch approaches).'
     )
   return (
-      f"Method: the paper's memory budget of {memory_budget_bytes / 2**30:g} GiB: each cell "
+      f"Method: the paper's memory budget of {memory_budget_bytes / GIB:g} GiB: each cell "
       'runs at the largest batch whose compiled temporary + argument + output bytes fit it '
       '(the batch column below). Speed-up = ratio of tokens/s at those batches; memory '
       'saving = ratio of bytes per sequence (compiled bytes less the parameters, over the '
@@ -303,7 +306,7 @@ def write_outputs(
     memory, memory_label = memory_bytes, 'temporary + argument memory (MiB)'
   _plot(
       rows,
-      lambda row: memory(row) and memory(row) / 2**20,
+      lambda row: memory(row) and memory(row) / MIB,
       memory_label,
       'Inference memory',
       os.path.join(out_dir, 'memory.png'),

@@ -22,6 +22,7 @@ from linformer_jax.analysis.settings_flags import setting
 from linformer_jax.errors import ConfigError
 from linformer_jax.model.attention import ATTENTION_KERNELS
 from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.units import GIB
 
 # Small enough that the embedding and its lookup do not dominate the encoder.
 VOCAB_SIZE = 1000
@@ -46,12 +47,12 @@ _POSITIVE_SETTINGS = (
 
 def memory_limit_of_flag(limit_gb: Optional[float]) -> float:
   """--memory_limit_gb in bytes; unset, `default_memory_limit_bytes()`."""
-  return default_memory_limit_bytes() if limit_gb is None else limit_gb * 2**30
+  return default_memory_limit_bytes() if limit_gb is None else limit_gb * GIB
 
 
 def memory_budget_of_flag(budget_gb: Optional[float]) -> Optional[float]:
   """--memory_budget_gb in bytes; unset, None (a fixed batch)."""
-  return None if budget_gb is None else budget_gb * 2**30
+  return None if budget_gb is None else budget_gb * GIB
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,15 +160,15 @@ class BenchmarkSettings:
     budget = self.memory_budget_bytes
     if budget is not None and not budget > 0:
       raise ConfigError(
-          f'--memory_budget_gb={budget / 2**30:g} is not allowed: give a positive '
+          f'--memory_budget_gb={budget / GIB:g} is not allowed: give a positive '
           'number of GiB, e.g. 16, or leave it unset to time a fixed --batch.'
       )
     if budget is not None and budget * BUDGET_RUNTIME_FACTOR > self.memory_limit_bytes:
-      limit = self.memory_limit_bytes / 2**30
+      limit = self.memory_limit_bytes / GIB
       raise ConfigError(
-          f'--memory_budget_gb={budget / 2**30:g} does not fit this machine: running a '
+          f'--memory_budget_gb={budget / GIB:g} does not fit this machine: running a '
           f'batch that fills it takes up to {BUDGET_RUNTIME_FACTOR:g}x the budget '
-          f'({budget * BUDGET_RUNTIME_FACTOR / 2**30:.1f} GiB), more than the memory limit of '
+          f'({budget * BUDGET_RUNTIME_FACTOR / GIB:.1f} GiB), more than the memory limit of '
           f'{limit:.1f} GiB; use --memory_budget_gb={limit / BUDGET_RUNTIME_FACTOR:.1f} or '
           'less, or raise --memory_limit_gb.'
       )

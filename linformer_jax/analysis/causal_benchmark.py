@@ -54,6 +54,8 @@ from linformer_jax.model import projections
 from linformer_jax.model.layers import CACHE
 from linformer_jax.model.model_config import SHARING_MODES
 from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.units import GIB
+from linformer_jax.units import MIB
 
 # The fields of a row, in the order of results.csv's columns; see `_new_row` and `_measure`.
 COLUMNS = tuple(
@@ -148,7 +150,7 @@ class CausalBenchmarkSettings:
       flag_checks.require(
           not lengths or min(n % self.block_len for n in lengths) == 0, name, lengths, advice
       )
-    limit_gb = self.memory_limit_bytes / 2**30
+    limit_gb = self.memory_limit_bytes / GIB
     flag_checks.require(
         self.memory_limit_bytes > 0, 'memory_limit_gb', limit_gb, 'use a positive size'
     )
@@ -360,7 +362,7 @@ def format_generation(rows: List[Dict[str, Any]]) -> str:
         + [_number(r['time_ms'], '.3f') for r in (full, lin)]
         + [_ratio(full['time_ms'], lin['time_ms'])]
         + [_number(r['tokens_per_s'], '.1f') for r in (full, lin)]
-        + [_number(r['cache_bytes'], '.1f', 2**20) for r in (full, lin)]
+        + [_number(r['cache_bytes'], '.1f', MIB) for r in (full, lin)]
         + [_ratio(full['cache_bytes'], lin['cache_bytes'])]
         + [_number(r['flops_per_token'], '.4f', 1e9) for r in (full, lin)]
     )
@@ -398,7 +400,7 @@ def format_forward(rows: List[Dict[str, Any]]) -> str:
         [str(lin['length']), str(lin['query_blocks_per_step'] or 'all')]
         + [_number(r['time_ms'], '.1f') for r in (full, lin)]
         + [_ratio(full['time_ms'], lin['time_ms'])]
-        + [_number(memory_bytes(r), '.1f', 2**20) for r in (full, lin)]
+        + [_number(memory_bytes(r), '.1f', MIB) for r in (full, lin)]
         + [_ratio(memory_bytes(full), memory_bytes(lin))]
         + [_ratio(full['temp_bytes'], lin['temp_bytes'])]
     )

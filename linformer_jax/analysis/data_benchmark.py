@@ -47,10 +47,12 @@ from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.data.sources import embedded
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import run_config
+from linformer_jax.units import GIB
+from linformer_jax.units import MIB
 
 STAGES = ('prepare', 'loader', 'train')
 # A training text file ends with the first document that takes it past this size.
-FILE_BYTES = 2**20
+FILE_BYTES = MIB
 VALIDATION_FILE = 'validation.txt'
 CORPUS_MANIFEST = 'corpus.json'
 RESULTS_JSON = 'data_benchmark.json'
@@ -60,8 +62,6 @@ RESUMED_RUN_STEPS = 4
 # The commands' exit code for a one-line usage error (cli.USAGE_ERROR_EXIT_CODE;
 # libraries do not import the command layer).
 USAGE_ERROR_EXIT_CODE = 2
-_GIB = 2**30
-_MIB = 2**20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,7 +183,7 @@ def generate_corpus(
   manifest_path.unlink(missing_ok=True)
   for stale in folder.glob('*.txt'):
     stale.unlink()
-  train_files, remaining = 0, size_mb * _MIB
+  train_files, remaining = 0, size_mb * MIB
   while remaining > 0:
     order = np.random.default_rng([seed, train_files]).permutation(len(encoded))
     chosen, size = [], 0
@@ -355,8 +355,8 @@ class SizeBenchmark:
       results[name] = {
           'workers': workers or os.cpu_count(),
           'wall_s': measured.wall_s,
-          'mib_per_s': self.input_bytes / _MIB / measured.wall_s,
-          'peak_rss_gib': measured.peak_rss_bytes / _GIB,
+          'mib_per_s': self.input_bytes / MIB / measured.wall_s,
+          'peak_rss_gib': measured.peak_rss_bytes / GIB,
           'train_tokens': manifest['tokens'],
           'train_sequences': manifest['sequences'],
       }
@@ -440,7 +440,7 @@ class SizeBenchmark:
       results[name] = {
           'wall_s': measured.wall_s,
           'first_step_s': measured.marker_s,
-          'peak_rss_gib': measured.peak_rss_bytes / _GIB,
+          'peak_rss_gib': measured.peak_rss_bytes / GIB,
       }
       self.progress(
           f'train, {name}: {measured.wall_s:.1f} s in all, step {step} after '
@@ -456,7 +456,7 @@ def run_benchmark(settings: Settings, progress: Callable[[str], None] = print) -
   measured = {}
   for size_mb in settings.sizes_mb:
     size = SizeBenchmark(settings, size_mb, progress)
-    entry: Dict[str, Any] = {'corpus': {**size.corpus, 'input_mib': size.input_bytes / _MIB}}
+    entry: Dict[str, Any] = {'corpus': {**size.corpus, 'input_mib': size.input_bytes / MIB}}
     for stage in STAGES:
       if stage in settings.stages:
         entry[stage] = getattr(size, stage)()

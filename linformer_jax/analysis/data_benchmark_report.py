@@ -9,7 +9,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import ml_collections
 import psutil
 
-_GIB = 2**30
+from linformer_jax.units import GIB
+
 SAMPLE_INTERVAL_S = 0.05
 # Steps of the run from nothing, then of the same workdir resumed.
 FIRST_RUN_STEPS = 2
@@ -38,7 +39,7 @@ def machine_description() -> Dict[str, Any]:
   return {
       'cpus': os.cpu_count(),
       'physical_cpus': psutil.cpu_count(logical=False),
-      'ram_gib': psutil.virtual_memory().total / _GIB,
+      'ram_gib': psutil.virtual_memory().total / GIB,
       'cpu_model': model,
       'platform': platform.platform(),
   }

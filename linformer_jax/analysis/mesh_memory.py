@@ -29,8 +29,12 @@ import ml_collections
 from linformer_jax.analysis import xla_targets
 from linformer_jax.training import compiled_step
 from linformer_jax.training import sharding as sharding_lib
+from linformer_jax.units import GIB
+from linformer_jax.units import KIB
+from linformer_jax.units import MIB
+from linformer_jax.units import TIB
+from linformer_jax.units import size_text
 
-GIB = 2**30
 # XLA:TPU's refusals: '... HLO temporaries (29.90G) exceeds available HBM
 # (15.75G).', or '... Exceeded hbm capacity by 2.56M.' with a breakdown that
 # names 'program 14.47G' and 'arguments 1.28G'.
@@ -38,7 +42,7 @@ _SIZE = r'([\d.]+)([KMGT])'
 _TEMPORARIES_EXCEED = re.compile(r'temporaries \(' + _SIZE + r'\) exceeds available HBM')
 _PROGRAM = re.compile(r'^\s*program\s+' + _SIZE, re.MULTILINE)
 _ARGUMENTS = re.compile(r'^\s*arguments\s+' + _SIZE, re.MULTILINE)
-_UNITS = {'K': 2**10, 'M': 2**20, 'G': 2**30, 'T': 2**40}
+_UNITS = {'K': KIB, 'M': MIB, 'G': GIB, 'T': TIB}
 MAX_SEARCH_COMPILES = 8
 
 
@@ -240,7 +244,7 @@ def describe_rows(rows: List[Dict[str, object]]) -> str:
       '| usable | fits | model GFLOP per device | compiled / model FLOPs | compile s |',
       '|---|---|---|---|---|---|---|---|---|---|---|',
   ]
-  size = compiled_step.size_text
+  size = size_text
   for row in rows:
     memory: StepMemory = row['memory']
     refused = memory.refused and not memory.argument_bytes

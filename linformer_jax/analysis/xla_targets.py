@@ -31,12 +31,12 @@ from typing import List, Sequence
 import jax
 
 from linformer_jax.errors import ConfigError
+from linformer_jax.units import GIB
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Where `make xla-targets` installs the plugins; LINFORMER_XLA_TARGETS names another folder.
 PLUGIN_FOLDER_ENV = 'LINFORMER_XLA_TARGETS'
 DEFAULT_PLUGIN_FOLDER = REPO_ROOT / '.xla-targets'
-GIB = 2**30
 # Set in the process `enable_plugins` starts: the plugin folder it put on the path.
 _STARTED_WITH_PLUGINS = 'LINFORMER_XLA_TARGETS_ON_PATH'
 

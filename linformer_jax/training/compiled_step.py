@@ -28,8 +28,8 @@ from linformer_jax.errors import ConfigError
 from linformer_jax.training import run_builder
 from linformer_jax.training import sharding as sharding_lib
 from linformer_jax.training import train_steps
-
-GIB = 2**30
+from linformer_jax.units import GIB
+from linformer_jax.units import size_text
 
 # Dense bfloat16 peak FLOP/s per device, by a substring of `device.device_kind`
 # (first match wins): NVIDIA's and Google's published figures, without sparsity.
@@ -82,13 +82,6 @@ class StepCost:
         f'per device {size_text(self.total_bytes)} (arguments {size_text(self.argument_bytes)}, '
         f'temporaries {size_text(self.temporary_bytes)}), {self.flops / 1e9:.3g} GFLOP per step'
     )
-
-
-def size_text(size_bytes: int) -> str:
-  """'1.25 GiB', or '3.4 MiB' below a GiB."""
-  if size_bytes >= GIB:
-    return f'{size_bytes / GIB:.2f} GiB'
-  return f'{size_bytes / 2**20:.1f} MiB'
 
 
 def what_to_change(config: ml_collections.ConfigDict) -> str:

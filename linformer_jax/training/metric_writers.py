@@ -6,9 +6,12 @@ every scalar (absl), writes it to a TensorBoard event file in the workdir
 line: `{"step": 120, "train_loss": 5.1, ...}`. `read_metrics` reads that file
 back, for tests, notebooks and plotting tools that should not need TensorBoard.
 
-Event files are written with TensorBoard's protocol buffers alone: TensorFlow's
-summary writer (clu's default writer uses it) costs seconds of import in every
-run for a few scalars.
+Event files are written with TensorBoard's own TF-free pieces, its protocol
+buffers and its `RecordWriter` (the TFRecord framing): TensorFlow's summary
+writer (clu's default writer uses it) costs seconds of import in every run for
+a few scalars, and TensorBoard's `EventFileWriter` goes through `tf.io.gfile`
+and writes from a thread on a timer, where a run must find its scalars on disk
+after every step.
 
 Only the primary process (process 0) writes files; the others only log.
 
@@ -23,7 +26,6 @@ import itertools
 import json
 import os
 import socket
-import struct
 import tempfile
 import time
 from typing import Any, Dict, Iterator, List, Mapping, Optional
@@ -32,7 +34,7 @@ from absl import logging
 import numpy as np
 from tensorboard.compat.proto import event_pb2
 from tensorboard.compat.proto import summary_pb2
-from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+from tensorboard.summary.writer import record_writer
 
 from linformer_jax import storage
 from linformer_jax.errors import is_disk_full
@@ -69,10 +71,9 @@ _event_file_numbers = itertools.count()
 class EventFile:
   """A TensorBoard event file of scalar summaries, flushed after every step.
 
-  The file is a sequence of records (TFRecord framing: the length, its masked
-  CRC-32C, the data, its masked CRC-32C), each an `Event` protocol buffer; the
-  first names the format version. TensorBoard reads `simple_value` summaries
-  as its scalars.
+  The file is a sequence of TFRecord records (TensorBoard's `RecordWriter`),
+  each an `Event` protocol buffer; the first names the format version.
+  TensorBoard reads `simple_value` summaries as its scalars.
   """
 
   def __init__(self, directory: str):
@@ -88,6 +89,7 @@ class EventFile:
       self._staging = tempfile.TemporaryDirectory(prefix='linformer_events_')
       self.path = os.path.join(self._staging.name, name)
     self._file = open(self.path, 'xb')  # pylint: disable=consider-using-with
+    self._records = record_writer.RecordWriter(self._file)
     try:
       self._write(event_pb2.Event(wall_time=time.time(), file_version='brain.Event:2'))
     except OSError:
@@ -98,11 +100,8 @@ class EventFile:
       raise
 
   def _write(self, event: event_pb2.Event) -> None:
-    data = event.SerializeToString()
-    header = struct.pack('<Q', len(data))
-    self._file.write(header + struct.pack('<I', masked_crc32c(header)))
-    self._file.write(data + struct.pack('<I', masked_crc32c(data)))
-    self._file.flush()
+    self._records.write(event.SerializeToString())
+    self._records.flush()
     if self._upload_to:
       storage.copy_file(self.path, self._upload_to)
 

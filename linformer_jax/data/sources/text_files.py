@@ -16,13 +16,14 @@ from typing import Dict, Iterator, List, Mapping, Sequence
 
 from linformer_jax.data.sources import base
 from linformer_jax.errors import ConfigError
+from linformer_jax.units import MIB
 
 # Text files are cut into documents of about this many characters at paragraph
 # boundaries: SentencePiece trains on them and packing separates them with eos.
 TEXT_FILE_DOCUMENT_CHARS = 4000
 # Text files larger than this are read in blocks of this size, cut at blank
 # lines, so that one huge file never has to fit in memory.
-FILE_BLOCK_BYTES = 32 * 2**20
+FILE_BLOCK_BYTES = 32 * MIB
 _BLANK_LINE = re.compile(rb'\n[ \t\r\f\v]*\n')
 
 

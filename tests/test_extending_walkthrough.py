@@ -6,7 +6,8 @@ Every command of the section runs as `python -m linformer_jax.X ...`, forked
 one after another from one process that imported the libraries once
 (tests/command_runner.py), with the page's /tmp folders moved into the test's
 own; its Python block runs in this process. The page's printed lines are what
-the tests check.
+the tests check. The page's other commands, each training a part of its own,
+run for 2 steps (`long`: `make test-all`).
 """
 
 import contextlib
@@ -22,6 +23,7 @@ import pytest
 from run_helpers import REPO_ROOT
 from run_helpers import final_params
 from run_helpers import run_forked_commands
+from test_extending_data import write_jsonl_corpus
 
 from linformer_jax.training import run_builder
 
@@ -133,3 +135,32 @@ def test_the_sweep_trains_each_part_with_its_declared_setting(walked):
   for layer in ('layers_0', 'layers_1'):
     log_temperature = params['encoder'][layer]['attention']['log_temperature']
     assert np.all(np.abs(log_temperature - math.log(2.0)) > 1e-6), log_temperature
+
+
+@pytest.mark.long
+def test_every_other_command_of_the_page_trains_as_written(tmp_path):
+  """The page's other commands (the strided projection, the scaled attention,
+  the JSON-lines source, the shuffled-text task) as written, for 2 steps, the
+  JSON-lines one on a corpus of its own: each trains and says so."""
+  text = (REPO_ROOT / 'docs' / 'extending.md').read_text()
+  start = text.index(SECTION)
+  outside = text[:start] + text[text.index('\n## ', start + 1) :]
+  corpus = write_jsonl_corpus(tmp_path / 'corpus')
+  short = ['total_steps=2', 'warmup_steps=1', 'eval_every=2', 'checkpoint_every=2']
+  cases = []
+  shell_blocks = [
+      b for lang, b in re.findall(r'```([a-z]*)\n(.*?)```', outside, flags=re.S) if not lang
+  ]
+  for block in shell_blocks:
+    for arguments in commands_of(block.replace('path/to/folder', str(corpus))):
+      assert arguments[:3] == ['python', '-m', 'linformer_jax.train'], arguments
+      workdir = arguments.index('--workdir') + 1
+      arguments[workdir] = str(tmp_path / os.path.basename(arguments[workdir]))
+      cases.append(
+          {'module': 'train', 'args': arguments[3:] + [f'--config.{s}' for s in short], 'env': {}}
+      )
+  assert len(cases) == 4, cases
+  env = {**os.environ, 'PYTHONPATH': str(REPO_ROOT), 'JAX_PLATFORMS': 'cpu'}
+  for case, result in zip(cases, run_forked_commands(cases, tmp_path, env)):
+    assert result['returncode'] == 0, (case['args'], result['stdout'][-2000:], result['stderr'])
+    assert 'after 2 steps' in result['stdout'], result['stdout'][-2000:]

@@ -275,17 +275,10 @@ def _encoder_outputs(config: ModelConfig, variables, token_ids, padding_mask, pe
 @functools.partial(jax.jit, static_argnums=0)
 def _queries_and_keys(config: ModelConfig, variables, token_ids, padding_mask):
   """Per layer (queries, keys, key_mask), as `attention_capture` reads them."""
-  _, state = models.Encoder(config).apply(
-      variables,
-      token_ids,
-      padding_mask,
-      deterministic=True,
-      capture_intermediates=attention_capture.capture_intermediates,
-      mutable=['intermediates'],
+  encoder = attention_capture.apply_capturing(
+      models.Encoder(config), variables, token_ids, padding_mask
   )
-  return attention_capture.context_queries_and_keys(
-      {'encoder': state['intermediates']}, config, padding_mask
-  )
+  return attention_capture.context_queries_and_keys({'encoder': encoder}, config, padding_mask)
 
 
 def load(workdir: str, step: Optional[int] = None) -> Run:

@@ -80,17 +80,8 @@ def make_spectrum_step(model: models.MaskedLanguageModel):
   """A jitted (variables, inputs, padding_mask) -> per-layer (q, keys, key_mask)."""
 
   def step(variables, inputs, padding_mask):
-    _, state = model.apply(
-        variables,
-        inputs,
-        padding_mask,
-        deterministic=True,
-        capture_intermediates=attention_capture.capture_intermediates,
-        mutable=['intermediates'],
-    )
-    return attention_capture.context_queries_and_keys(
-        state['intermediates'], model.config, padding_mask
-    )
+    intermediates = attention_capture.apply_capturing(model, variables, inputs, padding_mask)
+    return attention_capture.context_queries_and_keys(intermediates, model.config, padding_mask)
 
   return jax.jit(step)
 

@@ -62,6 +62,20 @@ def require_plain_softmax(config: ModelConfig, reader: str) -> None:
     )
 
 
+def apply_capturing(module: Any, variables: Any, inputs: jax.Array, padding_mask: jax.Array):
+  """`module.apply` in inference mode, capturing Q, K and the E/F projections
+  (`capture_intermediates`); returns the captured intermediates."""
+  _, state = module.apply(
+      variables,
+      inputs,
+      padding_mask,
+      deterministic=True,
+      capture_intermediates=capture_intermediates,
+      mutable=['intermediates'],
+  )
+  return state['intermediates']
+
+
 def captured(intermediates: Mapping[str, Any], path: Sequence[str]) -> Any:
   """The first output of a module captured by `capture_intermediates`."""
   node = intermediates

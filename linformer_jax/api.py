@@ -37,6 +37,7 @@ from linformer_jax.model import layers
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.training import run_builder
+from linformer_jax.training import run_config
 
 ArrayLike = Union[jax.Array, np.ndarray, Sequence[Sequence[int]]]
 
@@ -299,8 +300,7 @@ def load(workdir: str, step: Optional[int] = None) -> Run:
       fails to import.
   """
   config = run_builder.saved_config(workdir)
-  if config.get('restore_step', 0):
-    config.restore_step = 0
+  config.restore_step = 0
   parts, step, variables, tokenizer = run_builder.load_for_inference(config, workdir, step or None)
   return Run(config, parts, variables, tokenizer, step, workdir)
 
@@ -323,10 +323,10 @@ def build(config: ml_collections.ConfigDict) -> Run:
   Raises:
     ConfigError: a bad config, or an extension that fails to import.
   """
-  config = copy.deepcopy(config)
-  registry.import_extensions(config.get('extensions'))
+  config = run_config.complete(copy.deepcopy(config))
+  registry.import_extensions(config.extensions)
   registry.add_declared_settings(config)
   parts = run_builder.build_parts(config)
-  is_bytes = config.data.get('tokenizer') == 'byte'
+  is_bytes = config.data.tokenizer == 'byte'
   tokenizer = tokenizer_lib.ByteTokenizer() if is_bytes else None
   return Run(config, parts, parts.initial_variables(config.seed), tokenizer, 0, None)

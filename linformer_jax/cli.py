@@ -49,6 +49,7 @@ from linformer_jax.registry import import_extensions  # pylint: disable=g-import
 from linformer_jax.training import compilation_cache  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.training import multihost  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.training import run_builder  # pylint: disable=g-import-not-at-top,wrong-import-position
+from linformer_jax.training import run_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 USAGE_ERROR_EXIT_CODE = 2
 # An OSError the user fixes by changing a path or its permissions: a read-only
@@ -132,12 +133,13 @@ class ConfigFileParser(flags.ArgumentParser):
           f'{flag}: get_config() returned {returned}, not an ml_collections.ConfigDict; '
           'make it return the config it builds.'
       )
+    run_config.complete(config)
     # The user's own parts register themselves, and the settings they declare
     # become fields, before the --config.X overrides are typed against them.
     # A command reading a run, or fine-tuning one (init_from), also knows the
     # parts that run registered, so that --config.model.projection=NAME
     # parses for a run of an extension.
-    init_from = _flag_values(sys.argv, 'config.init_from') or [config.get('init_from', '')]
+    init_from = _flag_values(sys.argv, 'config.init_from') or [config.init_from]
     try:
       for run in (_reads_run_workdir(sys.argv), init_from[-1]):
         # Local runs only: a gs:// one is read after its store is checked.
@@ -146,7 +148,7 @@ class ConfigFileParser(flags.ArgumentParser):
             and not storage.is_object_store(run)
             and os.path.isfile(os.path.join(run, run_builder.CONFIG_FILE))
         ):
-          import_extensions(run_builder.saved_config(run).get('extensions'))
+          import_extensions(run_builder.saved_config(run).extensions)
       import_command_extensions(config, sys.argv)
     except ConfigError as error:
       raise ConfigFileError(str(error)) from None
@@ -255,7 +257,7 @@ def start_processes() -> None:
       flags.FLAGS.process_id,
       flags.FLAGS.cpu_collectives,
   )
-  multihost.check_platform(flags.FLAGS.config.get('platform', ''))
+  multihost.check_platform(flags.FLAGS.config.platform)
   if jax.process_index() == 0:
     print(multihost.device_summary(), flush=True)
 
@@ -383,7 +385,7 @@ def run(main: Callable[[List[str]], None]) -> None:
         # Before anything compiles: JAX picks its cache folder at the first compile.
         compilation_cache.use_config_cache(flags.FLAGS.config, workdir or '')
         # The user's own parts register themselves before the config is checked.
-        import_extensions(flags.FLAGS.config.get('extensions'))
+        import_extensions(flags.FLAGS.config.extensions)
       main(argv)
     except ConfigError as error:
       fail(error)

@@ -41,7 +41,7 @@ def main(argv):
   report = projection_report(parsed.config, workdir, parsed.step or None)
   for line in summary_lines(report):
     print(line, flush=True)
-  asked = parsed.step or parsed.config.get('restore_step', 0)
+  asked = parsed.step or parsed.config.restore_step
   name = f'projection_stats_{asked}.json' if asked else 'projection_stats.json'
   path = os.path.join(workdir, name)
   with cli.saving_printed_results(path):

@@ -275,7 +275,7 @@ def import_command_extensions(config: Any, argv: Sequence[str]) -> None:
     ConfigError: as `import_extensions`.
   """
   overrides = _extension_overrides(flags.FLAGS.read_flags_from_files(list(argv), force_gnu=False))
-  import_extensions(config.get('extensions') if overrides is None else overrides)
+  import_extensions(config.extensions if overrides is None else overrides)
   add_declared_settings(config)
 
 

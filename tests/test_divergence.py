@@ -147,7 +147,7 @@ def test_the_command_to_go_on_replaces_the_flags_it_names():
 )
 def test_bad_settings_are_refused_naming_the_field(field, value):
   with pytest.raises(ConfigError, match=f'config.{field}='):
-    run_config.validate(tiny_config(**{field: value}))
+    run_config.settings_of(tiny_config(**{field: value}))
 
 
 def test_the_ledger_doubts_non_finite_and_blown_up_steps_and_keeps_its_record(tmp_path):

@@ -40,8 +40,12 @@ def params_and_grads(seed=0):
   return tree(), tree()
 
 
+def optimizer_of(config):
+  return train_steps.create_optimizer(run_config.settings_of(config).optimizer)
+
+
 def updates_over_steps(config, params, grads, steps=3):
-  optimizer = train_steps.create_optimizer(config)
+  optimizer = optimizer_of(config)
   state = optimizer.init(params)
   out = []
   for _ in range(steps):
@@ -79,7 +83,7 @@ def test_the_scale_multiplies_the_projections_updates_and_nothing_else(scale):
 def test_the_optimizer_state_is_the_same_at_any_scale():
   # So a run may resume with another scale.
   params, _ = params_and_grads()
-  states = [train_steps.create_optimizer(tiny_config(s)).init(params) for s in (1.0, 0.5, 0.0)]
+  states = [optimizer_of(tiny_config(s)).init(params) for s in (1.0, 0.5, 0.0)]
   for state in states[1:]:
     assert jax.tree_util.tree_structure(state) == jax.tree_util.tree_structure(states[0])
     for want, got in zip(jax.tree_util.tree_leaves(states[0]), jax.tree_util.tree_leaves(state)):
@@ -90,7 +94,7 @@ def train(config, steps=2):
   """The initial and trained parameters of `steps` masked-LM train steps on
   fixed random batches."""
   parts = run_builder.build_parts(config)
-  optimizer = train_steps.create_optimizer(config)
+  optimizer = train_steps.create_optimizer(parts.settings.optimizer)
   state = train_steps.init_train_state(
       jax.random.PRNGKey(0), model=parts.model, optimizer=optimizer, seq_len=config.model.max_len
   )
@@ -146,7 +150,7 @@ def test_a_bad_scale_is_a_one_line_config_error(value):
   config = tiny_config()
   config.projection_learning_rate_scale = value
   with pytest.raises(ConfigError, match=r'projection_learning_rate_scale=.* use a finite number'):
-    run_config.validate(config)
+    run_config.settings_of(config)
 
 
 def test_the_slot_common_component_is_exactly_removed_float64():
@@ -206,4 +210,4 @@ def test_a_non_boolean_centring_is_a_one_line_config_error(value):
   config = tiny_config()
   config.projection_remove_common_update = value
   with pytest.raises(ConfigError, match='projection_remove_common_update=.* use True or False'):
-    run_config.validate(config)
+    run_config.settings_of(config)

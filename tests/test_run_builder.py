@@ -1,6 +1,7 @@
 """The run builder and the task objects: abstract state, shardings, evaluation-only loading."""
 
 import dataclasses
+import json
 
 import jax
 from jax.sharding import AbstractMesh
@@ -12,6 +13,7 @@ import pytest
 from configs import tiny
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import run_builder
+from linformer_jax.training import run_config
 from linformer_jax.training import sharding
 from linformer_jax.training import tasks
 from linformer_jax.training import train_steps
@@ -28,7 +30,7 @@ def tiny_config(**overrides):
 def test_the_abstract_state_is_what_initialisation_returns():
   config = tiny_config()
   parts = run_builder.build_parts(config)
-  optimizer = train_steps.create_optimizer(config)
+  optimizer = train_steps.create_optimizer(parts.settings.optimizer)
   abstract = parts.abstract_train_state(optimizer)
   real = jax.eval_shape(
       lambda rng: train_steps.init_train_state(
@@ -46,7 +48,7 @@ def test_optimizer_moments_take_exactly_their_parameters_sharding():
   config = tiny_config(mesh_shape=(1, 1))
   parts = run_builder.build_parts(config)
   parts = dataclasses.replace(parts, mesh=AbstractMesh((2, 4), sharding.MESH_AXES))
-  optimizer = train_steps.create_optimizer(config)
+  optimizer = train_steps.create_optimizer(parts.settings.optimizer)
   state = parts.abstract_train_state(optimizer)
   param_specs = jax.tree_util.tree_map(lambda x: x.sharding.spec, state.params)
   split = [
@@ -124,3 +126,24 @@ def test_evaluation_only_loading_matches_the_run_and_builds_no_training_iterator
 def test_evaluation_only_loading_of_a_folder_without_checkpoint_is_an_error(tmp_path):
   with pytest.raises(ConfigError, match='holds no checkpoint'):
     run_builder.load_for_evaluation(tiny_config(), str(tmp_path))
+
+
+def test_a_config_saved_before_the_newer_fields_builds_with_the_values_of_its_time(tmp_path):
+  saved = tiny_config().to_dict()
+  for field in run_config.FIELDS_ADDED_SINCE:
+    saved.pop(field)
+  for field in run_config.DATA_FIELDS_ADDED_SINCE:
+    saved['data'].pop(field)
+  (tmp_path / run_builder.CONFIG_FILE).write_text(json.dumps(saved))
+  config = run_builder.saved_config(str(tmp_path))
+  # Such a run trained every weight alike and stopped at its first bad step.
+  assert config.projection_remove_common_update is False
+  assert (config.max_skipped_steps, config.spike_factor, config.task) == (0, 0.0, 'masked_lm')
+  assert config.data.sequences_per_shard == 8192 and config.data.cache_dir == ''
+  settings = run_builder.build_parts(config).settings
+  assert settings.optimizer.projection_remove_common_update is False
+  assert settings.optimizer.learning_rate == saved['learning_rate']
+
+
+def test_completing_a_new_config_changes_nothing():
+  assert run_config.complete(tiny_config()).to_dict() == tiny_config().to_dict()

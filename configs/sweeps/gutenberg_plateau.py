@@ -16,7 +16,8 @@ every other weight; `centred` the same with the slot-common component removed
 from every update of E and F (`projection_remove_common_update`); `local`
 E starting as the mean of its n / k adjacent tokens (the windows of
 projection='mean'); `local-centred` both, the default since
-docs/results_gutenberg.md; `fairseq` E drawn Glorot uniform with gain
+docs/results_gutenberg.md, and with E's learning rate x 0.1
+(`local-centred-slow`) or pre-LN (`local-centred-preln`); `fairseq` E drawn Glorot uniform with gain
 1/sqrt(2), whose slots keep a row's norm at every n, and `fairseq-centred`;
 `xavier` Glorot with gain 1; `preln` pre-LN; and the references, fixed
 `mean` slots and the Transformer. Every n takes 8,192 tokens per step, as
@@ -49,6 +50,16 @@ RECIPES = {
     'local-centred': {
         'model.projection_init': 'local',
         'projection_remove_common_update': True,
+    },
+    'local-centred-slow': {
+        'model.projection_init': 'local',
+        'projection_remove_common_update': True,
+        'projection_learning_rate_scale': 0.1,
+    },
+    'local-centred-preln': {
+        'model.projection_init': 'local',
+        'projection_remove_common_update': True,
+        'model.pre_layer_norm': True,
     },
     'local': {'model.projection_init': 'local', 'projection_remove_common_update': False},
     'fairseq': {'model.projection_init': 'fairseq', 'projection_remove_common_update': False},

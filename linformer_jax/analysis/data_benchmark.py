@@ -118,7 +118,7 @@ class Settings:
       if not getattr(self, name) > 0:
         raise ConfigError(f'--{name}={getattr(self, name)} is not allowed: use a positive value.')
     # Now, not after an hour of preparation: the model must take seq_len, and so on.
-    run_config.validate(apply_overrides(self.config, self.train_overrides('', '', 2)))
+    run_config.settings_of(apply_overrides(self.config, self.train_overrides('', '', 2)))
 
   def train_overrides(self, corpus_folder: str, workdir: str, total_steps: int) -> Dict[str, Any]:
     """Config overrides of the end-to-end training runs."""

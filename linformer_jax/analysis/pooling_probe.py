@@ -252,7 +252,7 @@ def probe(
   Raises:
     ConfigError: no init_from, a run of another model, or bad data.
   """
-  if config.get('task') != 'classification' or not config.init_from:
+  if config.task != 'classification' or not config.init_from:
     raise ConfigError(
         'pooling_probe needs a classification config with config.init_from set to a '
         'pretraining run, e.g. configs/finetune_sst2.py --config.init_from=runs/gutenberg.'

@@ -257,8 +257,8 @@ def variant_configs(sweep: Sweep, sets: Sequence[str] = ()) -> Dict[str, ml_coll
       _assign(config, key, value, f'--set={key}')
     try:
       # A variant may name parts of its own (config.extensions); they register first.
-      import_extensions(config.get('extensions'))
-      run_config.validate(config)
+      import_extensions(run_config.complete(config).extensions)
+      run_config.settings_of(config)
     except ConfigError as error:
       raise ConfigError(f'sweep variant {variant.name!r}: {error}') from None
     configs[variant.name] = config

@@ -148,36 +148,36 @@ def _read_json(folder: pathlib.Path, name: str) -> Dict[str, Any]:
     raise _fail(folder, f'cannot read {name} ({error}).') from None
 
 
-def _check_config(folder: pathlib.Path, config: Mapping[str, Any]) -> str:
+def _check_config(folder: pathlib.Path, hf_fields: Mapping[str, Any]) -> str:
   """The architecture of config.json; ConfigError for one this import cannot map exactly."""
-  architecture = config.get('model_type')
+  architecture = hf_fields.get('model_type')
   if architecture not in ARCHITECTURES:
     raise _fail(
         folder,
         f'unsupported architecture model_type={architecture!r} '
-        f'({", ".join(config.get("architectures") or [])}); the import reads '
+        f'({", ".join(hf_fields.get("architectures") or [])}); the import reads '
         f'model_type {" or ".join(ARCHITECTURES)}.',
     )
   refusals = (
       (
-          config.get('position_embedding_type', 'absolute') != 'absolute',
-          f'position_embedding_type={config.get("position_embedding_type")!r}: only absolute '
+          hf_fields.get('position_embedding_type', 'absolute') != 'absolute',
+          f'position_embedding_type={hf_fields.get("position_embedding_type")!r}: only absolute '
           'learned positions are supported',
       ),
       (
-          config.get('hidden_act', 'gelu') != 'gelu',
-          f'hidden_act={config.get("hidden_act")!r}: only exact GELU (gelu) is supported',
+          hf_fields.get('hidden_act', 'gelu') != 'gelu',
+          f'hidden_act={hf_fields.get("hidden_act")!r}: only exact GELU (gelu) is supported',
       ),
       (
-          not config.get('tie_word_embeddings', True),
+          not hf_fields.get('tie_word_embeddings', True),
           'tie_word_embeddings=false: the decoder must be the token embedding',
       ),
       (
-          config.get('is_decoder') or config.get('add_cross_attention'),
+          hf_fields.get('is_decoder') or hf_fields.get('add_cross_attention'),
           'is_decoder or add_cross_attention: a decoder is not the encoder this model has',
       ),
       (
-          architecture == 'roberta' and not isinstance(config.get('pad_token_id'), int),
+          architecture == 'roberta' and not isinstance(hf_fields.get('pad_token_id'), int),
           "RoBERTa's positions start after pad_token_id, which config.json lacks",
       ),
   )
@@ -194,7 +194,7 @@ def _check_config(folder: pathlib.Path, config: Mapping[str, Any]) -> str:
       'type_vocab_size',
       'layer_norm_eps',
   ):
-    if field not in config:
+    if field not in hf_fields:
       raise _fail(folder, f'config.json has no {field}; it is not a {architecture} config.')
   return architecture
 
@@ -231,19 +231,21 @@ def _token_of(value: Any) -> Optional[str]:
 
 
 def _check_tokenizer(
-    folder: pathlib.Path, tokenizer: tokenizer_lib.HuggingFaceTokenizer, config: Mapping[str, Any]
+    folder: pathlib.Path,
+    tokenizer: tokenizer_lib.HuggingFaceTokenizer,
+    hf_fields: Mapping[str, Any],
 ) -> None:
   """ConfigError unless the tokenizer fits the model and its own tokenizer_config.json."""
-  if tokenizer.vocab_size != config['vocab_size']:
+  if tokenizer.vocab_size != hf_fields['vocab_size']:
     raise _fail(
         folder,
         f'tokenizer.json has {tokenizer.vocab_size} tokens, config.json vocab_size='
-        f'{config["vocab_size"]}; the tokenizer does not belong to these weights.',
+        f'{hf_fields["vocab_size"]}; the tokenizer does not belong to these weights.',
     )
-  if config.get('pad_token_id') is not None and config['pad_token_id'] != tokenizer.pad_id:
+  if hf_fields.get('pad_token_id') is not None and hf_fields['pad_token_id'] != tokenizer.pad_id:
     raise _fail(
         folder,
-        f'config.json has pad_token_id={config["pad_token_id"]}, tokenizer.json pads with '
+        f'config.json has pad_token_id={hf_fields["pad_token_id"]}, tokenizer.json pads with '
         f'{tokenizer.pad_id}; the tokenizer does not belong to these weights.',
     )
   if not (folder / TOKENIZER_CONFIG_FILE).exists():

@@ -251,15 +251,15 @@ def split_folder(
   remote = remote_splits.remote_folder(data_config, split)
   if remote:
     return remote_splits.mirror_folder(data_config, remote)
-  if data_config.get('prepared_dir'):
+  if data_config['prepared_dir']:
     return pathlib.Path(os.path.expanduser(data_config['prepared_dir'])) / split
   digest = hashlib.sha256(json.dumps(signature, sort_keys=True).encode()).hexdigest()[:20]
-  return cache.cache_root(data_config.get('cache_dir')) / 'prepared' / f'{split}-{digest}'
+  return cache.cache_root(data_config['cache_dir']) / 'prepared' / f'{split}-{digest}'
 
 
 def workers_of(data_config: Mapping[str, Any]) -> int:
   """config.data.prepare_workers, 0 meaning all cores."""
-  workers = data_config.get('prepare_workers', 0)
+  workers = data_config['prepare_workers']
   if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
     raise ConfigError(
         f'config.data.prepare_workers={workers!r} is not allowed; use an int '
@@ -270,7 +270,7 @@ def workers_of(data_config: Mapping[str, Any]) -> int:
 
 def sequences_per_shard_of(data_config: Mapping[str, Any]) -> int:
   """config.data.sequences_per_shard, checked."""
-  value = data_config.get('sequences_per_shard', SEQUENCES_PER_SHARD)
+  value = data_config['sequences_per_shard']
   if isinstance(value, bool) or not isinstance(value, int) or value < 1:
     raise ConfigError(
         f'config.data.sequences_per_shard={value!r} is not allowed; use a positive int.'
@@ -325,7 +325,7 @@ def prepared_split(
           seq_len=seq_len,
           signature=signature,
           workers=workers_of(data_config),
-          sequences_per_shard=data_config.get('sequences_per_shard', 8192),
+          sequences_per_shard=sequences_per_shard_of(data_config),
           part_index=part_index,
           part_count=part_count,
       )

@@ -250,7 +250,7 @@ def _pretrained_tokenizer(config) -> Optional[str]:
   configured kind: a run that starts from another's parameters reads text
   with the same token ids."""
   filename = tokenizer_lib.FILENAMES.get(config.data.tokenizer)
-  if not filename or not config.get('init_from'):
+  if not filename or not config.init_from:
     return None
   path = pathlib.Path(config.init_from) / filename
   return str(path) if path.exists() else None

@@ -299,7 +299,7 @@ def _local_workdir(data_config: Mapping[str, Any], workdir: str, filename: str) 
   if not storage.is_object_store(workdir):
     return workdir
   digest = hashlib.sha256(workdir.encode()).hexdigest()[:20]
-  mirror = cache.cache_root(data_config.get('cache_dir')) / 'workdirs' / digest
+  mirror = cache.cache_root(data_config['cache_dir']) / 'workdirs' / digest
   remote = storage.join(workdir, filename)
   if storage.exists(remote):
     mirror.mkdir(parents=True, exist_ok=True)

@@ -74,7 +74,7 @@ def use_config_cache(config: ml_collections.ConfigDict, workdir: str) -> Optiona
     ConfigError: the field is not a string, or names a local path that is a
       file or cannot be created or written.
   """
-  setting = config.get('compilation_cache_dir', '')
+  setting = config.compilation_cache_dir
   if not isinstance(setting, str):
     raise ConfigError(
         f'config.compilation_cache_dir={setting!r} is not allowed: use a folder path, '

@@ -103,7 +103,7 @@ def lowered_train_step(
   The mesh spans `devices`, by default JAX's; the devices of an accelerator
   topology (`analysis.xla_targets`) give a program that compiles for it."""
   parts = run_builder.build_parts(config, devices)
-  optimizer = train_steps.create_optimizer(config)
+  optimizer = train_steps.create_optimizer(parts.settings.optimizer)
   abstract_state = parts.abstract_train_state(optimizer)
   train_step = parts.jit_train_step(optimizer, abstract_state)
   key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding_lib.replicated(parts.mesh))

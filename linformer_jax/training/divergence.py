@@ -92,10 +92,8 @@ class DivergenceGuard:
       ledger: Optional[SoundStepLedger] = None,
       resumed_step: Optional[int] = None,
   ):
-    # A config saved before these fields existed (configs/from_workdir.py)
-    # keeps the behaviour of its time: stop at the first bad step.
-    self._max_skipped = config.get('max_skipped_steps', 0)
-    self._factor = config.get('spike_factor', 0.0)
+    self._max_skipped = config.max_skipped_steps
+    self._factor = config.spike_factor
     self._learning_rate = config.learning_rate
     self._config = config
     self._workdir = workdir
@@ -260,7 +258,7 @@ def go_back(
       sound kept steps), or no sound step is left.
   """
   ledger = ledger if ledger is not None else SoundStepLedger(workdir)
-  step = config.get('restore_step', 0)
+  step = config.restore_step
   kept = store.all_steps()
   diverged = ledger.diverged
   if not step and diverged:

@@ -42,7 +42,7 @@ def evaluate_run(config: ml_collections.ConfigDict, workdir: str, split: str) ->
 
 def results_path(config: ml_collections.ConfigDict, workdir: str, split: str) -> str:
   """WORKDIR/eval_SPLIT.json, or eval_SPLIT_STEP.json for config.restore_step=STEP."""
-  step = config.get('restore_step', 0)
+  step = config.restore_step
   name = f'eval_{split}_{step}.json' if step else f'eval_{split}.json'
   return storage.join(storage.location(workdir), name)
 

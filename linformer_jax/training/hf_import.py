@@ -49,7 +49,7 @@ def build_state(
   """The run's parts and its step-0 train state holding the imported weights,
   and the parameters that keep their initial values (E/F)."""
   parts = run_builder.build_parts(config)
-  optimizer = train_steps.create_optimizer(config)
+  optimizer = train_steps.create_optimizer(parts.settings.optimizer)
   abstract_state = parts.abstract_train_state(optimizer)
   shapes = {
       tuple(entry.key for entry in path): leaf.shape

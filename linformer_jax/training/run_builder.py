@@ -64,7 +64,7 @@ class RunParts:
 
   Attributes:
     config: the run's config.
-    model_config: its checked model fields.
+    settings: its checked settings (`run_config.settings_of`).
     task: the task object of config.task.
     model: the task's Flax model.
     mesh: the ('data', 'model') device mesh of config.mesh_shape.
@@ -74,13 +74,18 @@ class RunParts:
   """
 
   config: ml_collections.ConfigDict
-  model_config: ModelConfig
+  settings: run_config.RunSettings
   task: tasks.Task
   model: nn.Module
   mesh: jax.sharding.Mesh
   rules: Tuple[Tuple[str, Any], ...]
   batch_sharding: jax.sharding.NamedSharding
   fsdp: bool = False
+
+  @property
+  def model_config(self) -> ModelConfig:
+    """The checked model fields."""
+    return self.settings.model
 
   def _boxed_variables(self) -> Dict[str, Any]:
     """The model's variables as abstract arrays inside their logical-axis boxes."""
@@ -240,8 +245,9 @@ def build_parts(
     ConfigError: a bad config field, or a mesh that cannot split the model or
       the batches; nothing is compiled or written.
   """
+  settings = run_config.settings_of(config)
+  model_config = settings.model
   task = tasks.task_of(config)
-  model_config = run_config.validate(config)
   mesh = sharding_lib.create_mesh(config.mesh_shape, devices)
   rules = sharding_lib.axis_rules(config)
   sharding_lib.check_divisibility(
@@ -254,13 +260,13 @@ def build_parts(
   # The data builders check model.vocab_size against the tokenizer.
   return RunParts(
       config=config,
-      model_config=model_config,
+      settings=settings,
       task=task,
       model=task.create_model(model_config, config),
       mesh=mesh,
       rules=rules,
       batch_sharding=sharding_lib.batch_sharding(mesh, rules),
-      fsdp=config.get('fsdp', False),
+      fsdp=config.fsdp,
   )
 
 
@@ -333,7 +339,7 @@ def load_for_inference(
   parts = build_parts(config)
   step, data_state = _newest_step(config, workdir, step)
   tokenizer = None
-  if config.data.get('source') != 'listops':
+  if config.data.source != 'listops':
     tokenizer = tokenizer_lib.run_tokenizer(config.data, workdir)
   if isinstance(data_state, dict):
     sha256 = tokenizer.sha256 if tokenizer else None
@@ -350,7 +356,7 @@ def _newest_step(
   config.restore_step, 0 = the newest), checked against config, and its data
   state."""
   named = ''
-  if wanted is None and config.get('restore_step', 0):
+  if wanted is None and config.restore_step:
     wanted = config.restore_step
     named = f'config.restore_step={wanted}: '
   with CheckpointStore(checkpoint_directory(workdir)) as store:
@@ -404,6 +410,7 @@ def saved_config(workdir: str) -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict(_tuples(json.loads(storage.read_text(path))))
   except ValueError as error:
     raise ConfigError(f'{path} is not a JSON config ({error}); point at a run folder.') from None
-  registry.import_extensions(config.get('extensions'))
+  run_config.complete(config)
+  registry.import_extensions(config.extensions)
   registry.add_declared_settings(config)
   return config

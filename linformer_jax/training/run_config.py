@@ -1,7 +1,11 @@
-"""Checks of the training fields of a config, before anything is built.
+"""A run's settings, checked and typed once at the entry, and compared with a
+saved run's.
 
-The model's own fields are checked by `ModelConfig`; this module checks the
-rest and compares a workdir's saved run with the requested one.
+`settings_of(config)` checks the training fields (the model's own are checked
+by `ModelConfig`) and returns them typed: `RunSettings`. `complete(config)` is
+the one compatibility shim: it gives a config saved before a field existed
+that field, at the value the run had then, so no code reads a field with a
+default of its own.
 """
 
 import dataclasses
@@ -14,6 +18,37 @@ from linformer_jax import registry
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import model_config
 from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.training import sharding
+
+# What a run had before each of these fields existed (configs/default.py gives
+# a new run its values): `complete` adds them to an older config.json.
+FIELDS_ADDED_SINCE = {
+    'task': 'masked_lm',
+    'extensions': (),
+    'platform': '',
+    'init_from': '',
+    'compilation_cache_dir': '',
+    'profile_steps': (),
+    'restore_step': 0,
+    'max_skipped_steps': 0,  # stop at the first bad step
+    'spike_factor': 0.0,  # only NaN or inf is a bad step
+    'projection_learning_rate_scale': 1.0,
+    'projection_remove_common_update': False,
+    'fsdp': False,
+    'axis_rules': sharding.DEFAULT_AXIS_RULES,
+}
+DATA_FIELDS_ADDED_SINCE = {
+    'source': 'embedded',
+    'split_files': {},
+    'cache_dir': '',
+    'prepared_dir': '',
+    'prepare_workers': 0,
+    'sequences_per_shard': 8192,
+    'tfds_name': '',
+    'tfds_text_key': 'text',
+    'tfds_data_dir': '',
+    'tfds_download': False,
+}
 
 _POSITIVE_INTS = (
     'total_steps',
@@ -37,13 +72,60 @@ INITIALISATION_FIELDS = ('projection_init', 'projection_init_noise')
 DATA_FIELDS_FIXED_BY_A_RUN = ('tokenizer', 'vocab_size')
 
 
-def validate(config: ml_collections.ConfigDict) -> ModelConfig:
-  """Raises ConfigError for a bad training field; returns the model config."""
+@dataclasses.dataclass(frozen=True)
+class OptimizerSettings:
+  """AdamW, its learning-rate schedule and the rules for a learned E/F."""
+
+  learning_rate: float
+  warmup_steps: int
+  total_steps: int
+  end_learning_rate: float
+  weight_decay: float
+  adam_b1: float
+  adam_b2: float
+  adam_eps: float
+  grad_clip_norm: float
+  projection_learning_rate_scale: float
+  projection_remove_common_update: bool
+  projection: str  # config.model.projection: only 'linear' E/F have updates centred
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+  """A run's checked settings: the model and the optimizer."""
+
+  model: ModelConfig
+  optimizer: OptimizerSettings
+
+
+def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Adds to `config`, in place, each field of FIELDS_ADDED_SINCE and
+  DATA_FIELDS_ADDED_SINCE it lacks, at the value a run had before the field
+  existed; returns it. Every entry calls it: a config file, a saved
+  config.json, the Python API."""
+  with config.unlocked():
+    for field, value in FIELDS_ADDED_SINCE.items():
+      if field not in config:
+        config[field] = value
+    if 'data' in config:
+      for field, value in DATA_FIELDS_ADDED_SINCE.items():
+        if field not in config.data:
+          config.data[field] = value
+  return config
+
+
+def settings_of(config: ml_collections.ConfigDict) -> RunSettings:
+  """The run's settings, typed.
+
+  Raises:
+    ConfigError: a bad field, naming it and the values allowed.
+  """
+  complete(config)
   for field in _POSITIVE_INTS:
     value = config[field]
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
       raise ConfigError(f'config.{field}={value!r} is not allowed: use a positive integer.')
-  profile_steps = tuple(config.get('profile_steps', ()) or ())
+  profile_steps = tuple(config.profile_steps or ())
   if profile_steps and (
       len(profile_steps) != 2
       or not all(isinstance(s, int) and not isinstance(s, bool) for s in profile_steps)
@@ -59,19 +141,19 @@ def validate(config: ml_collections.ConfigDict) -> ModelConfig:
     if isinstance(value, bool) or not math.isfinite(value) or value < 0:
       raise ConfigError(f'config.{field}={value!r} is not allowed: use a finite value >= 0.')
   for field in ('max_skipped_steps', 'restore_step'):
-    value = config.get(field, 0)
+    value = config[field]
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
       raise ConfigError(f'config.{field}={value!r} is not allowed: use an integer >= 0.')
-  scale = config.get('projection_learning_rate_scale', 1.0)
+  scale = config.projection_learning_rate_scale
   if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 <= scale < math.inf:
     raise ConfigError(
         f'config.projection_learning_rate_scale={scale!r} is not allowed: use a finite '
         'number >= 0 (1 = the learning rate of every other weight, 0 = frozen).'
     )
   for field in ('fsdp', 'projection_remove_common_update'):
-    if not isinstance(config.get(field, False), bool):
+    if not isinstance(config[field], bool):
       raise ConfigError(f'config.{field}={config[field]!r} is not allowed: use True or False.')
-  factor = config.get('spike_factor', 0.0)
+  factor = config.spike_factor
   if isinstance(factor, bool) or not math.isfinite(factor) or not (factor == 0 or factor > 1):
     raise ConfigError(
         f'config.spike_factor={factor!r} is not allowed: use a number > 1, or 0 for no spike rule.'
@@ -95,7 +177,17 @@ def validate(config: ml_collections.ConfigDict) -> ModelConfig:
     raise ConfigError(
         f'config.data.mask_rate={config.data.mask_rate!r} is not allowed: use a value in (0, 1).'
     )
-  return ModelConfig.from_config(config.model)
+  return RunSettings(
+      model=ModelConfig.from_config(config.model),
+      optimizer=OptimizerSettings(
+          **{
+              field.name: config[field.name]
+              for field in dataclasses.fields(OptimizerSettings)
+              if field.name != 'projection'
+          },
+          projection=config.model.projection,
+      ),
+  )
 
 
 def _comparable(value: Any) -> Any:

@@ -303,7 +303,7 @@ class Classification(Task):
 def task_of(config: ml_collections.ConfigDict) -> Task:
   """The task object of config.task (default 'masked_lm'); ConfigError listing
   the registered tasks for another name."""
-  return TASKS.get(config.get('task', 'masked_lm'))()
+  return TASKS.get(config.task)()
 
 
 def evaluate_batches(

@@ -49,9 +49,9 @@ def continue_prompt(
       workdir without a matching run, tokenizer or kept restore_step, or a
       prompt and max_new_tokens longer than model.max_len.
   """
-  if config.get('task') != 'causal_lm':
+  if config.task != 'causal_lm':
     raise ConfigError(
-        f"config.task={config.get('task')!r} cannot generate; use a causal_lm config "
+        f"config.task={config.task!r} cannot generate; use a causal_lm config "
         '(e.g. configs/causal_lm.py).'
     )
   if seed not in SEEDS:

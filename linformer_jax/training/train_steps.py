@@ -12,10 +12,10 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 
 from linformer_jax.model.layers import PROJECTION_NAMES
+from linformer_jax.training.run_config import OptimizerSettings
 
 Array = jax.Array
 Batch = Dict[str, Array]
@@ -41,7 +41,7 @@ class TrainState:
     return {'params': self.params, **self.constants}
 
 
-def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
+def learning_rate_schedule(config: OptimizerSettings) -> optax.Schedule:
   """Linear warm-up to the peak rate, then linear decay to end_learning_rate."""
   warmup = optax.linear_schedule(0.0, config.learning_rate, config.warmup_steps)
   decay = optax.linear_schedule(
@@ -57,7 +57,7 @@ def _decay_mask(params):
   return jax.tree_util.tree_map(lambda p: p.ndim > 1, params)
 
 
-def create_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def create_optimizer(config: OptimizerSettings) -> optax.GradientTransformation:
   """AdamW with RoBERTa's betas/eps, global-norm clipping and the LR schedule;
   the sequence projections' updates scaled by projection_learning_rate_scale."""
   adamw = optax.adamw(
@@ -71,10 +71,9 @@ def create_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransfo
   optimizer = adamw
   if config.grad_clip_norm > 0:
     optimizer = optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), adamw)
-  scale = config.get('projection_learning_rate_scale', 1.0)
-  if scale != 1.0:
-    optimizer = scale_projection_updates(optimizer, scale)
-  if config.get('projection_remove_common_update', False) and config.model.projection == 'linear':
+  if config.projection_learning_rate_scale != 1.0:
+    optimizer = scale_projection_updates(optimizer, config.projection_learning_rate_scale)
+  if config.projection_remove_common_update and config.projection == 'linear':
     optimizer = remove_common_projection_updates(optimizer)
   return optimizer
 

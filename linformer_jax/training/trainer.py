@@ -174,13 +174,13 @@ class Run:
     if resuming:
       run_config.check_same_model(self.store.restore_config(), config, workdir)
       divergence.go_back(self.store, config, workdir, self.ledger)
-    elif config.get('restore_step', 0):
+    elif config.restore_step:
       divergence.go_back(self.store, config, workdir, self.ledger)  # refuses it: nothing is kept
     # Checked before the data is built, so a bad init_from fails fast.
     init_from = self.task.check_init_from(config) if config.init_from and not resuming else None
     self.data = self.parts.build_data(workdir)
-    self.optimizer = train_steps.create_optimizer(config)
-    self.schedule = train_steps.learning_rate_schedule(config)
+    self.optimizer = train_steps.create_optimizer(self.parts.settings.optimizer)
+    self.schedule = train_steps.learning_rate_schedule(self.parts.settings.optimizer)
     self.abstract_state = self.parts.abstract_train_state(self.optimizer)
     self.train_step = self.parts.jit_train_step(self.optimizer, self.abstract_state)
     self.eval_step = self.parts.jit_eval_step(self.abstract_state.variables())
@@ -291,8 +291,8 @@ PROFILE_FOLDER = 'profile'
 
 
 def _profile_steps(config: ml_collections.ConfigDict) -> Optional[Tuple[int, int]]:
-  """config.profile_steps (checked by run_config.validate) as (first, last), or None."""
-  steps = tuple(config.get('profile_steps', ()) or ())
+  """config.profile_steps (checked by run_config.settings_of) as (first, last), or None."""
+  steps = tuple(config.profile_steps or ())
   return steps if steps else None
 
 

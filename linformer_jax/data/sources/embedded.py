@@ -90,7 +90,7 @@ class Embedded(base.PretrainingSource):
   """Python's own documentation (`embedded_documents`), cached in config.data.cache_dir."""
 
   def documents(self, data_config: Mapping[str, Any], split: str) -> Iterator[str]:
-    return iter(embedded_documents(split, data_config.get('cache_dir') or None))
+    return iter(embedded_documents(split, data_config['cache_dir'] or None))
 
   def signature(self, data_config: Mapping[str, Any], split: str) -> Dict[str, Any]:
     """The Python version, whose documentation the corpus is."""

@@ -276,10 +276,10 @@ class TextFiles(base.PretrainingSource):
     return {
         'files': [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files],
         'split_files': {
-            k: sorted(v) for k, v in dict(data_config.get('split_files') or {}).items()
+            k: sorted(v) for k, v in dict(data_config['split_files']).items()
         },
     }
 
 
 def _files_of(data_config: Mapping[str, object], split: str) -> List[pathlib.Path]:
-  return split_text_files(data_config['path'], split, data_config.get('split_files') or {})
+  return split_text_files(data_config['path'], split, data_config['split_files'])

@@ -134,7 +134,7 @@ def _array_record_units(data_config: Mapping[str, Any], split: str) -> Optional[
   None when the dataset is in another format (then it streams once)."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
-  name, data_dir = data_config['tfds_name'], data_config.get('tfds_data_dir') or ''
+  name, data_dir = data_config['tfds_name'], data_config['tfds_data_dir']
   try:
     builder = tfds.builder(name, data_dir=data_dir or None)
   except Exception:  # pylint: disable=broad-except
@@ -142,7 +142,7 @@ def _array_record_units(data_config: Mapping[str, Any], split: str) -> Optional[
   if not builder.is_prepared() or builder.info.file_format != tfds.core.FileFormat.ARRAY_RECORD:
     return None
   count = len(_tfds_source(name, split, data_dir))
-  key = data_config.get('tfds_text_key') or 'text'
+  key = data_config['tfds_text_key']
   return [
       ExampleRange(name, split, data_dir, key, start, min(start + base.DOCUMENTS_PER_UNIT, count))
       for start in range(0, count, base.DOCUMENTS_PER_UNIT)
@@ -154,20 +154,20 @@ class Tfds(base.PretrainingSource):
   """config.data.tfds_name's examples, their config.data.tfds_text_key feature."""
 
   def documents(self, data_config, split) -> Iterator[str]:
-    if not data_config.get('tfds_name'):
+    if not data_config['tfds_name']:
       raise ConfigError(
           "config.data.tfds_name is empty; set it to a TFDS dataset, e.g. 'wiki40b/en'."
       )
     return iter_tfds_documents(
         data_config['tfds_name'],
         split,
-        data_config.get('tfds_text_key') or 'text',
-        data_config.get('tfds_data_dir') or None,
-        bool(data_config.get('tfds_download', False)),
+        data_config['tfds_text_key'],
+        data_config['tfds_data_dir'] or None,
+        bool(data_config['tfds_download']),
     )
 
   def units(self, data_config, split) -> Iterator[base.Unit]:
-    if data_config.get('tfds_name'):
+    if data_config['tfds_name']:
       units = _array_record_units(data_config, split)
       if units is not None:
         yield from units
@@ -180,5 +180,5 @@ class Tfds(base.PretrainingSource):
     return {
         'name': data_config['tfds_name'],
         'key': data_config['tfds_text_key'],
-        'data_dir': data_config.get('tfds_data_dir') or '',
+        'data_dir': data_config['tfds_data_dir'],
     }

@@ -19,6 +19,7 @@ from linformer_jax.analysis.benchmark_report import EFFICIENT_TRANSFORMER
 from linformer_jax.analysis.benchmark_report import LINFORMER
 from linformer_jax.analysis.benchmark_report import TRANSFORMER
 from linformer_jax.errors import ConfigError
+from linformer_jax.training import compiled_step
 
 TINY = dict(
     seq_lens=(64, 128),
@@ -285,7 +286,7 @@ def budget_grid(tmp_path_factory):
       )
   )
   batch_of_4 = benchmark_budget.ForwardPass(settings.model_config(TRANSFORMER, 64)).compile(4)
-  budget = benchmark_budget.budgeted_bytes(benchmark_budget.planned_bytes(batch_of_4))
+  budget = benchmark_budget.budgeted_bytes(compiled_step.planned_bytes(batch_of_4))
   settings = dataclasses.replace(settings, memory_budget_bytes=budget)
   out_dir = str(tmp_path_factory.mktemp('bench_budget'))
   rows = benchmark.run_grid(settings, matmul_gflops=1.0)
@@ -315,7 +316,7 @@ def test_each_cell_runs_at_the_largest_batch_within_the_budget(budget_grid):
   assert transformer['budget_batch'] >= 4
   if transformer['budget_batch'] < settings.max_batch:
     forward = benchmark_budget.ForwardPass(settings.model_config(TRANSFORMER, 64))
-    one_more = benchmark_budget.planned_bytes(forward.compile(transformer['budget_batch'] + 1))
+    one_more = compiled_step.planned_bytes(forward.compile(transformer['budget_batch'] + 1))
     assert benchmark_budget.budgeted_bytes(one_more) > budget
   with open(os.path.join(out_dir, 'results.csv')) as f:
     header = next(csv.reader(f))

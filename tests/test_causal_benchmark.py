@@ -9,10 +9,10 @@ import os
 
 import pytest
 
-from linformer_jax.analysis import benchmark
 from linformer_jax.analysis import causal_benchmark
 from linformer_jax.analysis.causal_benchmark import CausalBenchmarkSettings
 from linformer_jax.errors import ConfigError
+from linformer_jax.training import compiled_step
 
 TINY = dict(
     contexts=(64, 128),
@@ -108,7 +108,7 @@ def test_the_cache_sizes_are_the_kv_cache_and_the_block_summaries(run):
 def test_a_linformer_token_costs_fewer_flops_at_a_long_context():
   settings = CausalBenchmarkSettings(**dict(TINY, contexts=(1024,)))
   flops = {
-      attention: benchmark.cost_analysis(
+      attention: compiled_step.cost_analysis(
           causal_benchmark.compile_decode(settings, attention, 1024)[0]
       )['flops']
       for attention in ('full', 'linformer')

@@ -21,7 +21,9 @@ from linformer_jax.analysis import flag_checks
 from linformer_jax.analysis.benchmark import time_ms
 from linformer_jax.analysis.benchmark_settings import DTYPES
 from linformer_jax.analysis.settings_flags import setting
+from linformer_jax.analysis.tables import markdown_table
 from linformer_jax.model import attention
+from linformer_jax.training import compiled_step
 from linformer_jax.units import MIB
 
 _POSITIVE_SETTINGS = ('projected_len', 'batch', 'heads', 'head_dim', 'repeats')
@@ -63,9 +65,9 @@ class AttentionBenchmarkSettings:
 def measure(fn: Callable[..., Any], args: Sequence[Any], repeats: int) -> Dict[str, float]:
   """Compiles fn for args; its median forward time (ms) and temporary bytes."""
   compiled = jax.jit(fn).lower(*args).compile()
-  memory = compiled.memory_analysis()
+  temp_bytes = compiled_step.planned_bytes(compiled)['temp_bytes']
   times = time_ms(lambda: compiled(*args), repeats)
-  return {'time_ms': statistics.median(times), 'temp_bytes': float(memory.temp_size_in_bytes)}
+  return {'time_ms': statistics.median(times), 'temp_bytes': float(temp_bytes)}
 
 
 def run(settings: AttentionBenchmarkSettings) -> List[Dict[str, float]]:
@@ -104,16 +106,27 @@ def describe_run(settings: AttentionBenchmarkSettings) -> str:
 
 def format_table(rows: List[Dict[str, float]]) -> str:
   """The rows as a markdown table with Linformer's speed-up and memory saving."""
-  lines = [
-      '| n | k | full ms | linformer ms | speed-up | full temp MiB | '
-      'linformer temp MiB | memory saving |',
-      '|---|---|---|---|---|---|---|---|',
+  header = (
+      'n',
+      'k',
+      'full ms',
+      'linformer ms',
+      'speed-up',
+      'full temp MiB',
+      'linformer temp MiB',
+      'memory saving',
+  )
+  cells = [
+      (
+          r['n'],
+          r['k'],
+          f"{r['full_ms']:.2f}",
+          f"{r['linformer_ms']:.2f}",
+          f"{r['full_ms'] / r['linformer_ms']:.1f}x",
+          f"{r['full_temp_mib']:.1f}",
+          f"{r['linformer_temp_mib']:.1f}",
+          f"{r['full_temp_mib'] / max(r['linformer_temp_mib'], 1e-9):.1f}x",
+      )
+      for r in rows
   ]
-  for r in rows:
-    lines.append(
-        f"| {r['n']} | {r['k']} | {r['full_ms']:.2f} | {r['linformer_ms']:.2f} | "
-        f"{r['full_ms'] / r['linformer_ms']:.1f}x | {r['full_temp_mib']:.1f} | "
-        f"{r['linformer_temp_mib']:.1f} | "
-        f"{r['full_temp_mib'] / max(r['linformer_temp_mib'], 1e-9):.1f}x |"
-    )
-  return '\n'.join(lines)
+  return markdown_table(header, cells)

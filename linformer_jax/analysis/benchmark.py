@@ -61,9 +61,6 @@ import optax
 from linformer_jax.analysis import benchmark_report
 from linformer_jax.analysis.benchmark_budget import ForwardPass
 from linformer_jax.analysis.benchmark_budget import compile_within_budget
-from linformer_jax.analysis.benchmark_budget import cost_analysis  # noqa: F401 (causal_benchmark)
-from linformer_jax.analysis.benchmark_budget import is_out_of_memory
-from linformer_jax.analysis.benchmark_budget import planned_bytes
 from linformer_jax.analysis.benchmark_report import EFFICIENT_TRANSFORMER
 from linformer_jax.analysis.benchmark_report import LINFORMER
 from linformer_jax.analysis.benchmark_report import TRANSFORMER
@@ -72,6 +69,8 @@ from linformer_jax.analysis.benchmark_settings import BenchmarkSettings
 from linformer_jax.analysis.benchmark_settings import memory_stats
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.training.compiled_step import is_out_of_memory
+from linformer_jax.training.compiled_step import planned_bytes
 from linformer_jax.units import GIB
 
 

@@ -1,7 +1,8 @@
 """One cell's compiled forward pass: its memory, its cost, the paper's max-batch method.
 
-`ForwardPass` compiles a benchmark cell's encoder for any batch; `planned_bytes`
-and `ForwardPass.cost` read XLA's memory and cost analyses of it.
+`ForwardPass` compiles a benchmark cell's encoder for any batch; XLA's memory
+and cost analyses of it are read by `compiled_step.planned_bytes` and
+`ForwardPass.cost`.
 
 The Linformer paper compares models at the largest batch each fits in a fixed
 amount of memory. `compile_within_budget` finds that batch from XLA's compiled
@@ -22,28 +23,10 @@ import numpy as np
 from linformer_jax.model import layers
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.training.compiled_step import cost_analysis
+from linformer_jax.training.compiled_step import is_out_of_memory
+from linformer_jax.training.compiled_step import planned_bytes
 from linformer_jax.units import GIB
-
-# Lower-cased phrases of XLA's allocation failures on CPU and GPU.
-_OUT_OF_MEMORY_MARKERS = ('resource_exhausted', 'out of memory', 'failed to allocate')
-
-
-def is_out_of_memory(error: Exception) -> bool:
-  """Whether an exception of compiling or running says memory ran out."""
-  message = str(error).lower()
-  return any(marker in message for marker in _OUT_OF_MEMORY_MARKERS)
-
-
-def cost_analysis(compiled) -> Dict[str, Optional[float]]:
-  """XLA's cost analysis: FLOPs and bytes accessed (None where not reported)."""
-  analysis = compiled.cost_analysis()
-  if isinstance(analysis, (list, tuple)):
-    analysis = analysis[0] if analysis else None
-  analysis = analysis or {}
-  return {
-      column: float(analysis[key]) if key in analysis else None
-      for column, key in (('flops', 'flops'), ('bytes_accessed', 'bytes accessed'))
-  }
 
 
 class ForwardPass:
@@ -85,16 +68,6 @@ class ForwardPass:
       return cost_analysis(compiled)
     one_pass = ForwardPass(dataclasses.replace(config, inference_chunk=0)).compile(batch)
     return {'flops': cost_analysis(one_pass)['flops'], 'bytes_accessed': None}
-
-
-def planned_bytes(compiled) -> Dict[str, int]:
-  """XLA's compiled temporary, argument and output bytes of an executable."""
-  memory = compiled.memory_analysis()
-  return {
-      'temp_bytes': int(memory.temp_size_in_bytes),
-      'argument_bytes': int(memory.argument_size_in_bytes),
-      'output_bytes': int(memory.output_size_in_bytes),
-  }
 
 
 def budgeted_bytes(planned: Dict[str, int]) -> int:

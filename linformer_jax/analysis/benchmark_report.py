@@ -18,6 +18,8 @@ from typing import Any, Callable, Dict, List, Optional
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from linformer_jax.analysis.tables import number_text
+from linformer_jax.analysis.tables import ratio_text
 from linformer_jax.units import GIB
 from linformer_jax.units import MIB
 
@@ -77,12 +79,6 @@ def series_label(model: str, projected_len: int) -> str:
   return 'Transformer (efficient)' if model == EFFICIENT_TRANSFORMER else 'Transformer'
 
 
-def _ratio(numerator, denominator) -> str:
-  if numerator is None or denominator is None or not denominator:
-    return '–'
-  return f'{numerator / denominator:.1f}x'
-
-
 def _find(rows, model: str, seq_len: int, projected_len: int = 0):
   for row in rows:
     if (row['model'], row['seq_len'], row['projected_len']) == (model, seq_len, projected_len):
@@ -122,20 +118,16 @@ def format_table(
       if linformer is None:
         cells.append('–')
         continue
-      speed_up = _ratio(linformer['tokens_per_s'], full and full['tokens_per_s'])
+      speed_up = ratio_text(linformer['tokens_per_s'], full and full['tokens_per_s'])
       if by_budget:
-        saving = _ratio(full and full['bytes_per_sequence'], linformer['bytes_per_sequence'])
+        saving = ratio_text(full and full['bytes_per_sequence'], linformer['bytes_per_sequence'])
         cells.append(f'{speed_up} / {saving}')
         continue
-      saving = _ratio(full and memory_bytes(full), memory_bytes(linformer))
-      activation_saving = _ratio(full and full['temp_bytes'], linformer['temp_bytes'])
+      saving = ratio_text(full and memory_bytes(full), memory_bytes(linformer))
+      activation_saving = ratio_text(full and full['temp_bytes'], linformer['temp_bytes'])
       cells.append(f'{speed_up} / {saving} ({activation_saving})')
     lines.append(f'| {seq_len} | ' + ' | '.join(cells) + ' |')
   return '\n'.join(lines)
-
-
-def _number(value, fmt: str) -> str:
-  return '' if value is None else format(value, fmt)
 
 
 def format_details(rows: List[Dict[str, Any]], by_budget: bool = False) -> str:
@@ -157,15 +149,16 @@ def format_details(rows: List[Dict[str, Any]], by_budget: bool = False) -> str:
         else f"{row['time_ms']:.1f} ({row['time_min_ms']:.1f}–{row['time_max_ms']:.1f})"
     )
     per_sequence = row['bytes_per_sequence']
-    per_sequence_cell = f" {_number(per_sequence and per_sequence / MIB, '.2f')} |"
+    per_sequence_cell = f" {number_text(per_sequence and per_sequence / MIB, '.2f', missing='')} |"
     lines.append(
         f"| {row['model']} | {row['seq_len']} | {row['projected_len'] or ''} | "
-        f"{_number(row['batch'], 'd')} | "
-        f"{timing} | {_number(row['us_per_token'], '.1f')} | "
-        f"{_number(memory and memory / MIB, '.1f')} | "
-        f"{_number(row['flops'] and row['flops'] / 1e9, '.1f')} | "
-        f"{_number(row['utilisation'], '.1%')} | "
-        f"{_number(row['train_tokens_per_s'], '.0f')} |" + per_sequence_cell * by_budget
+        f"{number_text(row['batch'], 'd', missing='')} | "
+        f"{timing} | {number_text(row['us_per_token'], '.1f', missing='')} | "
+        f"{number_text(memory and memory / MIB, '.1f', missing='')} | "
+        f"{number_text(row['flops'] and row['flops'] / 1e9, '.1f', missing='')} | "
+        f"{number_text(row['utilisation'], '.1%', missing='')} | "
+        f"{number_text(row['train_tokens_per_s'], '.0f', missing='')} |"
+        + per_sequence_cell * by_budget
     )
   return '\n'.join(lines)
 

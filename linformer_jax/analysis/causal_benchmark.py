@@ -48,12 +48,16 @@ from linformer_jax.analysis import benchmark_settings
 from linformer_jax.analysis import flag_checks
 from linformer_jax.analysis.benchmark_report import memory_bytes
 from linformer_jax.analysis.settings_flags import setting
+from linformer_jax.analysis.tables import markdown_table
+from linformer_jax.analysis.tables import number_text
+from linformer_jax.analysis.tables import ratio_text
 from linformer_jax.model import generation
 from linformer_jax.model import models
 from linformer_jax.model import projections
 from linformer_jax.model.layers import CACHE
 from linformer_jax.model.model_config import SHARING_MODES
 from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.training import compiled_step
 from linformer_jax.units import GIB
 from linformer_jax.units import MIB
 
@@ -247,9 +251,8 @@ def _measure(row, settings, compile_step: Callable, make_args: Callable, tokens_
   """
   try:
     compiled = compile_step()
-    row.update(benchmark.planned_bytes(compiled))
-    row['alias_bytes'] = int(compiled.memory_analysis().alias_size_in_bytes)
-    row['flops'] = benchmark.cost_analysis(compiled)['flops']
+    row.update(compiled_step.planned_bytes(compiled))
+    row['flops'] = compiled_step.cost_analysis(compiled)['flops']
     row['flops_per_token'] = row['flops'] and row['flops'] / tokens_per_call
     if memory_bytes(row) > settings.memory_limit_bytes:
       row['note'] = benchmark.over_limit_note('timing', row, settings.memory_limit_bytes)
@@ -264,7 +267,7 @@ def _measure(row, settings, compile_step: Callable, make_args: Callable, tokens_
 
     times = benchmark.time_ms(call, settings.repeats)
   except Exception as error:  # pylint: disable=broad-except
-    if not benchmark.is_out_of_memory(error):
+    if not compiled_step.is_out_of_memory(error):
       raise
     row['note'] = f'timing skipped: out of memory: {benchmark.first_line(error)}'
     return row
@@ -339,19 +342,6 @@ def _find(rows, name: str, model: str, length: int, query_blocks: int = 0) -> Di
   return next((r for r in rows if tuple(map(r.get, fields)) == cell), dict.fromkeys(COLUMNS))
 
 
-def _ratio(numerator, denominator) -> str:
-  return f'{numerator / denominator:.2f}x' if numerator and denominator else '–'
-
-
-def _number(value, fmt: str, scale: float = 1.0) -> str:
-  return '–' if value is None else format(value / scale, fmt)
-
-
-def _markdown(header: Sequence[str], body: List[List[str]]) -> str:
-  lines = [header, ['---'] * len(header)] + body
-  return '\n'.join('| ' + ' | '.join(cells) + ' |' for cells in lines)
-
-
 def format_generation(rows: List[Dict[str, Any]]) -> str:
   """Per context C: ms and tokens/s per step, cache MiB and GFLOP per token, with ratios."""
   body = []
@@ -359,17 +349,17 @@ def format_generation(rows: List[Dict[str, Any]]) -> str:
     full, lin = (_find(rows, 'generation', m, context) for m in ('transformer', 'linformer'))
     body.append(
         [str(context)]
-        + [_number(r['time_ms'], '.3f') for r in (full, lin)]
-        + [_ratio(full['time_ms'], lin['time_ms'])]
-        + [_number(r['tokens_per_s'], '.1f') for r in (full, lin)]
-        + [_number(r['cache_bytes'], '.1f', MIB) for r in (full, lin)]
-        + [_ratio(full['cache_bytes'], lin['cache_bytes'])]
-        + [_number(r['flops_per_token'], '.4f', 1e9) for r in (full, lin)]
+        + [number_text(r['time_ms'], '.3f') for r in (full, lin)]
+        + [ratio_text(full['time_ms'], lin['time_ms'], 2)]
+        + [number_text(r['tokens_per_s'], '.1f') for r in (full, lin)]
+        + [number_text(r['cache_bytes'], '.1f', scale=MIB) for r in (full, lin)]
+        + [ratio_text(full['cache_bytes'], lin['cache_bytes'], 2)]
+        + [number_text(r['flops_per_token'], '.4f', scale=1e9) for r in (full, lin)]
     )
   header = ['C', 'Transformer ms/token', 'Linformer ms/token', 'speed-up']
   header += ['Transformer tokens/s', 'Linformer tokens/s', 'Transformer cache MiB']
   header += ['Linformer cache MiB', 'cache saving', 'Transformer GFLOP/token']
-  return _markdown(header + ['Linformer GFLOP/token'], body)
+  return markdown_table(header + ['Linformer GFLOP/token'], body)
 
 
 def growth(rows: List[Dict[str, Any]], model: str) -> Optional[tuple]:
@@ -398,15 +388,15 @@ def format_forward(rows: List[Dict[str, Any]]) -> str:
     full = _find(rows, 'forward', 'transformer', lin['length'])
     body.append(
         [str(lin['length']), str(lin['query_blocks_per_step'] or 'all')]
-        + [_number(r['time_ms'], '.1f') for r in (full, lin)]
-        + [_ratio(full['time_ms'], lin['time_ms'])]
-        + [_number(memory_bytes(r), '.1f', MIB) for r in (full, lin)]
-        + [_ratio(memory_bytes(full), memory_bytes(lin))]
-        + [_ratio(full['temp_bytes'], lin['temp_bytes'])]
+        + [number_text(r['time_ms'], '.1f') for r in (full, lin)]
+        + [ratio_text(full['time_ms'], lin['time_ms'], 2)]
+        + [number_text(memory_bytes(r), '.1f', scale=MIB) for r in (full, lin)]
+        + [ratio_text(memory_bytes(full), memory_bytes(lin), 2)]
+        + [ratio_text(full['temp_bytes'], lin['temp_bytes'], 2)]
     )
   header = ['n', 'Linformer query blocks per step', 'Transformer ms', 'Linformer ms', 'speed-up']
   header += ['Transformer MiB', 'Linformer MiB', 'memory saving', 'saving on temporaries']
-  return _markdown(header, body)
+  return markdown_table(header, body)
 
 
 def _plot(rows, name: str, xlabel: str, ylabel: str, title: str, path: str) -> None:

@@ -27,6 +27,7 @@ import jax
 import ml_collections
 
 from linformer_jax.analysis import xla_targets
+from linformer_jax.analysis.tables import markdown_table
 from linformer_jax.training import compiled_step
 from linformer_jax.training import sharding as sharding_lib
 from linformer_jax.units import GIB
@@ -94,7 +95,7 @@ def model_flops(config: ml_collections.ConfigDict, device_count: int) -> float:
   host's CPU: the same global batch on one device, over `device_count`."""
   host = config.copy_and_resolve_references()
   host.mesh_shape = (1, 1)
-  if host.model.get('attention_kernel', 'einsum') == 'cudnn':
+  if host.model.attention_kernel == 'cudnn':
     host.model.attention_kernel = 'einsum'  # the same products; cuDNN lowers on GPUs only
   cpu = jax.devices('cpu')[:1]
   lowered = compiled_step.lowered_train_step(host, cpu)
@@ -108,9 +109,9 @@ def _bytes(match: Optional[re.Match]) -> int:
 def _out_of_memory_need(error: Exception) -> Optional[Tuple[int, int]]:
   """(arguments, temporaries) XLA:TPU said a refused step needs, or None if
   the error is not such a refusal."""
-  text = str(error)
-  if 'RESOURCE_EXHAUSTED' not in text:
+  if not compiled_step.is_out_of_memory(error):
     return None
+  text = str(error)
   exceeded = _TEMPORARIES_EXCEED.search(text)
   if exceeded:
     return 0, _bytes(exceeded)
@@ -145,16 +146,15 @@ def compile_step(
         batch, *need, usable_bytes, False, flops, None, time.monotonic() - start, refused=True
     )
   seconds = time.monotonic() - start
-  memory = compiled.memory_analysis()
-  arguments, temporaries = int(memory.argument_size_in_bytes), int(memory.temp_size_in_bytes)
+  memory = compiled_step.planned_bytes(compiled)
+  arguments, temporaries = memory['argument_bytes'], memory['temp_bytes']
   compiled_flops = None
   # XLA's cost analysis counts a loop's body once: the micro-batch loop holds
   # all of a step's work but the update (scaled as compiled_step.step_flops
   # does); a scan over layers has no such fix, so its count is left out.
-  if devices[0].platform == 'tpu' and not config.model.get('scan_layers', False):
-    costs = compiled.cost_analysis()
-    costs = costs[0] if isinstance(costs, (list, tuple)) else costs
-    compiled_flops = float((costs or {}).get('flops', 0.0)) * config.grad_accum_steps or None
+  if devices[0].platform == 'tpu' and not config.model.scan_layers:
+    flops_per_micro_batch = compiled_step.cost_analysis(compiled)['flops'] or 0.0
+    compiled_flops = flops_per_micro_batch * config.grad_accum_steps or None
   fits = usable_bytes is None or arguments + temporaries <= usable_bytes
   return StepMemory(
       batch, arguments, temporaries, usable_bytes, fits, flops, compiled_flops, seconds
@@ -239,23 +239,37 @@ def _gflop(flops: float) -> str:
 
 def describe_rows(rows: List[Dict[str, object]]) -> str:
   """A markdown table of rows {'target', 'mesh', 'memory': StepMemory}."""
-  lines = [
-      '| target | mesh (data, model) | batch per device | arguments | temporaries | total '
-      '| usable | fits | model GFLOP per device | compiled / model FLOPs | compile s |',
-      '|---|---|---|---|---|---|---|---|---|---|---|',
-  ]
-  size = size_text
+  header = (
+      'target',
+      'mesh (data, model)',
+      'batch per device',
+      'arguments',
+      'temporaries',
+      'total',
+      'usable',
+      'fits',
+      'model GFLOP per device',
+      'compiled / model FLOPs',
+      'compile s',
+  )
+  cells = []
   for row in rows:
     memory: StepMemory = row['memory']
     refused = memory.refused and not memory.argument_bytes
     ratio = memory.compiler_flops_ratio
-    lines.append(
-        f'| {row["target"]} | {tuple(row["mesh"])} | {memory.per_device_batch} | '
-        f'{"-" if refused else size(memory.argument_bytes)} | '
-        f'{"needs " if memory.refused else ""}{size(memory.temporary_bytes)} | '
-        f'{size(memory.total_bytes)} | '
-        f'{size(memory.usable_bytes) if memory.usable_bytes else "host"} | '
-        f'{"yes" if memory.fits else "no"} | {_gflop(memory.model_flops)} | '
-        f'{f"{ratio:.3f}" if ratio else "-"} | {memory.compile_seconds:.1f} |'
+    cells.append(
+        (
+            row['target'],
+            tuple(row['mesh']),
+            memory.per_device_batch,
+            '-' if refused else size_text(memory.argument_bytes),
+            f'{"needs " if memory.refused else ""}{size_text(memory.temporary_bytes)}',
+            size_text(memory.total_bytes),
+            size_text(memory.usable_bytes) if memory.usable_bytes else 'host',
+            'yes' if memory.fits else 'no',
+            _gflop(memory.model_flops),
+            f'{ratio:.3f}' if ratio else '-',
+            f'{memory.compile_seconds:.1f}',
+        )
     )
-  return '\n'.join(lines)
+  return markdown_table(header, cells)

@@ -45,6 +45,7 @@ import numpy as np
 import optax
 
 from linformer_jax.analysis import flag_checks
+from linformer_jax.analysis import tables
 from linformer_jax.analysis.benchmark import random_variables
 from linformer_jax.analysis.benchmark import time_ms
 from linformer_jax.analysis.benchmark_budget import ForwardPass
@@ -425,19 +426,20 @@ def _format_rate(tokens_per_s: Optional[float]) -> str:
 
 def markdown_table(rows: Sequence[Dict[str, Any]], header: str) -> str:
   """The header line and a table n | mode | JAX tokens/s | PyTorch tokens/s | ratio."""
-  lines = [
-      header,
-      '',
-      '| n | mode | JAX tokens/s | PyTorch tokens/s | ratio |',
-      '|---:|:---|---:|---:|---:|',
+  cells = [
+      (
+          row['seq_len'],
+          row['mode'],
+          _format_rate(row['jax_tokens_per_s']),
+          _format_rate(row['torch_tokens_per_s']),
+          '-' if row['ratio'] is None else f'{row["ratio"]:.2f}x',
+      )
+      for row in rows
   ]
-  for row in rows:
-    ratio = '-' if row['ratio'] is None else f'{row["ratio"]:.2f}x'
-    lines.append(
-        f'| {row["seq_len"]} | {row["mode"]} | {_format_rate(row["jax_tokens_per_s"])} | '
-        f'{_format_rate(row["torch_tokens_per_s"])} | {ratio} |'
-    )
-  return '\n'.join(lines) + '\n'
+  table = tables.markdown_table(
+      ('n', 'mode', 'JAX tokens/s', 'PyTorch tokens/s', 'ratio'), cells, 'rlrrr'
+  )
+  return f'{header}\n\n{table}\n'
 
 
 def write_report(rows: Sequence[Dict[str, Any]], out_dir: str, header: str) -> str:

@@ -15,6 +15,7 @@ import re
 import statistics
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from linformer_jax.analysis.tables import number_text
 from linformer_jax.training import trainer
 from linformer_jax.training.metric_writers import read_metrics
 
@@ -86,14 +87,6 @@ def describe(overrides: Mapping[str, Any]) -> str:
   return ', '.join(f'{key}={value!r}' for key, value in overrides.items())
 
 
-def _number(value: Optional[float], digits: int) -> str:
-  if value is None:
-    return '–'
-  if not math.isfinite(value):
-    return str(value)
-  return f'{value:,.{digits}f}'
-
-
 def _eval_split(sweep: Any, workdir: str) -> str:
   """The split the variants were evaluated on (a --set may have changed it)."""
   for variant in sweep.variants:
@@ -119,10 +112,10 @@ def report_table(sweep: Any, workdir: str) -> str:
     if results is None:
       rows.append(f'| {variant.name} | {overrides} | not finished |{" – |" * (len(names) + 2)}')
       continue
-    cells = [_number(results.get(key), digits) for key, _, digits in judged.columns]
+    cells = [number_text(results.get(key), f',.{digits}f') for key, _, digits in judged.columns]
     rows.append(
         f'| {variant.name} | {overrides} | {results["step"]} | {" | ".join(cells)} '
-        f'| {results["parameters"]:,} | {_number(results["wall_time_s"], 0)} |'
+        f'| {results["parameters"]:,} | {number_text(results["wall_time_s"], ",.0f")} |'
     )
   return '\n'.join([header] + rows)
 
@@ -159,10 +152,11 @@ def seed_table(sweep: Any, workdir: str) -> Optional[str]:
       rows.append(f'| {name} | 0 of {len(members)} | – | – | – |')
       continue
     spread = statistics.stdev(values) if len(values) > 1 else 0.0
+    digits = f',.{judged.digits}f'
     rows.append(
         f'| {name} | {len(values)} of {len(members)} '
-        f'| {_number(statistics.mean(values), judged.digits)} ± {_number(spread, judged.digits)} '
-        f'| {_number(min(values), judged.digits)} | {_number(max(values), judged.digits)} |'
+        f'| {number_text(statistics.mean(values), digits)} ± {number_text(spread, digits)} '
+        f'| {number_text(min(values), digits)} | {number_text(max(values), digits)} |'
     )
   return '\n'.join(rows)
 
@@ -195,7 +189,7 @@ def steps_table(sweep: Any, workdir: str) -> Optional[str]:
   for variant, results, curve in finished:
     limit = PLATEAU_FRACTION * results['unigram_perplexity']
     left = next((step for step in sorted(curve) if curve[step] <= limit), None)
-    cells = [_number(curve.get(step), 1) for step in steps]
+    cells = [number_text(curve.get(step), ',.1f') for step in steps]
     rows.append(f'| {variant.name} | {left if left is not None else "–"} | {" | ".join(cells)} |')
   return '\n'.join(rows)
 

@@ -222,7 +222,7 @@ def _run_tokenizer(config, workdir: str) -> Iterator[tokenizer_lib.Tokenizer]:
       1,
   )
   tokens = tokenizer_lib.vocab_size_of(data)  # known before a tokenizer is trained
-  model_vocab = config.model.get('vocab_size')
+  model_vocab = config.model.vocab_size
   if model_vocab is not None and model_vocab != tokens:
     raise ConfigError(
         f"config.model.vocab_size={model_vocab} does not match the tokenizer's "

@@ -14,10 +14,14 @@ calls the compiled executable. XLA's analyses of that executable give:
 
 An out-of-memory error raised while the step runs (`is_out_of_memory`) gets
 the same one-line message.
+
+The readings of XLA's analyses live here once, for the run and for every
+analysis command: `cost_analysis` (FLOPs, bytes accessed), `planned_bytes`
+(the memory a compiled program plans) and `is_out_of_memory`.
 """
 
 import dataclasses
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +34,9 @@ from linformer_jax.training import sharding as sharding_lib
 from linformer_jax.training import train_steps
 from linformer_jax.units import GIB
 from linformer_jax.units import size_text
+
+# Lower-cased phrases of XLA's allocation failures on CPU, GPU and TPU.
+_OUT_OF_MEMORY_MARKERS = ('resource_exhausted', 'out of memory', 'failed to allocate')
 
 # Dense bfloat16 peak FLOP/s per device, by a substring of `device.device_kind`
 # (first match wins): NVIDIA's and Google's published figures, without sparsity.
@@ -117,19 +124,40 @@ def compile_train_step(run: Any, dropout_key: jax.Array) -> Tuple[Any, StepCost]
   batch = run.parts.abstract_batch()
   lowered = run.train_step.lower(run.abstract_state, batch, key)
   compiled = lowered.compile()
-  memory = compiled.memory_analysis()
+  memory = planned_bytes(compiled)
   return compiled, StepCost(
-      argument_bytes=int(memory.argument_size_in_bytes) if memory else 0,
-      temporary_bytes=int(memory.temp_size_in_bytes) if memory else 0,
+      argument_bytes=memory['argument_bytes'],
+      temporary_bytes=memory['temp_bytes'],
       flops=step_flops(run.config, lowered),
   )
 
 
-def _flops(analysed: Any) -> float:
-  costs = analysed.cost_analysis()
-  if isinstance(costs, (list, tuple)):  # one entry per program in older jax
-    costs = costs[0] if costs else {}
-  return float((costs or {}).get('flops', 0.0))
+def cost_analysis(program: Any) -> Dict[str, Optional[float]]:
+  """XLA's cost analysis of a lowered or compiled program: 'flops' and
+  'bytes_accessed', None where XLA reports none."""
+  analysis = program.cost_analysis()
+  if isinstance(analysis, (list, tuple)):  # one entry per program in older jax
+    analysis = analysis[0] if analysis else None
+  analysis = analysis or {}
+  return {
+      column: float(analysis[key]) if key in analysis else None
+      for column, key in (('flops', 'flops'), ('bytes_accessed', 'bytes accessed'))
+  }
+
+
+def planned_bytes(compiled: Any) -> Dict[str, int]:
+  """XLA's planned temporary, argument, output and aliased (updated in place)
+  bytes of a compiled program; 0 where a backend plans none."""
+  memory = compiled.memory_analysis()
+  return {
+      name: int(getattr(memory, field)) if memory else 0
+      for name, field in (
+          ('temp_bytes', 'temp_size_in_bytes'),
+          ('argument_bytes', 'argument_size_in_bytes'),
+          ('output_bytes', 'output_size_in_bytes'),
+          ('alias_bytes', 'alias_size_in_bytes'),
+      )
+  }
 
 
 def step_flops(
@@ -146,12 +174,12 @@ def step_flops(
   scanned layers are analysed as the same step with a Python loop over them.
   `devices` are those the step was lowered for (by default JAX's).
   """
-  if config.model.get('scan_layers', False):
+  if config.model.scan_layers:
     unscanned = config.copy_and_resolve_references()
     unscanned.model.scan_layers = False
     lowered = lowered_train_step(unscanned, devices)
   device_count = len(devices) if devices is not None else jax.device_count()
-  return _flops(lowered) * config.grad_accum_steps / device_count
+  return (cost_analysis(lowered)['flops'] or 0.0) * config.grad_accum_steps / device_count
 
 
 def check_fits(cost: StepCost, config: ml_collections.ConfigDict) -> None:
@@ -166,8 +194,9 @@ def check_fits(cost: StepCost, config: ml_collections.ConfigDict) -> None:
 
 
 def is_out_of_memory(error: BaseException) -> bool:
-  """Whether a runtime error is XLA running out of device memory."""
-  return isinstance(error, jax.errors.JaxRuntimeError) and 'RESOURCE_EXHAUSTED' in str(error)
+  """Whether an error of compiling or running a program says memory ran out."""
+  message = str(error).lower()
+  return any(marker in message for marker in _OUT_OF_MEMORY_MARKERS)
 
 
 def out_of_memory_error(error: BaseException, config: ml_collections.ConfigDict) -> ConfigError:

@@ -61,7 +61,11 @@ _POSITIVE_INTS = (
     'keep_checkpoints',
 )
 _NON_NEGATIVE_FLOATS = ('learning_rate', 'end_learning_rate', 'weight_decay', 'grad_clip_norm')
-MODEL_DEFAULTS = {field.name: field.default for field in dataclasses.fields(ModelConfig)}
+MODEL_DEFAULTS = {
+    field.name: field.default
+    for field in dataclasses.fields(ModelConfig)
+    if field.name != 'extension_settings'
+}
 # Model fields that change how a pass is computed, not what it computes: a run
 # may be resumed or evaluated with other values.
 EXECUTION_FIELDS = ('query_blocks_per_step', 'inference_chunk', 'attention_kernel', 'remat')
@@ -99,9 +103,9 @@ class RunSettings:
 
 
 def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Adds to `config`, in place, each field of FIELDS_ADDED_SINCE and
-  DATA_FIELDS_ADDED_SINCE it lacks, at the value a run had before the field
-  existed; returns it. Every entry calls it: a config file, a saved
+  """Adds to `config`, in place, each field of FIELDS_ADDED_SINCE,
+  DATA_FIELDS_ADDED_SINCE and `ModelConfig` it lacks, at the value a run had
+  before the field existed; returns it. Every entry calls it: a config file, a saved
   config.json, the Python API."""
   with config.unlocked():
     for field, value in FIELDS_ADDED_SINCE.items():
@@ -111,6 +115,10 @@ def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
       for field, value in DATA_FIELDS_ADDED_SINCE.items():
         if field not in config.data:
           config.data[field] = value
+    if 'model' in config:
+      for field, value in MODEL_DEFAULTS.items():
+        if field not in config.model and value is not dataclasses.MISSING:
+          config.model[field] = value
   return config
 
 

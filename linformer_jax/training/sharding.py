@@ -86,8 +86,7 @@ def create_mesh(mesh_shape: Sequence[int], devices: Optional[Sequence[jax.Device
 def axis_rules(config) -> Tuple[Tuple[str, Any], ...]:
   """`config.axis_rules` as a tuple of (logical name, mesh axis or None)."""
   rules = tuple(
-      (str(name), None if axis in (None, '', 'none') else axis)
-      for name, axis in config.axis_rules
+      (str(name), None if axis in (None, '', 'none') else axis) for name, axis in config.axis_rules
   )
   for name, axis in rules:
     if axis is not None and axis not in MESH_AXES:

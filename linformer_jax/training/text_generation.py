@@ -51,7 +51,7 @@ def continue_prompt(
   """
   if config.task != 'causal_lm':
     raise ConfigError(
-        f"config.task={config.task!r} cannot generate; use a causal_lm config "
+        f'config.task={config.task!r} cannot generate; use a causal_lm config '
         '(e.g. configs/causal_lm.py).'
     )
   if seed not in SEEDS:

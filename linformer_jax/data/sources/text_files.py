@@ -275,9 +275,7 @@ class TextFiles(base.PretrainingSource):
     files = list_text_files(data_config['path'])
     return {
         'files': [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files],
-        'split_files': {
-            k: sorted(v) for k, v in dict(data_config['split_files']).items()
-        },
+        'split_files': {k: sorted(v) for k, v in dict(data_config['split_files']).items()},
     }
 
 

@@ -1,0 +1,44 @@
+"""What every analysis report writes the same way: markdown tables, and numbers
+and ratios as text, with one mark for a figure that is missing."""
+
+import math
+from typing import Any, Iterable, Optional, Sequence
+
+MISSING = '–'  # a figure that was not measured (or cannot be)
+_SEPARATORS = {'-': '---', 'r': '---:', 'l': ':---'}
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]], align: str = '') -> str:
+  """A markdown table: the header, then one line per row (cells through str).
+
+  Args:
+    header: the column names.
+    rows: the cells of each row, one per column.
+    align: one character per column, '-' (no alignment), 'r' (right) or 'l'
+      (left); '' = '-' for every column.
+  """
+  align = align or '-' * len(header)
+  if len(align) != len(header):
+    raise ValueError(f'align={align!r} names {len(align)} columns, the header {len(header)}')
+  lines = ['| ' + ' | '.join(header) + ' |', '|' + '|'.join(_SEPARATORS[a] for a in align) + '|']
+  lines += ['| ' + ' | '.join(str(cell) for cell in row) + ' |' for row in rows]
+  return '\n'.join(lines)
+
+
+def number_text(
+    value: Optional[float], fmt: str, *, scale: float = 1.0, missing: str = MISSING
+) -> str:
+  """`value / scale` formatted with `fmt`; `missing` for None, and NaN or inf as
+  Python writes them."""
+  if value is None:
+    return missing
+  if not math.isfinite(value):
+    return str(value)
+  return format(value / scale if scale != 1 else value, fmt)
+
+
+def ratio_text(numerator: Optional[float], denominator: Optional[float], digits: int = 1) -> str:
+  """'2.5x' (numerator / denominator), or MISSING where either is missing or 0."""
+  if not numerator or not denominator:
+    return MISSING
+  return f'{numerator / denominator:.{digits}f}x'

@@ -3,7 +3,7 @@
 Not run by itself: configs/finetune_*.py and configs/lra_*.py start from it.
 It is configs/gutenberg.py's model (so a Gutenberg pretraining run can be
 fine-tuned as it is) with `task = 'classification'` and the data fields of
-linformer_jax/data/classification.py.
+linformer_jax/data/classification.py and linformer_jax/data/labelled_examples.py.
 """
 
 from configs import gutenberg

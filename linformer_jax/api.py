@@ -11,9 +11,9 @@
 `load` and `build` give the same `Run`: the run's config, model, variables
 and tokenizer, and the passes a researcher reaches for (`logits`,
 `hidden_states`, `attention`). Both build through the training code's own path
-(`training.run_builder`: `build_parts`, `load_for_inference`), and both import
-the config's `extensions` first, so a run of a projection or attention kind of
-your own loads as a built-in one does.
+(`training.run_builder.build_parts`, `training.run_loading.load_for_inference`),
+and both import the config's `extensions` first, so a run of a projection or
+attention kind of your own loads as a built-in one does.
 
 The package exports `load` and `build` lazily (linformer_jax/__init__.py):
 importing linformer_jax does not import JAX, so the commands can set XLA's
@@ -29,6 +29,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from linformer_jax import extensions
 from linformer_jax import registry
 from linformer_jax.data import encoding
 from linformer_jax.data import tokenizer as tokenizer_lib
@@ -38,6 +39,7 @@ from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.training import run_builder
 from linformer_jax.training import run_config
+from linformer_jax.training import run_loading
 
 ArrayLike = Union[jax.Array, np.ndarray, Sequence[Sequence[int]]]
 
@@ -301,7 +303,7 @@ def load(workdir: str, step: Optional[int] = None) -> Run:
   """
   config = run_builder.saved_config(workdir)
   config.restore_step = 0
-  parts, step, variables, tokenizer = run_builder.load_for_inference(config, workdir, step or None)
+  parts, step, variables, tokenizer = run_loading.load_for_inference(config, workdir, step or None)
   return Run(config, parts, variables, tokenizer, step, workdir)
 
 
@@ -324,7 +326,7 @@ def build(config: ml_collections.ConfigDict) -> Run:
     ConfigError: a bad config, or an extension that fails to import.
   """
   config = run_config.complete(copy.deepcopy(config))
-  registry.import_extensions(config.extensions)
+  extensions.import_extensions(config.extensions)
   registry.add_declared_settings(config)
   parts = run_builder.build_parts(config)
   is_bytes = config.data.tokenizer == 'byte'

@@ -1,31 +1,156 @@
-"""Micro-benchmark of one attention call: Linformer against full attention.
+"""One attention call, Linformer against full attention: time and memory.
 
   python -m linformer_jax.attention_benchmark --seq_lens=512,1024,2048,4096,8192
 
-For each n it jits both attention functions on random inputs, reads XLA's
-compiled memory analysis (temporary bytes: exact and repeatable) and times the
-forward pass (median of repeated runs after a warm-up), printing one table;
-what is measured is described in `linformer_jax.analysis.attention_benchmark`.
-The whole model's benchmark is `linformer_jax.benchmark`. Bad flags end with a
-one-line error and exit code 2.
+At every sequence length n both pure attention functions of `model.attention`
+are jitted on random inputs [batch, n, heads, head_dim]; Linformer's projection
+E = F is a random [n, k] matrix with k = min(projected_len, n). Each records
+XLA's compiled temporary bytes (exact and repeatable) and the median time of
+the forward call over `repeats` runs after a warm-up (`measuring.time_ms`).
+Both run side by side in one process, so their ratio holds even on a noisy
+machine; it prints one table. The whole model's benchmark is
+`linformer_jax.benchmark`. Bad flags end with a one-line error and exit code 2.
 """
 
-from linformer_jax import cli
-from linformer_jax.analysis import attention_benchmark
-from linformer_jax.analysis import settings_flags
-from linformer_jax.analysis.attention_benchmark import AttentionBenchmarkSettings
+import dataclasses
+import statistics
+from typing import Any, Callable, Dict, List, Sequence
 
-settings_flags.define_flags(AttentionBenchmarkSettings)
+import jax
+import jax.numpy as jnp
+
+from linformer_jax import cli
+from linformer_jax.analysis import flag_checks
+from linformer_jax.analysis import measuring
+from linformer_jax.analysis import settings_flags
+from linformer_jax.analysis.benchmark_settings import DTYPES
+from linformer_jax.analysis.measuring import time_ms
+from linformer_jax.analysis.settings_flags import setting
+from linformer_jax.analysis.tables import markdown_table
+from linformer_jax.model import attention
+from linformer_jax.training import compiled_step
+from linformer_jax.units import MIB
+
+_POSITIVE_SETTINGS = ('projected_len', 'batch', 'heads', 'head_dim', 'repeats')
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionBenchmarkSettings:
+  """What to measure; invalid values raise a ConfigError naming the flag.
+
+  Each field is also the command's flag of its name (`settings_flags`).
+
+  Attributes:
+    seq_lens: sequence lengths n.
+    projected_len: Linformer's projected length k (at most n).
+    batch: sequences per call.
+    heads: attention heads.
+    head_dim: features per head.
+    dtype: dtype of the queries, keys and values, one of DTYPES.
+    repeats: timed runs per call, after one warm-up run.
+  """
+
+  seq_lens: Sequence[int] = setting((512, 1024, 2048, 4096, 8192), 'Sequence lengths n to measure.')
+  projected_len: int = setting(256, 'Projected length k.')
+  batch: int = setting(1, 'Batch size.')
+  heads: int = setting(12, 'Attention heads.')
+  head_dim: int = setting(64, 'Features per head.')
+  dtype: str = setting('float32', 'Dtype of q, k, v.', choices=DTYPES)
+  repeats: int = setting(10, 'Timed runs per cell.')
+
+  def __post_init__(self):
+    object.__setattr__(self, 'seq_lens', tuple(self.seq_lens))
+    flag_checks.require_lengths('seq_lens', self.seq_lens)
+    for name in _POSITIVE_SETTINGS:
+      value = getattr(self, name)
+      flag_checks.require(value >= 1, name, value, 'use a positive integer')
+    flag_checks.require(self.dtype in DTYPES, 'dtype', self.dtype, f'use one of {DTYPES}')
+
+
+def measure(fn: Callable[..., Any], args: Sequence[Any], repeats: int) -> Dict[str, float]:
+  """Compiles fn for args; its median forward time (ms) and temporary bytes."""
+  compiled = jax.jit(fn).lower(*args).compile()
+  temp_bytes = compiled_step.planned_bytes(compiled)['temp_bytes']
+  times = time_ms(lambda: compiled(*args), repeats)
+  return {'time_ms': statistics.median(times), 'temp_bytes': float(temp_bytes)}
+
+
+def run(settings: AttentionBenchmarkSettings) -> List[Dict[str, float]]:
+  """Measures both attentions at every n; one row per n."""
+  dtype = jnp.dtype(settings.dtype)
+  rows = []
+  for n in settings.seq_lens:
+    keys = jax.random.split(jax.random.PRNGKey(n), 4)
+    shape = (settings.batch, n, settings.heads, settings.head_dim)
+    q, k, v = (jax.random.normal(key, shape, dtype) for key in keys[:3])
+    projected_len = min(settings.projected_len, n)
+    e = jax.random.normal(keys[3], (n, projected_len), dtype) / projected_len**0.5
+    full = measure(attention.dot_product_attention, (q, k, v), settings.repeats)
+    linformer = measure(attention.linformer_attention, (q, k, v, e, e), settings.repeats)
+    rows.append(
+        {
+            'n': n,
+            'k': projected_len,
+            'full_ms': full['time_ms'],
+            'linformer_ms': linformer['time_ms'],
+            'full_temp_mib': full['temp_bytes'] / MIB,
+            'linformer_temp_mib': linformer['temp_bytes'] / MIB,
+        }
+    )
+  return rows
+
+
+def describe_run(settings: AttentionBenchmarkSettings) -> str:
+  """One line naming the device and the settings, printed above the table."""
+  return (
+      f'device: {measuring.describe_device()}, '
+      f'batch={settings.batch} heads={settings.heads} head_dim={settings.head_dim} '
+      f'dtype={settings.dtype}, forward only, median of {settings.repeats} runs'
+  )
+
+
+def format_table(rows: List[Dict[str, float]]) -> str:
+  """The rows as a markdown table with Linformer's speed-up and memory saving."""
+  header = (
+      'n',
+      'k',
+      'full ms',
+      'linformer ms',
+      'speed-up',
+      'full temp MiB',
+      'linformer temp MiB',
+      'memory saving',
+  )
+  cells = [
+      (
+          r['n'],
+          r['k'],
+          f"{r['full_ms']:.2f}",
+          f"{r['linformer_ms']:.2f}",
+          f"{r['full_ms'] / r['linformer_ms']:.1f}x",
+          f"{r['full_temp_mib']:.1f}",
+          f"{r['linformer_temp_mib']:.1f}",
+          f"{r['full_temp_mib'] / max(r['linformer_temp_mib'], 1e-9):.1f}x",
+      )
+      for r in rows
+  ]
+  return markdown_table(header, cells)
+
+
+def define_flags() -> None:
+  """The command's flags: defined when it runs, so that importing it defines none."""
+  settings_flags.define_flags(AttentionBenchmarkSettings)
 
 
 def main(argv):
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --FLAG=VALUE (see --help)')
   settings = settings_flags.from_flags(AttentionBenchmarkSettings)
-  rows = attention_benchmark.run(settings)
-  print(attention_benchmark.describe_run(settings))
-  print(attention_benchmark.format_table(rows))
+  rows = run(settings)
+  print(describe_run(settings))
+  print(format_table(rows))
 
 
 if __name__ == '__main__':
+  define_flags()
   cli.run(main)

@@ -15,7 +15,6 @@ import errno
 import importlib.machinery
 import importlib.util
 import os
-import re
 import sys
 import traceback
 from typing import Callable, Iterator, List, Optional, Sequence
@@ -43,9 +42,10 @@ from linformer_jax import storage  # pylint: disable=g-import-not-at-top,wrong-i
 from linformer_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.errors import free_space_of  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.errors import is_disk_full  # pylint: disable=g-import-not-at-top,wrong-import-position
-from linformer_jax.registry import flag_arguments  # pylint: disable=g-import-not-at-top,wrong-import-position
-from linformer_jax.registry import import_command_extensions  # pylint: disable=g-import-not-at-top,wrong-import-position
-from linformer_jax.registry import import_extensions  # pylint: disable=g-import-not-at-top,wrong-import-position
+from linformer_jax.extensions import flag_arguments  # pylint: disable=g-import-not-at-top,wrong-import-position
+from linformer_jax.extensions import import_command_extensions  # pylint: disable=g-import-not-at-top,wrong-import-position
+from linformer_jax.extensions import import_extensions  # pylint: disable=g-import-not-at-top,wrong-import-position
+from linformer_jax.flag_errors import flag_error_words  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.training import compilation_cache  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.training import multihost  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.training import run_builder  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -180,7 +180,7 @@ def _defining_config_flag(define: Callable[[], None]) -> None:
   try:
     define()
   except flags.Error as error:
-    fail(_flag_error_words(error, sys.argv))
+    fail(flag_error_words(error, sys.argv))
 
 
 # Whether this process's command reads the run in --workdir (evaluate,
@@ -287,51 +287,6 @@ def saving_printed_results(where: str) -> Iterator[None]:
     )
 
 
-def _config_override(argv: Sequence[str], field: str) -> str:
-  """The --config.PATH[=VALUE] argument whose PATH names `field`, else --config.FIELD."""
-  for argument in argv:
-    path = argument.split('=', 1)[0]
-    if path.startswith('--config.') and field in path[len('--config.') :].split('.'):
-      return argument
-  return f'--config.{field}'
-
-
-def _unknown_field_words(error: Exception, argv: Sequence[str]) -> str:
-  """An unknown --config.PATH override in words. ml_collections raises a
-  KeyError (inside an AttributeError) whose text is the key's repr, a newline
-  and maybe its suggestion, or names the lookup that failed."""
-  inner = error.args[0] if error.args and isinstance(error.args[0], KeyError) else error
-  text = str(inner.args[0]) if inner.args else str(inner)
-  lookup = re.search(r'Attempting to lookup: (\S+)', text)
-  if lookup:
-    *parents, field = lookup.group(1).split('.')
-    return f'{_config_override(argv, field)}: config.{".".join(parents)} has no field {field!r}'
-  field = text.splitlines()[0].strip('\'"')
-  argument = _config_override(argv, field)
-  path = argument.split('=', 1)[0][len('--') :].split('.')
-  group = '.'.join(path[: path.index(field)]) if field in path else 'config'
-  suggestion = re.search(r'Did you mean "([^"]+)"', text)
-  hint = f'; did you mean {group}.{suggestion.group(1)}?' if suggestion else ''
-  return f'{argument}: {group} has no field {field!r}{hint}'
-
-
-def _flag_error_words(error: Exception, argv: Sequence[str]) -> str:
-  """A flag-parsing error in one line that says what to change."""
-  if isinstance(error, flags.CantOpenFlagFileError):
-    cause = error.__context__
-    if isinstance(cause, OSError):
-      return f'--flagfile={cause.filename} cannot be opened ({cause.strerror}).'
-  if isinstance(error, flags.UnrecognizedFlagError):
-    # absl keeps the suggestions only in its message: "... Did you mean: a, b ?"
-    suggested = re.search(r'Did you mean: (.*) \?$', str(error))
-    names = suggested.group(1).split(', ') if suggested else []
-    hint = f'; did you mean {" or ".join(f"--{name}" for name in names)}?' if names else ''
-    return f'--{error.flagname} is not a flag of this command{hint} (see --helpfull)'
-  if isinstance(error, (KeyError, AttributeError)):
-    return f'{_unknown_field_words(error, argv)} (see --helpfull)'
-  return f'{error} (see --helpfull)'
-
-
 def _flag_values(argv: Sequence[str], name: str) -> List[str]:
   """The values argv (its flag files read) gives flag --NAME, in order."""
   try:
@@ -359,7 +314,7 @@ def _parse_flags(argv: List[str]) -> List[str]:
   except ConfigFileError as error:
     fail(error)
   except (flags.Error, KeyError, TypeError, ValueError, AttributeError) as error:
-    fail(_flag_error_words(error, argv))
+    fail(flag_error_words(error, argv))
 
 
 def run(main: Callable[[List[str]], None]) -> None:

@@ -1,30 +1,322 @@
-"""Data-pipeline benchmark: preparation throughput and memory, loader rate, restart time.
+"""Throughput, memory and restart time of the masked-LM data pipeline at scale.
 
   python -m linformer_jax.data_benchmark --out runs/data_benchmark --sizes_mb=256,1024 \
       --seq_len=512
 
-For each size it writes a corpus of English text files (OUT/corpus_<size>MB,
-reused later), times `prepare_data` with 1 worker and with all cores (MiB/s and
-peak RSS of the process tree), the masked-LM loader on the shards (sequences/s,
-tokens/s), and `train` for 2 steps from nothing and resumed (seconds to its
-next step). --stages=prepare,loader,train picks stages; sizes and stages of
-earlier runs with the same settings stay in OUT/data_benchmark.json. Writes
-OUT/data_benchmark.md (also printed). Any config field can be overridden as
---config.FIELD=VALUE; the commands it runs get the same overrides. Bad flags
-end with a one-line error and exit code 2.
+For each corpus size:
+
+  corpus    OUT/corpus_<size>MB/: ~1 MiB .txt files of the embedded corpus's
+            documents, whole, in a seeded order per file, and validation.txt.
+  prepare   `prepare_data` with 1 worker and with all cores (sharing one
+            tokenizer): input MiB/s and the peak summed RSS of its processes.
+  loader    `packed_batches.create_train_iterator` on the shards, for each loader
+            setting (grain workers, read threads, prefetch), repeated:
+            sequences/s, tokens/s, tokens/s per core and the cores it used
+            (`loader_throughput`).
+  train     `train` for 2 steps from nothing, then resumed to 4 steps: seconds
+            from the resumed process's start to its `step 3/4` line.
+
+Results go to OUT/json (merged with earlier runs of the same
+settings) and OUT/md; logs to OUT/work_<size>MB/logs.
 """
 
+import copy
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
 import sys
+from typing import Any, Callable, Dict, List, Mapping, Sequence
 
 from absl import flags
+import ml_collections
 from ml_collections import config_flags
 
 from linformer_jax import cli
-from linformer_jax.analysis import data_benchmark
+from linformer_jax.analysis import data_benchmark_report as report
+from linformer_jax.analysis import loader_throughput
 from linformer_jax.analysis import settings_flags
+from linformer_jax.analysis.data_benchmark_corpus import corpus_overrides
+from linformer_jax.analysis.data_benchmark_corpus import generate_corpus
+from linformer_jax.analysis.data_benchmark_report import FIRST_RUN_STEPS
+from linformer_jax.analysis.data_benchmark_report import config_arguments
+from linformer_jax.analysis.data_benchmark_report import flag_value
+from linformer_jax.analysis.process_memory import Measurement
+from linformer_jax.analysis.process_memory import run_measured
+from linformer_jax.analysis.settings_flags import setting
+from linformer_jax.data import prepare
+from linformer_jax.data import shards
+from linformer_jax.data import tokenizer_files
+from linformer_jax.errors import ConfigError
+from linformer_jax.training import run_config
+from linformer_jax.units import GIB
+from linformer_jax.units import MIB
 
-cli.define_config_file_flag('configs/default.py', 'Config the commands run with.')
-settings_flags.define_flags(data_benchmark.Settings)
+STAGES = ('prepare', 'loader', 'train')
+RESULTS_JSON = 'json'
+RESULTS_MD = 'md'
+RESUMED_RUN_STEPS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """What to measure; invalid values raise a ConfigError naming the flag.
+
+  Each field made with `setting` is also the command's flag of its name, its
+  help text the field's description (`settings_flags`). The others come from
+  --config: config_path, the config file every command runs with; config, that
+  file with config_overrides, the dotted fields the user overrode, applied.
+  """
+
+  config_path: str
+  config: ml_collections.ConfigDict
+  out: str = setting(help_text='Folder of the corpora, runs and results.')
+  sizes_mb: Sequence[int] = setting((256, 1024), 'Training corpus sizes, in MiB.')
+  config_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  seq_len: int = setting(0, "Packed sequence length (config.model.max_len); 0 keeps the config's.")
+  stages: Sequence[str] = setting(STAGES, 'Stages to run (the corpus is always made).')
+  seed: int = setting(0, "Seeds the corpus's document order.")
+  loader_batch_size: int = setting(32, 'Sequences per loader batch.')
+  loader_seconds: float = setting(10.0, 'Seconds the loader is timed.')
+  loader_warmup_batches: int = setting(5, 'Loader batches read before the timing starts.')
+  loader_settings: Sequence[str] = setting(
+      (),
+      'Loader settings timed, WORKERS:THREADS:PREFETCH each (config.data.worker_count, '
+      "read_threads, prefetch_buffer); none: the config's.",
+  )
+  loader_repeats: int = setting(1, 'Timings of each loader setting; the table gives the best.')
+
+  def __post_init__(self):
+    object.__setattr__(self, 'sizes_mb', tuple(self.sizes_mb))
+    object.__setattr__(self, 'stages', tuple(self.stages))
+    object.__setattr__(self, 'seq_len', self.seq_len or self.config.model.max_len)
+    # The commands run in the repository root.
+    object.__setattr__(self, 'config_path', os.path.abspath(self.config_path))
+    if not self.out:
+      raise ConfigError('--out is empty; name a folder for the corpora and results.')
+    if not self.sizes_mb or min(self.sizes_mb) < 1:
+      raise ConfigError(
+          f'--sizes_mb={",".join(map(str, self.sizes_mb))} is not allowed: give positive '
+          'sizes in MiB, e.g. 256,1024.'
+      )
+    if not self.stages or set(self.stages) - set(STAGES):
+      raise ConfigError(
+          f'--stages={",".join(self.stages)} is not allowed: use some of {",".join(STAGES)}.'
+      )
+    if self.seq_len < 3:
+      raise ConfigError(f'--seq_len={self.seq_len} is not allowed: use an int >= 3.')
+    object.__setattr__(self, 'loader_settings', tuple(self.loader_settings))
+    for text in self.loader_settings:
+      loader_throughput.LoaderSetting.parse(text)
+    for name in ('loader_batch_size', 'loader_warmup_batches', 'loader_seconds', 'loader_repeats'):
+      if not getattr(self, name) > 0:
+        raise ConfigError(f'--{name}={getattr(self, name)} is not allowed: use a positive value.')
+    # Now, not after an hour of preparation: the model must take seq_len, and so on.
+    run_config.settings_of(apply_overrides(self.config, self.train_overrides('', '', 2)))
+
+  def train_overrides(self, corpus_folder: str, workdir: str, total_steps: int) -> Dict[str, Any]:
+    """Config overrides of the end-to-end training runs."""
+    return {
+        **self.config_overrides,
+        **corpus_overrides(corpus_folder, self.seq_len),
+        'data.prepared_dir': os.path.join(workdir, 'prepared'),
+        'data.prepare_workers': 0,
+        'data.max_eval_batches': 1,
+        'total_steps': total_steps,
+        'warmup_steps': min(self.config.warmup_steps, FIRST_RUN_STEPS),
+        'eval_every': FIRST_RUN_STEPS,
+        'log_every': 1,
+    }
+
+  def describe(self) -> Dict[str, Any]:
+    """The settings that make results comparable, as JSON values."""
+    described = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+    for name in ('out', 'sizes_mb', 'stages', 'config'):
+      del described[name]
+    described.update(tokenizer=self.config.data.tokenizer, vocab_size=self.config.data.vocab_size)
+    return json.loads(json.dumps(described, sort_keys=True, default=flag_value))
+
+
+def apply_overrides(
+    config: ml_collections.ConfigDict, overrides: Mapping[str, Any]
+) -> ml_collections.ConfigDict:
+  """A copy of `config` with dotted fields set, as --config.FIELD=VALUE sets them."""
+  config = copy.deepcopy(config)
+  config.update_from_flattened_dict(dict(overrides))
+  return config
+
+
+class SizeBenchmark:
+  """The stages of one corpus size; their files go to OUT/work_<size>MB/."""
+
+  def __init__(self, settings: Settings, size_mb: int, progress: Callable[[str], None]):
+    self.settings = settings
+    self.progress = lambda message: progress(f'[{size_mb} MB] {message}')
+    out = pathlib.Path(settings.out).resolve()
+    self.corpus_folder = out / f'corpus_{size_mb}MB'
+    self.work = out / f'work_{size_mb}MB'
+    data = settings.config.data
+    self.tokenizer_dir = self.work / f'tokenizer_{data.tokenizer}_{data.vocab_size}'
+    self.corpus = generate_corpus(self.corpus_folder, size_mb, settings.seed)
+    self.input_bytes = self.corpus['train_bytes'] + self.corpus['validation_bytes']
+
+  def _prepared_overrides(self, name: str, workers: int = 0) -> Dict[str, Any]:
+    return {
+        **self.settings.config_overrides,
+        **corpus_overrides(str(self.corpus_folder), self.settings.seq_len),
+        'data.prepared_dir': str(self.work / f'prepared_n{self.settings.seq_len}_{name}'),
+        'data.prepare_workers': workers,
+    }
+
+  def _prepare_data(self, name: str, workers: int, *flags: str, log: str = '') -> Measurement:
+    """Runs `prepare_data` into the prepared folder `name` (untouched with
+    --tokenizer_only), with the shared tokenizer."""
+    overrides = self._prepared_overrides(name, workers)
+    return run_measured(
+        ['-m', 'linformer_jax.prepare_data', f'--workdir={self.tokenizer_dir}']
+        + config_arguments(self.settings.config_path, overrides)
+        + list(flags),
+        self.work / 'logs' / f'{log or "prepare_" + name}.log',
+    )
+
+  def prepare(self) -> Dict[str, Any]:
+    """Trains the shared tokenizer if missing and times a run with nothing
+    left to do (the start-up); then prepares both splits afresh with 1 worker
+    and with all cores."""
+    trained = self._prepare_data('none', 0, '--tokenizer_only', log='tokenizer')
+    startup = self._prepare_data('none', 0, '--tokenizer_only', log='startup')
+    results: Dict[str, Any] = {'tokenizer_s': trained.wall_s, 'startup_s': startup.wall_s}
+    self.progress(f'tokenizer {trained.wall_s:.1f} s; prepare_data start-up {startup.wall_s:.1f} s')
+    for name, workers in (('workers1', 1), ('workers_all', 0)):
+      folder = pathlib.Path(self._prepared_overrides(name)['data.prepared_dir'])
+      shutil.rmtree(folder, ignore_errors=True)
+      measured = self._prepare_data(name, workers)
+      manifest = shards.read_manifest(folder / 'train' / shards.manifest_name(0, 1))
+      results[name] = {
+          'workers': workers or os.cpu_count(),
+          'wall_s': measured.wall_s,
+          'mib_per_s': self.input_bytes / MIB / measured.wall_s,
+          'peak_rss_gib': measured.peak_rss_bytes / GIB,
+          'train_tokens': manifest['tokens'],
+          'train_sequences': manifest['sequences'],
+      }
+      if name == 'workers1':  # only the all-cores shards are read later; spare the disk
+        shutil.rmtree(folder)
+      self.progress(
+          f'prepare, {name}: {measured.wall_s:.1f} s, {results[name]["mib_per_s"]:.2f} MiB/s, '
+          f'peak RSS {results[name]["peak_rss_gib"]:.2f} GiB'
+      )
+    results['speed_up'] = results['workers1']['wall_s'] / results['workers_all']['wall_s']
+    return results
+
+  def loader_settings(self) -> List[loader_throughput.LoaderSetting]:
+    """The settings timed: --loader_settings, else the config's own."""
+    if self.settings.loader_settings:
+      return [loader_throughput.LoaderSetting.parse(text) for text in self.settings.loader_settings]
+    return [loader_throughput.LoaderSetting.of_config(self.settings.config.data)]
+
+  def loader(self) -> Dict[str, Any]:
+    """Loader throughput on the all-cores shards, for each setting; the
+    top-level figures are the first setting's best."""
+    if 'prepare' not in self.settings.stages:  # finishes or checks an earlier preparation
+      self._prepare_data('workers_all', 0)
+    data = apply_overrides(self.settings.config, self._prepared_overrides('workers_all')).data
+    tokenizer = tokenizer_files.build_tokenizer(data, str(self.tokenizer_dir), lambda: iter(()))
+    signature = prepare.split_signature(data, 'train', tokenizer, self.settings.seq_len)
+    prepared = shards.PreparedSplit(prepare.split_folder(data, 'train', signature), signature)
+    source = shards.ShardedSequences(prepared, self.settings.seq_len)
+    summaries = {}
+    for loader_setting in self.loader_settings():
+      runs = [
+          loader_throughput.loader_throughput(
+              source,
+              tokenizer,
+              batch_size=self.settings.loader_batch_size,
+              mask_rate=data.mask_rate,
+              seconds=self.settings.loader_seconds,
+              warmup_batches=self.settings.loader_warmup_batches,
+              setting=loader_setting,
+          )
+          for _ in range(self.settings.loader_repeats)
+      ]
+      summary = loader_throughput.summarize(loader_setting, runs)
+      summaries[loader_setting.label] = summary
+      self.progress(
+          f'loader, {loader_setting.describe()}: '
+          f'{summary["best_tokens_per_s"]:,.0f} tokens/s best, '
+          f'{summary["median_tokens_per_s"]:,.0f} median; '
+          f'{summary["best_tokens_per_core_s"]:,.0f} per core best, '
+          f'{summary["median_cores_used"]:.2f} cores'
+      )
+    first = next(iter(summaries.values()))
+    return {
+        **{
+            measure: first[f'best_{measure}']
+            for measure in ('sequences_per_s', 'tokens_per_s', 'tokens_per_core_s')
+        },
+        'cores_used': first['median_cores_used'],
+        'settings': summaries,
+    }
+
+  def train(self) -> Dict[str, Any]:
+    """A run of 2 steps from nothing, then the same workdir resumed to 4 steps."""
+    workdir = self.work / f'train_n{self.settings.seq_len}'
+    shutil.rmtree(workdir, ignore_errors=True)
+    results = {}
+    for name, steps, step in (
+        ('first', FIRST_RUN_STEPS, 1),
+        ('resumed', RESUMED_RUN_STEPS, FIRST_RUN_STEPS + 1),
+    ):
+      overrides = self.settings.train_overrides(str(self.corpus_folder), str(workdir), steps)
+      log = self.work / 'logs' / f'train_{name}.log'
+      measured = run_measured(
+          ['-m', 'linformer_jax.train', f'--workdir={workdir}']
+          + config_arguments(self.settings.config_path, overrides),
+          log,
+          marker=rf'^step {step}/{steps}\b',
+      )
+      if measured.marker_s is None:
+        raise RuntimeError(f'The {name} training run printed no `step {step}/{steps}`; see {log}.')
+      results[name] = {
+          'wall_s': measured.wall_s,
+          'first_step_s': measured.marker_s,
+          'peak_rss_gib': measured.peak_rss_bytes / GIB,
+      }
+      self.progress(
+          f'train, {name}: {measured.wall_s:.1f} s in all, step {step} after '
+          f'{measured.marker_s:.1f} s'
+      )
+    return results
+
+
+def run_benchmark(settings: Settings, progress: Callable[[str], None] = print) -> str:
+  """Runs the stages for every size; writes the JSON and markdown; returns the table."""
+  out = pathlib.Path(settings.out)
+  out.mkdir(parents=True, exist_ok=True)
+  measured = {}
+  for size_mb in settings.sizes_mb:
+    size = SizeBenchmark(settings, size_mb, progress)
+    entry: Dict[str, Any] = {'corpus': {**size.corpus, 'input_mib': size.input_bytes / MIB}}
+    for stage in STAGES:
+      if stage in settings.stages:
+        entry[stage] = getattr(size, stage)()
+    measured[str(size_mb)] = entry
+  json_path = out / RESULTS_JSON
+  previous = json.loads(json_path.read_text()) if json_path.exists() else None
+  results = report.merge_results(
+      previous, settings.describe(), report.machine_description(), measured
+  )
+  shards.write_json_atomically(json_path, results)
+  table = report.markdown_table(results)
+  (out / RESULTS_MD).write_text(table)
+  return table
+
+
+def define_flags() -> None:
+  """The command's flags: defined when it runs, so that importing it defines none."""
+  cli.define_config_file_flag('configs/default.py', 'Config the commands run with.')
+  settings_flags.define_flags(Settings)
 
 
 def main(argv):
@@ -32,13 +324,14 @@ def main(argv):
     cli.fail(f'unexpected arguments {argv[1:]}')
   config_flag = flags.FLAGS['config']
   settings = settings_flags.from_flags(
-      data_benchmark.Settings,
+      Settings,
       config_path=config_flags.get_config_filename(config_flag),
       config=config_flag.value,
       config_overrides=config_flags.get_override_values(config_flag),
   )
-  print(data_benchmark.run_benchmark(settings, lambda line: print(line, file=sys.stderr)))
+  print(run_benchmark(settings, lambda line: print(line, file=sys.stderr)))
 
 
 if __name__ == '__main__':
+  define_flags()
   cli.run(main)

@@ -20,23 +20,26 @@ from absl import flags
 from linformer_jax import cli
 from linformer_jax.training import evaluation
 
-cli.define_config_flags(reads_run=True)
-_SPLIT = flags.DEFINE_string(
-    'split', 'validation', "Split to evaluate: 'validation', 'test' or 'train'."
-)
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command's flags: defined when it runs, so that importing it defines none."""
+  flags.DEFINE_string('split', 'validation', "Split to evaluate: 'validation', 'test' or 'train'.")
+  cli.define_config_flags(reads_run=True)
 
 
 def main(argv):
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
   cli.start_processes()
-  results = evaluation.evaluate_run(FLAGS.config, FLAGS.workdir, _SPLIT.value)
+  results = evaluation.evaluate_run(FLAGS.config, FLAGS.workdir, flags.FLAGS.split)
   print(json.dumps(results, indent=2, sort_keys=True), flush=True)
-  path = evaluation.results_path(FLAGS.config, FLAGS.workdir, _SPLIT.value)
+  path = evaluation.results_path(FLAGS.config, FLAGS.workdir, flags.FLAGS.split)
   with cli.saving_printed_results(path):
     evaluation.write_results(path, results)
 
 
 if __name__ == '__main__':
+  define_flags()
   cli.run(main)

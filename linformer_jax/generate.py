@@ -19,13 +19,17 @@ from absl import flags
 from linformer_jax import cli
 from linformer_jax.training import text_generation
 
-cli.define_config_flags(reads_run=True)
-_PROMPT = flags.DEFINE_string('prompt', '', 'Text to continue (may be empty: start from <s>).')
-_MAX_NEW_TOKENS = flags.DEFINE_integer('max_new_tokens', 40, 'Tokens to generate.')
-_TEMPERATURE = flags.DEFINE_float('temperature', 1.0, 'Sampling temperature; 0 is greedy.')
-_TOP_K = flags.DEFINE_integer('top_k', 0, 'Sample among the k most likely tokens (0: all).')
-_SEED = flags.DEFINE_integer('seed', 0, 'Sampling seed.')
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command's flags: defined when it runs, so that importing it defines none."""
+  flags.DEFINE_string('prompt', '', 'Text to continue (may be empty: start from <s>).')
+  flags.DEFINE_integer('max_new_tokens', 40, 'Tokens to generate.')
+  flags.DEFINE_float('temperature', 1.0, 'Sampling temperature; 0 is greedy.')
+  flags.DEFINE_integer('top_k', 0, 'Sample among the k most likely tokens (0: all).')
+  flags.DEFINE_integer('seed', 0, 'Sampling seed.')
+  cli.define_config_flags(reads_run=True)
 
 
 def main(argv):
@@ -34,15 +38,16 @@ def main(argv):
   continuation = text_generation.continue_prompt(
       FLAGS.config,
       FLAGS.workdir,
-      _PROMPT.value,
-      _MAX_NEW_TOKENS.value,
-      temperature=_TEMPERATURE.value,
-      top_k=_TOP_K.value,
-      seed=_SEED.value,
+      flags.FLAGS.prompt,
+      flags.FLAGS.max_new_tokens,
+      temperature=flags.FLAGS.temperature,
+      top_k=flags.FLAGS.top_k,
+      seed=flags.FLAGS.seed,
   )
   print(f'sampled by step {continuation.step} of {FLAGS.workdir}', file=sys.stderr, flush=True)
   print(continuation.text, flush=True)
 
 
 if __name__ == '__main__':
+  define_flags()
   cli.run(main)

@@ -16,21 +16,26 @@ from absl import flags
 from linformer_jax import cli
 from linformer_jax.training import hf_import
 
-cli.define_config_flags()
-_FROM = flags.DEFINE_string(
-    'from', None, 'The checkpoint: a Hugging Face folder, or a hub name (needs network).'
-)
-flags.mark_flag_as_required('from')
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command's flags: defined when it runs, so that importing it defines none."""
+  flags.DEFINE_string(
+      'from', None, 'The checkpoint: a Hugging Face folder, or a hub name (needs network).'
+  )
+  cli.define_config_flags()
+  flags.mark_flag_as_required('from')
 
 
 def main(argv):
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
-  _, summary = hf_import.import_checkpoint(_FROM.value, FLAGS.workdir, FLAGS.config)
+  _, summary = hf_import.import_checkpoint(flags.FLAGS['from'].value, FLAGS.workdir, FLAGS.config)
   for line in hf_import.describe(summary, FLAGS.workdir):
     print(line, flush=True)
 
 
 if __name__ == '__main__':
+  define_flags()
   cli.run(main)

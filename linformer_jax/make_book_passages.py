@@ -21,19 +21,25 @@ from linformer_jax import cli
 from linformer_jax.data import book_passages
 
 _BOOKS = '../shared/data/gutenberg'
-flags.DEFINE_list(
-    'books',
-    [f'{_BOOKS}/pg768.txt', f'{_BOOKS}/pg8374.txt', f'{_BOOKS}/pg2496.txt'],
-    'Text files, one per class (the agreed Gutenberg test books).',
-)
-flags.DEFINE_string('out', None, 'Folder to write train.tsv, dev.tsv and test.tsv into.')
 _DEFAULTS = book_passages.PassageSettings()
-flags.DEFINE_integer('min_words', _DEFAULTS.min_words, 'A passage is at least this many words.')
-flags.DEFINE_integer('max_words', _DEFAULTS.max_words, 'A passage is cut after this many words.')
-flags.DEFINE_float('train_share', _DEFAULTS.train_share, "Share of each book's passages to train.")
-flags.DEFINE_float('validation_share', _DEFAULTS.validation_share, 'Next share: validation.')
-flags.DEFINE_integer('seed', _DEFAULTS.seed, 'Seed of the choice that balances the books.')
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command's flags: defined when it runs, so that importing it defines none."""
+  flags.DEFINE_list(
+      'books',
+      [f'{_BOOKS}/pg768.txt', f'{_BOOKS}/pg8374.txt', f'{_BOOKS}/pg2496.txt'],
+      'Text files, one per class (the agreed Gutenberg test books).',
+  )
+  flags.DEFINE_string('out', None, 'Folder to write train.tsv, dev.tsv and test.tsv into.')
+  flags.DEFINE_integer('min_words', _DEFAULTS.min_words, 'A passage is at least this many words.')
+  flags.DEFINE_integer('max_words', _DEFAULTS.max_words, 'A passage is cut after this many words.')
+  flags.DEFINE_float(
+      'train_share', _DEFAULTS.train_share, "Share of each book's passages to train."
+  )
+  flags.DEFINE_float('validation_share', _DEFAULTS.validation_share, 'Next share: validation.')
+  flags.DEFINE_integer('seed', _DEFAULTS.seed, 'Seed of the choice that balances the books.')
 
 
 def main(argv):
@@ -65,4 +71,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  define_flags()
   cli.run(main)

@@ -1,25 +1,123 @@
-"""The train step's matrix FLOPs by operand dtype, read from its StableHLO.
+"""Which dtypes the train step's matrix products take, counted in FLOPs.
 
   python -m linformer_jax.matmul_dtypes --config configs/roberta_base.py \
       --config.model.num_layers=2 --config.model.max_len=4096 \
       --config.model.projected_len=256 --config.batch_size=8
 
-Lowers (never compiles or runs) the train step of the config and prints the
-FLOPs of its matrix products by operand and result dtype, and the share whose
-operands are both bfloat16: under `model.dtype='bfloat16'` the rest runs at a
-slower rate on an accelerator's matrix units. See linformer_jax.analysis.matmul_dtypes.
+It lowers (never compiles or runs) the real train step from abstract inputs,
+prints the FLOPs of its matrix products by operand and result dtype, and reads
+them from every
+`stablehlo.dot_general` of the StableHLO text: its operand and result types
+and its FLOPs, 2 x (result elements) x (contracted elements). A function the
+step calls several times (a private `func.func` reached by `call`) counts once
+per call. A loop body counts once: the train step's loop over micro-batches
+holds the whole model, so the shares are those of one micro-batch.
+
+Under `model.dtype='bfloat16'` the products should take bfloat16 operands; the
+share of FLOPs that does not is the share that runs at a slower rate on an
+accelerator's matrix units.
 """
 
-from typing import List
+import collections
+import dataclasses
+import math
+import re
+from typing import Dict, List, Tuple
 
 from absl import flags
+import ml_collections
 
 from linformer_jax import cli
-from linformer_jax.analysis.matmul_dtypes import train_step_matmul_dtypes
+from linformer_jax.training import compiled_step
 
-cli.define_config_flags()
-flags.FLAGS.set_default('workdir', '')  # nothing is written; --workdir is not needed
+# (lhs element type, rhs element type, result element type), as StableHLO
+# spells them: 'bf16', 'f32', ...
+DotTypes = Tuple[str, str, str]
+
+_FUNCTION = re.compile(r'^\s*func\.func (?:public |private )?@([\w.$-]+)\(')
+_CALL = re.compile(r'\bcall @([\w.$-]+)\(')
+_DOT = re.compile(
+    r'stablehlo\.dot_general .*?contracting_dims = \[([\d, ]*)\] x \[[\d, ]*\].*?'
+    r': \(tensor<([^>]*)>, tensor<([^>]*)>\) -> tensor<([^>]*)>'
+)
+
+
+def _shape_and_type(tensor_type: str) -> Tuple[List[int], str]:
+  """'8x512x768xbf16' -> ([8, 512, 768], 'bf16'); 'f32' -> ([], 'f32')."""
+  *dims, element = tensor_type.split('x')
+  return [int(d) for d in dims], element
+
+
+def dot_flops(stablehlo_text: str) -> Dict[DotTypes, int]:
+  """FLOPs of the module's matrix products by their types, from its entry
+  function `main`, counting each function once per call."""
+  own: Dict[str, collections.Counter] = {}
+  calls: Dict[str, collections.Counter] = {}
+  current = None
+  for line in stablehlo_text.splitlines():
+    header = _FUNCTION.match(line)
+    if header:
+      current = header.group(1)
+      own[current], calls[current] = collections.Counter(), collections.Counter()
+      continue
+    if current is None:
+      continue
+    for callee in _CALL.findall(line):
+      calls[current][callee] += 1
+    dot = _DOT.search(line)
+    if dot:
+      contracted = [int(d) for d in dot.group(1).split(',') if d.strip()]
+      lhs_shape, lhs_type = _shape_and_type(dot.group(2))
+      _, rhs_type = _shape_and_type(dot.group(3))
+      out_shape, out_type = _shape_and_type(dot.group(4))
+      flops = 2 * math.prod(out_shape) * math.prod(lhs_shape[d] for d in contracted)
+      own[current][(lhs_type, rhs_type, out_type)] += flops
+  if 'main' not in own:
+    raise ValueError('The StableHLO text has no function @main.')
+
+  totals: Dict[str, collections.Counter] = {}
+
+  def total(name: str) -> collections.Counter:
+    if name not in totals:
+      counted = collections.Counter(own[name])
+      for callee, count in calls[name].items():
+        for types, flops in total(callee).items():
+          counted[types] += count * flops
+      totals[name] = counted
+    return totals[name]
+
+  return dict(total('main'))
+
+
+@dataclasses.dataclass(frozen=True)
+class MatmulDtypes:
+  """The matrix FLOPs of one lowered train step, by operand dtypes."""
+
+  flops: Dict[DotTypes, int]
+
+  @property
+  def total(self) -> int:
+    return sum(self.flops.values())
+
+  def share_with_operands(self, element_type: str) -> float:
+    """The share of FLOPs whose two operands are both `element_type`."""
+    matching = sum(f for (lhs, rhs, _), f in self.flops.items() if lhs == rhs == element_type)
+    return matching / self.total
+
+
+def train_step_matmul_dtypes(config: ml_collections.ConfigDict) -> MatmulDtypes:
+  """The matrix FLOPs of the config's train step by operand and result dtype."""
+  config = config.copy_and_resolve_references()
+  return MatmulDtypes(dot_flops(compiled_step.lowered_train_step(config).as_text()))
+
+
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command's flags: defined when it runs, so that importing it defines none."""
+  cli.define_config_flags()
+  flags.FLAGS.set_default('workdir', '')  # nothing is written; --workdir is not needed
 
 
 def main(argv: List[str]) -> None:
@@ -41,4 +139,5 @@ def main(argv: List[str]) -> None:
 
 
 if __name__ == '__main__':
+  define_flags()
   cli.run(main)

@@ -1,4 +1,4 @@
-"""Per-device memory and FLOPs of the compiled train step, here or on a GPU/TPU target.
+"""Per-device memory and FLOPs of the compiled train step, on this host or a target.
 
   XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m \
       linformer_jax.mesh_memory --config configs/roberta_base.py \
@@ -9,46 +9,290 @@
       --target=h100 --target=v5e-8 --per_device_batch=8 --max_batch \
       --config.model.max_len=4096 --config.model.projected_len=256
 
-Compiles (never runs) the train step for each mesh from abstract inputs and
-prints XLA's analyses per device: the arguments (parameters, optimizer state
-and the batch share), the temporaries, their sum against the usable memory,
-the model's TFLOPs and, on TPU, the compiled program's FLOPs over the model's
-(above 1 where XLA:TPU rematerialised on its own to fit HBM). Without
---target it compiles for this host's devices; with --target for a TPU slice
-('v5e-8', 'v6e-4', 'v4-32', 'v5p-64') or H100s ('h100', 'h100x8') that this
-host does not have (analysis/xla_targets.py). --max_batch also finds the
-largest batch per device that fits, and the memory per sequence.
+It compiles (never runs) the train step from abstract inputs for each mesh
+over this host's devices, or over the devices of an accelerator this host does
+not have (--target, `analysis/xla_targets.py`: a TPU slice such as 'v5e-8',
+'v6e-4', 'v4-32', 'v5p-64', or H100s, 'h100', 'h100x8'), and prints XLA's
+analyses of the executable, per device:
+
+- memory per device: the arguments (parameters, optimizer state and the batch
+  share) and the temporaries; against the device's usable memory, whether the
+  step fits. XLA:TPU refuses to compile a step whose temporaries exceed HBM,
+  naming what it needed; that is reported as not fitting, with the need;
+- FLOPs per device: the model's (XLA's cost analysis of the step lowered on
+  this host's CPU, recomputation chosen by `model.remat` included) and, on
+  TPU with unscanned layers, the compiled program's, whose ratio to the
+  model's grows with the rematerialisation XLA:TPU adds on its own to fit HBM;
+- the largest per-device batch that fits (`largest_batch`): memory grows
+  linearly with the batch, so two compiles give the slope, a third checks
+  the batch it predicts and a fourth the next one up.
 """
 
-from typing import List
+import dataclasses
+import re
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from absl import flags
 import jax
+import ml_collections
 
 from linformer_jax import cli
-from linformer_jax.analysis import mesh_memory
 from linformer_jax.analysis import xla_targets
+from linformer_jax.analysis.tables import markdown_table
+from linformer_jax.training import compiled_step
+from linformer_jax.training import sharding as sharding_lib
 from linformer_jax.units import GIB
+from linformer_jax.units import KIB
 from linformer_jax.units import MIB
+from linformer_jax.units import TIB
+from linformer_jax.units import size_text
 
-cli.define_config_flags()
-flags.FLAGS.set_default('workdir', '')  # nothing is written; --workdir is not needed
-_MESHES = flags.DEFINE_multi_string('meshes', ['-1,1'], 'Mesh shapes DATA,MODEL.')
-_TARGETS = flags.DEFINE_multi_string(
-    'target', [], f'Compile for these accelerators instead of this host: {xla_targets.EXAMPLES}.'
-)
-_PER_DEVICE_BATCH = flags.DEFINE_integer(
-    'per_device_batch', 0, "Sequences per data shard (0: the config's batch_size over the mesh)."
-)
-_MAX_BATCH = flags.DEFINE_bool(
-    'max_batch', False, 'Also find the largest batch per device that fits (needs --target).'
-)
+# XLA:TPU's refusals: '... HLO temporaries (29.90G) exceeds available HBM
+# (15.75G).', or '... Exceeded hbm capacity by 2.56M.' with a breakdown that
+# names 'program 14.47G' and 'arguments 1.28G'.
+_SIZE = r'([\d.]+)([KMGT])'
+_TEMPORARIES_EXCEED = re.compile(r'temporaries \(' + _SIZE + r'\) exceeds available HBM')
+_PROGRAM = re.compile(r'^\s*program\s+' + _SIZE, re.MULTILINE)
+_ARGUMENTS = re.compile(r'^\s*arguments\s+' + _SIZE, re.MULTILINE)
+_UNITS = {'K': KIB, 'M': MIB, 'G': GIB, 'T': TIB}
+MAX_SEARCH_COMPILES = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class StepMemory:
+  """One compile of the train step; bytes and FLOPs are per device.
+
+  `usable_bytes` is None on this host's CPU (no fixed limit). A step XLA
+  refused to compile for lack of memory (`refused`) does not fit; its bytes
+  are what XLA said it needs (arguments 0 where XLA named the temporaries
+  only)."""
+
+  per_device_batch: int
+  argument_bytes: int
+  temporary_bytes: int
+  usable_bytes: Optional[int]
+  fits: bool
+  model_flops: float
+  compiled_flops: Optional[float]
+  compile_seconds: float
+  refused: bool = False  # XLA:TPU refused to compile it for lack of memory
+
+  @property
+  def total_bytes(self) -> int:
+    return self.argument_bytes + self.temporary_bytes
+
+  @property
+  def compiler_flops_ratio(self) -> Optional[float]:
+    """Compiled over model FLOPs: above 1 where XLA recomputed to fit memory."""
+    if not self.compiled_flops or not self.model_flops or not self.fits:
+      return None
+    return self.compiled_flops / self.model_flops
+
+
+def _with_batch(
+    config: ml_collections.ConfigDict, mesh_shape: Sequence[int], per_device_batch: int, devices
+):
+  config = config.copy_and_resolve_references()
+  config.mesh_shape = tuple(mesh_shape)
+  if per_device_batch:
+    data, _ = sharding_lib.resolve_mesh_shape(mesh_shape, len(devices))
+    config.batch_size = per_device_batch * data
+    config.grad_accum_steps = 1
+  return config
+
+
+def model_flops(config: ml_collections.ConfigDict, device_count: int) -> float:
+  """FLOPs per device of the step as the model defines it, counted on this
+  host's CPU: the same global batch on one device, over `device_count`."""
+  host = config.copy_and_resolve_references()
+  host.mesh_shape = (1, 1)
+  if host.model.attention_kernel == 'cudnn':
+    host.model.attention_kernel = 'einsum'  # the same products; cuDNN lowers on GPUs only
+  cpu = jax.devices('cpu')[:1]
+  lowered = compiled_step.lowered_train_step(host, cpu)
+  return compiled_step.step_flops(host, lowered, cpu) / device_count
+
+
+def _bytes(match: Optional[re.Match]) -> int:
+  return int(float(match.group(1)) * _UNITS[match.group(2)]) if match else 0
+
+
+def _out_of_memory_need(error: Exception) -> Optional[Tuple[int, int]]:
+  """(arguments, temporaries) XLA:TPU said a refused step needs, or None if
+  the error is not such a refusal."""
+  if not compiled_step.is_out_of_memory(error):
+    return None
+  text = str(error)
+  exceeded = _TEMPORARIES_EXCEED.search(text)
+  if exceeded:
+    return 0, _bytes(exceeded)
+  program = _PROGRAM.search(text)
+  if program:
+    return _bytes(_ARGUMENTS.search(text)), _bytes(program)
+  return None
+
+
+def compile_step(
+    config: ml_collections.ConfigDict,
+    mesh_shape: Sequence[int],
+    devices: Optional[Sequence[jax.Device]] = None,
+    usable_bytes: Optional[int] = None,
+    per_device_batch: int = 0,
+) -> StepMemory:
+  """Compiles the step of `config` on a mesh of `devices` (default: this
+  host's) with `per_device_batch` rows per data shard (0: config.batch_size)."""
+  devices = list(devices) if devices is not None else jax.devices()
+  config = _with_batch(config, mesh_shape, per_device_batch, devices)
+  data, _ = sharding_lib.resolve_mesh_shape(config.mesh_shape, len(devices))
+  batch = config.batch_size // data
+  flops = model_flops(config, len(devices))
+  start = time.monotonic()
+  try:
+    compiled = compiled_step.lowered_train_step(config, devices).compile()
+  except jax.errors.JaxRuntimeError as error:
+    need = _out_of_memory_need(error)
+    if need is None:
+      raise
+    return StepMemory(
+        batch, *need, usable_bytes, False, flops, None, time.monotonic() - start, refused=True
+    )
+  seconds = time.monotonic() - start
+  memory = compiled_step.planned_bytes(compiled)
+  arguments, temporaries = memory['argument_bytes'], memory['temp_bytes']
+  compiled_flops = None
+  # XLA's cost analysis counts a loop's body once: the micro-batch loop holds
+  # all of a step's work but the update (scaled as compiled_step.step_flops
+  # does); a scan over layers has no such fix, so its count is left out.
+  if devices[0].platform == 'tpu' and not config.model.scan_layers:
+    flops_per_micro_batch = compiled_step.cost_analysis(compiled)['flops'] or 0.0
+    compiled_flops = flops_per_micro_batch * config.grad_accum_steps or None
+  fits = usable_bytes is None or arguments + temporaries <= usable_bytes
+  return StepMemory(
+      batch, arguments, temporaries, usable_bytes, fits, flops, compiled_flops, seconds
+  )
+
+
+def largest_batch(
+    measure: Callable[[int], StepMemory], first: StepMemory
+) -> Dict[str, Optional[float]]:
+  """The largest per-device batch whose step fits, from `measure(batch)`.
+
+  Starts from `first` (one compile already made), halves while it does not
+  fit, then fits memory = fixed + batch x per_sequence through two batches,
+  checks the batch that predicts, and steps until a batch fits and the next
+  one up does not (binary search, at most MAX_SEARCH_COMPILES compiles).
+
+  Returns:
+    'batch' (0 if one sequence does not fit), 'exact' (False where the
+    compiles ran out before the next batch up failed: 'batch' is then a
+    floor), 'bytes_per_sequence' (the
+    slope; None if it could not be measured), 'total_bytes' at that batch and
+    'compiles'.
+  """
+  results = {first.per_device_batch: first}
+
+  def at(batch: int) -> StepMemory:
+    if batch not in results:
+      results[batch] = measure(batch)
+    return results[batch]
+
+  batch = first.per_device_batch
+  while not at(batch).fits and batch > 1:
+    batch = max(batch // 2, 1)
+  if not at(batch).fits:
+    return {
+        'batch': 0,
+        'exact': True,
+        'bytes_per_sequence': None,
+        'total_bytes': None,
+        'compiles': len(results),
+    }
+  base, doubled = at(batch), at(2 * batch)
+  # A step XLA refused reports its temporaries only; its arguments are about the base's.
+  doubled_total = doubled.total_bytes + (0 if doubled.argument_bytes else base.argument_bytes)
+  slope = (doubled_total - base.total_bytes) / batch
+  predicted = batch + 1
+  if slope > 0:
+    predicted = max(int((base.usable_bytes - (base.total_bytes - slope * batch)) // slope), 1)
+  low = max(known for known, memory in results.items() if memory.fits)
+  above = [known for known, memory in results.items() if not memory.fits and known > low]
+  high = min(above) if above else None  # the smallest batch known not to fit
+  probe = predicted if low < predicted and (high is None or predicted < high) else low + 1
+  while len(results) < MAX_SEARCH_COMPILES and (high is None or high - low > 1):
+    if at(probe).fits:
+      low = probe
+    else:
+      high = probe
+    if high is None:  # after the prediction fits, the next batch up; then doubling
+      probe = low + 1 if low == predicted else 2 * low
+    else:
+      probe = (low + high) // 2
+  return {
+      'batch': low,
+      'exact': high == low + 1,  # False: the compiles ran out first, `batch` is a floor
+      'bytes_per_sequence': slope if slope > 0 else None,
+      'total_bytes': at(low).total_bytes,
+      'compiles': len(results),
+  }
+
+
+def target_devices(target: xla_targets.Target) -> Tuple[List[jax.Device], int]:
+  """The devices of a target and the usable memory of each, in bytes
+  (`xla_targets.enable_plugins` must have run)."""
+  devices = xla_targets.target_devices(target)
+  return devices, target.usable_bytes_per_device(xla_targets.devices_per_chip(devices))
+
+
+def _gflop(flops: float) -> str:
+  gflop = flops / 1e9
+  return f'{gflop:,.1f}' if gflop >= 1 else f'{gflop:.3g}'
+
+
+def describe_rows(rows: List[Dict[str, object]]) -> str:
+  """A markdown table of rows {'target', 'mesh', 'memory': StepMemory}."""
+  header = (
+      'target',
+      'mesh (data, model)',
+      'batch per device',
+      'arguments',
+      'temporaries',
+      'total',
+      'usable',
+      'fits',
+      'model GFLOP per device',
+      'compiled / model FLOPs',
+      'compile s',
+  )
+  cells = []
+  for row in rows:
+    memory: StepMemory = row['memory']
+    refused = memory.refused and not memory.argument_bytes
+    ratio = memory.compiler_flops_ratio
+    cells.append(
+        (
+            row['target'],
+            tuple(row['mesh']),
+            memory.per_device_batch,
+            '-' if refused else size_text(memory.argument_bytes),
+            f'{"needs " if memory.refused else ""}{size_text(memory.temporary_bytes)}',
+            size_text(memory.total_bytes),
+            size_text(memory.usable_bytes) if memory.usable_bytes else 'host',
+            'yes' if memory.fits else 'no',
+            _gflop(memory.model_flops),
+            f'{ratio:.3f}' if ratio else '-',
+            f'{memory.compile_seconds:.1f}',
+        )
+    )
+  return markdown_table(header, cells)
+
+
 FLAGS = flags.FLAGS
 
 
 def _mesh_shapes() -> List[tuple]:
   shapes = []
-  for text in _MESHES.value:
+  for text in FLAGS.meshes:
     try:
       shapes.append(tuple(int(size) for size in text.split(',')))
     except ValueError:
@@ -58,20 +302,36 @@ def _mesh_shapes() -> List[tuple]:
   return shapes
 
 
+def define_flags() -> None:
+  """The command's flags: defined when it runs, so that importing it defines none."""
+  cli.define_config_flags()
+  flags.FLAGS.set_default('workdir', '')  # nothing is written; --workdir is not needed
+  flags.DEFINE_multi_string('meshes', ['-1,1'], 'Mesh shapes DATA,MODEL.')
+  flags.DEFINE_multi_string(
+      'target', [], f'Compile for these accelerators instead of this host: {xla_targets.EXAMPLES}.'
+  )
+  flags.DEFINE_integer(
+      'per_device_batch', 0, "Sequences per data shard (0: the config's batch_size over the mesh)."
+  )
+  flags.DEFINE_bool(
+      'max_batch', False, 'Also find the largest batch per device that fits (needs --target).'
+  )
+
+
 def main(argv: List[str]) -> None:
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}')
-  if _PER_DEVICE_BATCH.value < 0:
-    cli.fail(f'--per_device_batch={_PER_DEVICE_BATCH.value} must be 0 or more')
-  if _MAX_BATCH.value and not _TARGETS.value:
+  if FLAGS.per_device_batch < 0:
+    cli.fail(f'--per_device_batch={FLAGS.per_device_batch} must be 0 or more')
+  if FLAGS.max_batch and not FLAGS.target:
     cli.fail('--max_batch needs a --target with a fixed memory size (this host has none)')
   meshes = _mesh_shapes()
-  targets = [xla_targets.parse_target(name) for name in _TARGETS.value]  # checked first
+  targets = [xla_targets.parse_target(name) for name in FLAGS.target]  # checked first
   if targets:
     xla_targets.enable_plugins('linformer_jax.mesh_memory')
     places = []
     for target in targets:
-      devices, usable = mesh_memory.target_devices(target)
+      devices, usable = target_devices(target)
       places.append((target.name, devices, usable))
       print(
           f'{target.name}: {len(devices)} x {devices[0].device_kind} '
@@ -87,14 +347,12 @@ def main(argv: List[str]) -> None:
     for mesh_shape in meshes:
 
       def measure(batch, mesh_shape=mesh_shape, devices=devices, usable=usable):
-        return mesh_memory.compile_step(
-            FLAGS.config, mesh_shape, devices, usable, per_device_batch=batch
-        )
+        return compile_step(FLAGS.config, mesh_shape, devices, usable, per_device_batch=batch)
 
-      memory = measure(_PER_DEVICE_BATCH.value)
+      memory = measure(FLAGS.per_device_batch)
       rows.append({'target': name, 'mesh': mesh_shape, 'memory': memory})
-      if _MAX_BATCH.value:
-        found = mesh_memory.largest_batch(measure, memory)
+      if FLAGS.max_batch:
+        found = largest_batch(measure, memory)
         per_sequence = found['bytes_per_sequence']
         searches.append(
             f'{name} {mesh_shape}: largest batch per device that fits: '
@@ -104,8 +362,9 @@ def main(argv: List[str]) -> None:
             + f'; {found["compiles"]} compiles'
         )
         print(searches[-1], flush=True)
-  print(mesh_memory.describe_rows(rows))
+  print(describe_rows(rows))
 
 
 if __name__ == '__main__':
+  define_flags()
   cli.run(main)

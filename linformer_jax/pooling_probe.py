@@ -1,4 +1,4 @@
-"""Linear probes and `<s>` attention of a pretrained encoder, layer by layer.
+"""What a pretrained encoder's `<s>` token knows about a sentence, layer by layer.
 
   python -m linformer_jax.pooling_probe --config configs/finetune_sst2.py \
       --config.init_from=runs/gutenberg --workdir runs/probe_linformer
@@ -6,24 +6,345 @@
       --config.init_from=runs/gutenberg_transformer --config.model.attention=full \
       --workdir runs/probe_transformer
 
-Reads the encoder of config.init_from, fits a logistic regression on the frozen
-`<s>` vector and on the mean of the real tokens at every layer, and measures
-how widely the `<s>` query attends (`linformer_jax.analysis.pooling_probe`).
-Writes WORKDIR/probe.json (and the tokenizer the data needs) and prints one
+For the encoder of a pretraining run (`config.init_from`) and a classification
+dataset, it reads every layer's output on training and evaluation examples and
+reports, per layer:
+
+* **linear probes**: the evaluation accuracy of a logistic regression (L2,
+  standardised features) trained on the frozen `<s>` vector (`first`) and on
+  the mean of the real tokens' vectors (`mean`);
+* **the `<s>` query's attention**: its entropy H over what it attends to (the
+  real tokens for full attention; the k compressed slots for Linformer), as
+  exp(H), the effective number of keys, and the share of the largest weight,
+  averaged over heads and examples;
+* **the `<s>` output's token weights**: how much of each real token's value
+  vector the `<s>` output holds (P itself for full attention; P F for a
+  Linformer's matrix projection F), as their sum and the share of their mass
+  that is negative. A mean has weights 1/length: sum 1, none negative;
+* **how many real tokens each compressed slot mixes** (Linformer with a matrix
+  F): the participation ratio (sum_j F[j, i]^2)^2 / sum_j F[j, i]^4 of slot
+  i's weights over the real positions j, averaged over slots, heads and
+  examples. A slot that copies one token has 1; one that averages L tokens
+  equally has L; a column of Gaussian noise has about L / 3.
+
+If `first` probes fall behind `mean` probes for Linformer but not for the
+Transformer, and the Linformer `<s>` spreads its attention over its slots,
+first-token pooling loses what mean pooling keeps.
+
+It writes WORKDIR/probe.json (and the tokenizer the data needs) and prints one
 line per layer. Bad input ends with a one-line error and exit code 2.
 """
 
+import dataclasses
 import json
 import os
+from typing import Any, Dict, List, Optional
 
 from absl import flags
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
 
 from linformer_jax import cli
 from linformer_jax import storage
 from linformer_jax.analysis import settings_flags
-from linformer_jax.analysis.pooling_probe import ProbeSettings
-from linformer_jax.analysis.pooling_probe import probe
-from linformer_jax.analysis.pooling_probe import summary_lines
+from linformer_jax.analysis.settings_flags import setting
+from linformer_jax.checkpoints import partial_restore
+from linformer_jax.errors import ConfigError
+from linformer_jax.model import attention_capture
+from linformer_jax.model import layers
+from linformer_jax.model import models
+from linformer_jax.training import run_builder
+
+
+@dataclasses.dataclass
+class Features:
+  """Per layer, the pooled vectors of a set of examples and what `<s>` reads."""
+
+  first: List[np.ndarray]  # per layer [examples, d]
+  mean: List[np.ndarray]
+  labels: np.ndarray
+  entropy: List[np.ndarray]  # per layer [examples]: mean over heads, nats
+  largest: List[np.ndarray]  # per layer [examples]: largest <s> weight, mean over heads
+  weight_sum: List[np.ndarray]  # per layer [examples]: sum of <s>'s token weights
+  negative_share: List[np.ndarray]  # per layer [examples]: their negative share
+  slot_positions: List[np.ndarray]  # per layer [examples]: real tokens per slot (NaN: no F)
+
+
+def _capture(module: Any, method_name: str) -> bool:
+  return attention_capture.capture_intermediates(module, method_name) or (
+      method_name == '__call__' and isinstance(module, layers.EncoderLayer)
+  )
+
+
+def _value_matrices(encoder: Any, config) -> List[Any]:
+  """Per layer the value projection F ([n, k] or [heads, n, k]) of a Linformer
+  with a matrix projection (weights [n, k]); None for full attention and
+  other projections."""
+  kind = config.projection_kind
+  if not config.attention_kind.uses_projection or not (kind.has_weights and kind.weight_ndim == 2):
+    return [None] * config.num_layers
+  matrices = []
+  for layer in range(config.num_layers):
+    path = (f'layers_{layer}', 'attention')
+    node = encoder
+    for name in ('shared_projection',) if config.sharing == 'layerwise' else path + ('projection',):
+      node = node[name]
+    matrices.append(node['__call__'][0][1])
+  return matrices
+
+
+def token_weights(p_first: np.ndarray, value_matrix: Optional[Any], mask: np.ndarray) -> np.ndarray:
+  """The weight of each real token in the `<s>` output, [batch, heads, length]
+  (NaN for Linformer projections that are not a matrix).
+
+  With full attention it is the `<s>` row of P. A Linformer's output is
+  P (F^T V), so token j gets sum_i P[i] F[j, i]: weights that need not be
+  positive nor sum to one.
+  """
+  mask = np.asarray(mask, np.float64)
+  if value_matrix is None:
+    if p_first.shape[-1] != mask.shape[1]:  # Pooling or convolution: not a matrix.
+      return np.full(p_first.shape[:2] + mask.shape[1:], np.nan)
+    return p_first * mask[:, None, :]
+  f = np.asarray(value_matrix, np.float64)
+  length = mask.shape[1]
+  if f.ndim == 2:
+    w = np.einsum('bhk,nk->bhn', p_first, f[:length])
+  else:
+    w = np.einsum('bhk,hnk->bhn', p_first, f[:, :length])
+  return w * mask[:, None, :]
+
+
+def slot_positions(value_matrix: Optional[Any], mask: np.ndarray) -> np.ndarray:
+  """How many real tokens each slot of F mixes, per example [batch]: the
+  participation ratio of each slot's weights over the example's real
+  positions, averaged over slots (and heads); NaN without a matrix F."""
+  mask = np.asarray(mask, np.float64)
+  if value_matrix is None:
+    return np.full(mask.shape[0], np.nan)
+  f = np.asarray(value_matrix, np.float64)
+  f = f[None] if f.ndim == 2 else f  # [heads, n, k]
+  squares = f[:, None, : mask.shape[1]] ** 2 * mask[None, :, :, None]  # [heads, batch, len, k]
+  ratio = squares.sum(2) ** 2 / np.maximum((squares**2).sum(2), 1e-300)
+  return ratio.mean(axis=(0, 2))
+
+
+def _encoder_step(config):
+  encoder = models.Encoder(config, name='encoder')
+
+  def step(variables, inputs, padding_mask, segments):
+    _, state = encoder.apply(
+        variables,
+        inputs,
+        padding_mask,
+        segments=segments,
+        deterministic=True,
+        capture_intermediates=_capture,
+        mutable=['intermediates'],
+    )
+    captured = {'encoder': state['intermediates']}
+    hidden = [captured['encoder'][f'layers_{i}']['__call__'][0] for i in range(config.num_layers)]
+    return (
+        hidden,
+        attention_capture.context_queries_and_keys(captured, config, padding_mask),
+        _value_matrices(captured['encoder'], config),
+    )
+
+  return jax.jit(step)
+
+
+_PER_LAYER = (
+    'first',
+    'mean',
+    'entropy',
+    'largest',
+    'weight_sum',
+    'negative_share',
+    'slot_positions',
+)
+
+
+def _pooled_features(step, variables, batches, config) -> Features:
+  parts = {name: [[] for _ in range(config.num_layers)] for name in _PER_LAYER}
+  labels = []
+  for batch in batches:
+    real = np.asarray(batch.get('weights', np.ones(len(batch['labels'])))) > 0
+    mask = jnp.asarray(batch['padding_mask'])
+    segments = batch.get('segments') if config.num_segments else None
+    hidden, queries_and_keys, values = step(variables, jnp.asarray(batch['inputs']), mask, segments)
+    for layer in range(config.num_layers):
+      h = hidden[layer]
+      q, keys, key_mask = queries_and_keys[layer]
+      first_query = np.asarray(q)[:, :1]
+      p = attention_capture.attention_matrix(first_query, np.asarray(keys), key_mask)[:, :, 0]
+      logs = np.log(np.where(p > 0, p, 1.0))
+      w = token_weights(p, values[layer], np.asarray(batch['padding_mask']))
+      negative = np.where(w < 0, -w, 0.0).sum(-1) / np.maximum(np.abs(w).sum(-1), 1e-30)
+      found = {
+          'first': np.asarray(h[:, 0], np.float64),
+          'mean': np.asarray(models.mean_pool(h, mask), np.float64),
+          'entropy': (-(p * logs).sum(-1)).mean(-1),
+          'largest': p.max(-1).mean(-1),
+          'weight_sum': w.sum(-1).mean(-1),
+          'negative_share': negative.mean(-1),
+          'slot_positions': slot_positions(values[layer], np.asarray(batch['padding_mask'])),
+      }
+      for name, value in found.items():
+        parts[name][layer].append(value[real])
+    labels.append(np.asarray(batch['labels'])[real])
+  joined = {
+      name: [np.concatenate(chunks) for chunks in per_layer] for name, per_layer in parts.items()
+  }
+  return Features(labels=np.concatenate(labels), **joined)
+
+
+def probe_accuracy(
+    train_x: np.ndarray,
+    train_y: np.ndarray,
+    eval_x: np.ndarray,
+    eval_y: np.ndarray,
+    num_classes: int,
+    *,
+    l2: float = 1e-3,
+    steps: int = 500,
+) -> float:
+  """The evaluation accuracy of an L2 logistic regression on standardised
+  features, fitted by full-batch Adam."""
+  center, scale = train_x.mean(0), train_x.std(0) + 1e-6
+  train_x = jnp.asarray((train_x - center) / scale, jnp.float32)
+  eval_x = jnp.asarray((eval_x - center) / scale, jnp.float32)
+  params = {'w': jnp.zeros((train_x.shape[1], num_classes)), 'b': jnp.zeros(num_classes)}
+  optimizer = optax.adam(0.05)
+
+  def loss(params):
+    logits = train_x @ params['w'] + params['b']
+    nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), train_y[:, None], 1).mean()
+    return nll + l2 * jnp.sum(params['w'] ** 2)
+
+  @jax.jit
+  def update(params, state):
+    grads = jax.grad(loss)(params)
+    updates, state = optimizer.update(grads, state)
+    return optax.apply_updates(params, updates), state
+
+  state = optimizer.init(params)
+  for _ in range(steps):
+    params, state = update(params, state)
+  predictions = np.asarray(jnp.argmax(eval_x @ params['w'] + params['b'], -1))
+  return float(np.mean(predictions == eval_y))
+
+
+def _take(iterator, count: int) -> List[Dict[str, np.ndarray]]:
+  return [next(iterator) for _ in range(count)]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeSettings:
+  """The probe's own settings, beside the config; each is also the command's
+  flag of its name (`settings_flags`).
+
+  Attributes:
+    train_batches: training batches the probes are fitted on.
+  """
+
+  train_batches: int = setting(64, 'Training batches the probes are fitted on.')
+
+
+def probe(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    *,
+    train_batches: int = ProbeSettings.train_batches,
+) -> Dict:
+  """The probe report of config.init_from's encoder on config's data (see
+  module doc); `workdir` receives the tokenizer the data needs.
+
+  Raises:
+    ConfigError: no init_from, a run of another model, or bad data.
+  """
+  if config.task != 'classification' or not config.init_from:
+    raise ConfigError(
+        'pooling_probe needs a classification config with config.init_from set to a '
+        'pretraining run, e.g. configs/finetune_sst2.py --config.init_from=runs/gutenberg.'
+    )
+  if train_batches < 1:
+    raise ConfigError(f'--train_batches={train_batches}: use a positive number.')
+  parts = run_builder.build_parts(config)
+  parts.model_config.require_unscanned('pooling_probe')
+  attention_capture.require_plain_softmax(parts.model_config, 'pooling_probe')
+  parts.task.check_init_from(config)
+  data = parts.build_data(workdir)
+  abstract = parts.abstract_variables()
+  subtrees = {('params', 'encoder'): abstract['params']['encoder']}
+  for collection, variables in abstract.items():
+    if collection != 'params' and 'encoder' in variables:
+      subtrees[('constants', collection, 'encoder')] = variables['encoder']
+  restored = partial_restore.restore_subtrees(config.init_from, subtrees)
+  variables = {'params': restored[('params', 'encoder')]}
+  for path, value in restored.items():
+    if path[0] == 'constants':
+      variables[path[1]] = value
+  model_config = parts.model_config
+  step = _encoder_step(model_config)
+  train = _pooled_features(step, variables, _take(data.train_iterator, train_batches), model_config)
+  evaluation = _pooled_features(step, variables, data.eval_batches, model_config)
+  num_classes = len(config.data.labels)
+  layers = []
+  for layer in range(model_config.num_layers):
+    row: Dict[str, Any] = {'layer': layer + 1}
+    for pooling in ('first', 'mean'):
+      row[f'probe_{pooling}'] = probe_accuracy(
+          getattr(train, pooling)[layer],
+          train.labels,
+          getattr(evaluation, pooling)[layer],
+          evaluation.labels,
+          num_classes,
+      )
+    entropy = evaluation.entropy[layer]
+    row['s_entropy_nats'] = float(entropy.mean())
+    row['s_effective_keys'] = float(np.exp(entropy).mean())
+    row['s_largest_weight'] = float(evaluation.largest[layer].mean())
+    row['s_token_weight_sum'] = float(evaluation.weight_sum[layer].mean())
+    row['s_negative_token_weight_share'] = float(evaluation.negative_share[layer].mean())
+    slots = evaluation.slot_positions[layer]
+    row['real_tokens_per_slot'] = None if np.isnan(slots).all() else float(slots.mean())
+    layers.append(row)
+  counts = np.bincount(evaluation.labels, minlength=num_classes)
+  real_tokens = float(np.mean([b['padding_mask'].sum(1).mean() for b in data.eval_batches]))
+  return {
+      'init_from': os.path.abspath(config.init_from),
+      'attention': model_config.attention,
+      'n': model_config.max_len,
+      'k': model_config.projected_len if model_config.attention != 'full' else None,
+      'eval_split': config.data.eval_split,
+      'train_examples': int(len(train.labels)),
+      'eval_examples': int(len(evaluation.labels)),
+      'eval_majority_accuracy': float(counts.max() / counts.sum()),
+      'mean_real_tokens': real_tokens,
+      'layers': layers,
+  }
+
+
+def summary_lines(report: Dict[str, Any]) -> List[str]:
+  """One line per layer: the probes and the <s> attention."""
+  lines = []
+  for row in report['layers']:
+    lines.append(
+        f"layer {row['layer']}: probe first {row['probe_first']:.3f}, mean {row['probe_mean']:.3f}"
+        f"; <s> attention entropy {row['s_entropy_nats']:.2f} nats "
+        f"({row['s_effective_keys']:.1f} effective keys, largest weight "
+        f"{row['s_largest_weight']:.2f}); its token weights sum to "
+        f"{row['s_token_weight_sum']:.3f}, {row['s_negative_token_weight_share']:.0%} negative"
+        + (
+            ''
+            if row.get('real_tokens_per_slot') is None
+            else f"; each slot mixes {row['real_tokens_per_slot']:.1f} real tokens"
+        )
+    )
+  return lines
 
 
 def define_flags() -> None:

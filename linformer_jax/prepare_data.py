@@ -25,13 +25,15 @@ from absl import flags
 from linformer_jax import cli
 from linformer_jax.data import masked_lm
 
-cli.define_config_flags()
-_PART_INDEX = flags.DEFINE_integer('part_index', 0, "This host's part of the splits.")
-_PART_COUNT = flags.DEFINE_integer('part_count', 1, 'How many hosts prepare the splits.')
-_TOKENIZER_ONLY = flags.DEFINE_boolean(
-    'tokenizer_only', False, 'Only train (or check) the tokenizer.'
-)
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command's flags: defined when it runs, so that importing it defines none."""
+  flags.DEFINE_integer('part_index', 0, "This host's part of the splits.")
+  flags.DEFINE_integer('part_count', 1, 'How many hosts prepare the splits.')
+  flags.DEFINE_boolean('tokenizer_only', False, 'Only train (or check) the tokenizer.')
+  cli.define_config_flags()
 
 
 def main(argv):
@@ -40,12 +42,13 @@ def main(argv):
   summary = masked_lm.prepare_splits(
       FLAGS.config,
       FLAGS.workdir,
-      part_index=_PART_INDEX.value,
-      part_count=_PART_COUNT.value,
-      tokenizer_only=_TOKENIZER_ONLY.value,
+      part_index=flags.FLAGS.part_index,
+      part_count=flags.FLAGS.part_count,
+      tokenizer_only=flags.FLAGS.tokenizer_only,
   )
   print(json.dumps(summary, indent=2, sort_keys=True), flush=True)
 
 
 if __name__ == '__main__':
+  define_flags()
   cli.run(main)

@@ -4,31 +4,228 @@
       --workdir runs/parity/pretrain_linformer_init_local \
       --config.model.projection_init=local
 
-Loads the newest checkpoint, or the kept one of --step (else of
---config.restore_step), with the run's own config (pass the flags it was
-trained with, --config.seed included), and prints, per
-learned [n, k] matrix and for a fresh draw of each initialisation, how many
-positions a slot mixes, the share of its weight in its own window and more;
-and how far training moved each matrix from the run's step 0 (drawn again
-from the seed), and how much of that move every slot shares
-(`linformer_jax.analysis.projection_stats`). Writes them to
-WORKDIR/projection_stats.json (projection_stats_STEP.json for a step asked). A
-workdir without a checkpoint, or without the kept --step, ends with a
-one-line error and exit code 2, and so does a workdir it cannot write, after
-the statistics are printed.
+It loads the newest checkpoint, or the kept one of --step (else of
+--config.restore_step), with the run's own config. For each learned [n, k]
+matrix of the checkpoint (each head's own for per-head weights), and for
+fresh draws of every `config.model.projection_init` at the same n and k, it
+reports per slot (column), averaged over the k slots:
+
+  participation   (sum w^2)^2 / sum w^4 over the n positions: how many
+                  positions the slot mixes (the window, n/k, for a 'local'
+                  slot; about n/3 for Gaussian entries)
+  own_window      the share of the slot's squared weight inside its own
+                  window of n/k adjacent positions, the window of
+                  projection='mean' (1 for 'local')
+  norm            the slot's L2 norm
+  negative        the share of its weights below zero
+  slot_sum        the signed sum of the slot's weights (1 for 'local': a
+                  mean; about 0 for the random draws)
+  effective_rank  exp of the entropy of the matrix's normalised squared
+                  singular values (k for orthogonal slots)
+
+and, against the same matrix at the run's step 0 (drawn again from
+`config.seed`, as the trainer draws it), how training moved it:
+
+  drift           ||E - E0|| / ||E0|| (Frobenius norms)
+  common_share    the share of ||E - E0||^2 in one vector added to every
+                  slot alike (per position, the mean of the change over the
+                  k slots): 1 when every slot moved the same way
+  drift_slot_sum  the signed sum of the change, per slot (averaged)
+
+A matrix that still holds its initialisation's values after training learned
+little; one whose own_window share fell from 1 lost its locality. While
+attention is uniform (the unigram plateau at the start of pretraining) every
+slot gets the same gradient, so a change with common_share near 1 is what
+that phase wrote (docs/results_parity.md).
+
+It prints the statistics and writes them to WORKDIR/projection_stats.json
+(projection_stats_STEP.json for a step asked). A workdir without a checkpoint,
+or without the kept --step, ends with a one-line error and exit code 2, and so
+does a workdir it cannot write, after the statistics are printed.
 """
 
+import dataclasses
 import json
 import os
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from absl import flags
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
 
 from linformer_jax import cli
 from linformer_jax import storage
-from linformer_jax.analysis.projection_stats import projection_report
-from linformer_jax.analysis.projection_stats import summary_lines
+from linformer_jax.errors import ConfigError
+from linformer_jax.model import projections
+from linformer_jax.model.layers import PROJECTION_NAMES
+from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.model.projections import linear
+from linformer_jax.training import run_loading
 
-flags.DEFINE_integer('step', 0, 'A kept step to read instead of the newest (0).')
+
+def matrix_stats(matrix: np.ndarray, window: int) -> Dict[str, float]:
+  """The statistics above of one [n, k] matrix; `window` = n / k positions."""
+  matrix = np.asarray(matrix, np.float64)
+  n, k = matrix.shape
+  squares = matrix**2
+  participation = squares.sum(0) ** 2 / np.maximum((squares**2).sum(0), 1e-300)
+  # Window w of the sequence is slot w % k's (one window per block when causal).
+  own_mask = (np.arange(n)[:, None] // window) % k == np.arange(k)[None, :]
+  own = (squares * own_mask).sum(0) / squares.sum(0)
+  singular = np.linalg.svd(matrix, compute_uv=False)
+  weights = singular**2 / (singular**2).sum()
+  entropy = -(weights * np.log(np.where(weights > 0, weights, 1.0))).sum()
+  return {
+      'participation': float(participation.mean()),
+      'own_window': float(own.mean()),
+      'norm': float(np.sqrt(squares.sum(0)).mean()),
+      'negative': float((matrix < 0).mean()),
+      'slot_sum': float(matrix.sum(0).mean()),
+      'effective_rank': float(np.exp(entropy)),
+  }
+
+
+def drift_stats(trained: np.ndarray, initial: np.ndarray) -> Dict[str, float]:
+  """How far an [n, k] matrix moved from `initial`, and how much of the move
+  is one vector added to every slot (see the module docstring)."""
+  change = np.asarray(trained, np.float64) - np.asarray(initial, np.float64)
+  total = (change**2).sum()
+  common = change.mean(axis=1)  # per position, the change's mean over the k slots
+  common_energy = (common**2).sum() * change.shape[1]  # that vector, in every slot
+  return {
+      'drift': float(np.sqrt(total / np.maximum((np.asarray(initial) ** 2).sum(), 1e-300))),
+      'common_share': float(common_energy / total) if total > 0 else 0.0,
+      'drift_slot_sum': float(change.sum(0).mean()),
+  }
+
+
+def _mean_stats(matrices: List[np.ndarray], window: int) -> Dict[str, float]:
+  stats = [matrix_stats(m, window) for m in matrices]
+  return {name: float(np.mean([s[name] for s in stats])) for name in stats[0]}
+
+
+def learned_matrices(
+    params: Mapping[str, Any], model_config: ModelConfig
+) -> Iterator[Tuple[str, List[np.ndarray]]]:
+  """(path, its [n, k] matrices E) of every learned projection weight, E as
+  the run's projection kind applies it (`effective_matrix`): one matrix per
+  head of a per-head weight, and per layer of scanned layers.
+
+  Raises:
+    ConfigError: the kind learns weights but gives no effective E.
+  """
+  kind = projections.kind(model_config.projection)
+  lens = {model_config.projected_len_for_layer(layer) for layer in range(model_config.num_layers)}
+  per_head = model_config.sharing == 'none'
+  weight_ndim = kind.weight_ndim + per_head
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    if getattr(path[-1], 'key', None) not in PROJECTION_NAMES:
+      continue
+    name = '/'.join(str(getattr(key, 'key', key)) for key in path)
+    leaf = np.asarray(leaf, np.float32)
+    # Scanned layers stack each layer's weight on a leading axis.
+    weights = leaf.reshape(-1, *leaf.shape[leaf.ndim - weight_ndim :])
+    matrices = []
+    for weight in weights:
+      projected_len = next(iter(lens)) if len(lens) == 1 else weight.shape[-1]
+      matrix = kind.effective_matrix(
+          jnp.asarray(weight), max_len=model_config.max_len, projected_len=projected_len
+      )
+      if matrix is None:
+        raise ConfigError(
+            f'projection={model_config.projection!r} gives no effective E (its kind neither '
+            'mixes_positions_linearly nor defines effective_matrix), so projection_stats has '
+            'no matrix to describe; define effective_matrix for it (docs/extending.md).'
+        )
+      matrices += list(np.asarray(matrix, np.float64).reshape(-1, *matrix.shape[-2:]))
+    yield name, matrices
+
+
+def initial_stats(model_config: ModelConfig, projected_len: int) -> Dict[str, Dict[str, float]]:
+  """The statistics of a fresh [n, k] draw of each `projection_init` of a
+  learned matrix that the run's kind takes (seed 0); none for other kinds."""
+  kind = projections.kind(model_config.projection)
+  if not isinstance(kind, linear.LearnedMatrix):
+    return {}
+  window = model_config.compressed_span // projected_len
+  stats = {}
+  for init in (init for init in linear.MATRIX_INITS if init in kind.projection_inits):
+    config = dataclasses.replace(model_config, projection_init=init, projection_init_noise=0.0)
+    draw = linear.matrix_initializer(config, projected_len, per_head=False)
+    matrix = draw(jax.random.PRNGKey(0), (model_config.max_len, projected_len))
+    stats[init] = matrix_stats(np.asarray(matrix), window)
+  return stats
+
+
+def projection_report(
+    config: ml_collections.ConfigDict, workdir: str, step: Optional[int] = None
+) -> Dict[str, Any]:
+  """The report of the newest checkpoint in `workdir` (or its kept `step`): per learned matrix
+  its statistics and its drift from the run's step 0, and the statistics of
+  fresh draws of every initialisation.
+
+  Raises:
+    ConfigError: no checkpoint (or no kept `step`), a workdir of another model.
+  """
+  parts, step, variables, _ = run_loading.load_for_inference(config, workdir, step)
+  model_config = parts.model_config
+  lens = tuple(
+      model_config.projected_len_for_layer(layer) for layer in range(model_config.num_layers)
+  )
+  start = dict(learned_matrices(parts.initial_variables(config.seed)['params'], model_config))
+  matrices = {}
+  for path, found in learned_matrices(variables['params'], model_config):
+    window = model_config.compressed_span // found[0].shape[-1]
+    drift = [drift_stats(trained, initial) for trained, initial in zip(found, start[path])]
+    matrices[path] = {
+        **_mean_stats(found, window),
+        **{name: float(np.mean([d[name] for d in drift])) for name in drift[0]},
+    }
+  return {
+      'step': step,
+      'seed': config.seed,
+      'projection': model_config.projection,
+      'projection_init': model_config.projection_init,
+      'max_len': model_config.max_len,
+      'projected_len': sorted(set(lens)),
+      'learned': matrices,
+      'initial': {
+          str(k): stats
+          for k in sorted(set(lens))
+          if (stats := initial_stats(model_config, k))  # none for a kind of its own
+      },
+  }
+
+
+def summary_lines(report: Mapping[str, Any]) -> List[str]:
+  """One line per learned matrix and per fresh initialisation."""
+
+  def line(name: str, stats: Mapping[str, float]) -> str:
+    text = (
+        f'{name}: participation {stats["participation"]:.1f}, own window '
+        f'{stats["own_window"]:.3f}, norm {stats["norm"]:.3f}, negative '
+        f'{stats["negative"]:.3f}, slot sum {stats["slot_sum"]:+.3f}, effective rank '
+        f'{stats["effective_rank"]:.1f}'
+    )
+    if 'drift' in stats:
+      text += (
+          f'; drift from step 0 {stats["drift"]:.3f}, common to all slots '
+          f'{stats["common_share"]:.2f}, its slot sum {stats["drift_slot_sum"]:+.3f}'
+      )
+    return text
+
+  lines = [line(f'step {report["step"]} {path}', s) for path, s in report['learned'].items()]
+  for k, by_init in report['initial'].items():
+    lines += [line(f'fresh {init} (k={k})', s) for init, s in by_init.items()]
+  return lines
+
+
+def define_flags() -> None:
+  """The command's flags: defined when it runs, so that importing it defines none."""
+  cli.define_config_flags(reads_run=True)
+  flags.DEFINE_integer('step', 0, 'A kept step to read instead of the newest (0).')
 
 
 def main(argv):
@@ -50,5 +247,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  cli.define_config_flags(reads_run=True)
+  define_flags()
   cli.run(main)

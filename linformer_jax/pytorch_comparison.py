@@ -1,39 +1,308 @@
-"""Tokens/s of our Linformer against the PyTorch `linformer` package, side by side.
-
-Once, to install torch and linformer==0.2.3 into .venv-torch (never into the
-project's environment):
-
-  make torch-baseline
-
-Then, a forward pass and a training step (forward, backward, AdamW) at each n:
+"""Tokens per second of our Linformer against the PyTorch `linformer` package.
 
   python -m linformer_jax.pytorch_comparison --out=/tmp/torch_comparison \
       --seq_lens=512,1024,2048,4096,8192 --projected_len=256 --num_layers=2 \
       --hidden_dim=768 --num_heads=12 --batch=1 --repeats=5
 
-Writes comparison.md (n | mode | JAX tokens/s | PyTorch tokens/s | ratio under
-a line naming the devices, versions and settings; also printed) and
-comparison.csv into --out. What each mode measures is described in
-`linformer_jax.analysis.pytorch_comparison`. Bad flags, or no interpreter at
---torch_python, end with a one-line error and exit code 2; a failing PyTorch
-script ends with the end of its stderr and exit code 1.
+The baseline a PyTorch user would pick is lucidrains' `linformer` (0.2.3):
+pre-LayerNorm layers, each with its own E and F ([n, k], shared by the heads),
+an MLP 4 times as wide with GELU. Ours is configured to match it
+(`ComparisonSettings.model_config`: sharing='headwise', pre_layer_norm=True, no
+dropout) and both are timed at the same size in two modes:
+
+  forward  one inference pass of the encoder: ours from token ids
+           (`models.Encoder`, jitted, deterministic), theirs from random
+           embeddings (`linformer.Linformer` under torch.inference_mode());
+  train    one training step: forward, cross-entropy on every token, backward
+           and an AdamW update: ours `models.MaskedLanguageModel` with
+           `optax.adamw`, jitted with the parameters and optimizer state
+           donated; theirs `linformer.LinformerLM` with torch.optim.AdamW.
+
+Each (n, mode) is timed `repeats` times after one warm-up run; the median
+counts, as tokens (batch * n) per second. torch is not a dependency of this
+project: the PyTorch side is `experiments/pytorch_linformer_baseline.py`, run
+as a subprocess by the interpreter of its own environment (`make
+torch-baseline` makes `.venv-torch`), which prints one JSON line per (n, mode).
+The two sides run one after the other for each n (JAX, then PyTorch), so a
+machine whose speed drifts during the run slows both alike.
+
+The architectures differ in small ways, none of which changes the cost's
+order: our q/k/v projections have biases, our encoder ends with a LayerNorm,
+our MLM head adds a dense layer and a LayerNorm before the (tied) output
+layer, and our forward pass includes the token and position embeddings.
 """
 
+import json
+import os
+import pathlib
+import statistics
+import subprocess
 import sys
-from typing import Any, Dict
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
 
 from linformer_jax import cli
 from linformer_jax.analysis import settings_flags
-from linformer_jax.analysis.pytorch_comparison import ComparisonSettings
-from linformer_jax.analysis.pytorch_comparison import TorchBaselineError
-from linformer_jax.analysis.pytorch_comparison import compare
-from linformer_jax.analysis.pytorch_comparison import describe_run
-from linformer_jax.analysis.pytorch_comparison import write_report
+from linformer_jax.analysis.benchmark_budget import ForwardPass
+from linformer_jax.analysis.benchmark_settings import VOCAB_SIZE
+from linformer_jax.analysis.measuring import random_variables
+from linformer_jax.analysis.measuring import time_ms
+from linformer_jax.analysis.pytorch_comparison_report import write_report
+from linformer_jax.analysis.pytorch_comparison_settings import MODES
+from linformer_jax.analysis.pytorch_comparison_settings import ComparisonSettings
+from linformer_jax.errors import ConfigError
+from linformer_jax.model import models
+from linformer_jax.model.model_config import ModelConfig
+
+# AdamW's learning rate on both sides (the value does not change the work).
+LEARNING_RATE = 1e-4
+# The PyTorch side, run by the interpreter that has torch and linformer.
+TORCH_SCRIPT = (
+    pathlib.Path(__file__).resolve().parents[1] / 'experiments' / 'pytorch_linformer_baseline.py'
+)
+# Lines of the PyTorch script's stderr quoted when it fails.
+STDERR_TAIL_LINES = 15
+
+
+class TorchBaselineError(RuntimeError):
+  """The PyTorch script failed or printed something other than its rows."""
+
+
+def train_step(
+    model: models.MaskedLanguageModel,
+    optimizer: optax.GradientTransformation,
+    params: Any,
+    opt_state: Any,
+    tokens: jax.Array,
+):
+  """One language-model step predicting every token: forward, backward, update.
+
+  Returns the updated parameters and optimizer state, and the loss.
+  """
+
+  def loss_fn(p):
+    logits = model.apply({'params': p}, tokens, deterministic=True)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens).mean()
+
+  loss, grads = jax.value_and_grad(loss_fn)(params)
+  updates, opt_state = optimizer.update(grads, opt_state, params)
+  return optax.apply_updates(params, updates), opt_state, loss
+
+
+# Compiled once per model, optimizer and shapes; each step consumes its inputs.
+_jitted_train_step = jax.jit(train_step, static_argnums=(0, 1), donate_argnums=(2, 3))
+
+
+def _forward_times(config: ModelConfig, tokens: jax.Array, repeats: int) -> List[float]:
+  forward = ForwardPass(config)
+  compiled = forward.compile(tokens.shape[0])
+  variables = random_variables(forward.abstract_variables, seed=0)
+  return time_ms(lambda: compiled(variables, tokens), repeats)
+
+
+def _train_step_times(config: ModelConfig, tokens: jax.Array, repeats: int) -> List[float]:
+  model = models.MaskedLanguageModel(config)
+  optimizer = optax.adamw(LEARNING_RATE)
+  params = random_variables(
+      jax.eval_shape(model.init, jax.random.PRNGKey(0), tokens)['params'], seed=1
+  )
+  # The step donates its inputs, so every call feeds it the previous outputs.
+  state = {'params': params, 'opt_state': optimizer.init(params)}
+
+  def step():
+    outputs = _jitted_train_step(model, optimizer, state['params'], state['opt_state'], tokens)
+    state['params'], state['opt_state'], _ = outputs
+    return outputs
+
+  return time_ms(step, repeats)
+
+
+def measure_jax(settings: ComparisonSettings, seq_len: int, mode: str) -> Dict[str, Any]:
+  """Times our model at one n in one mode (see the module docstring).
+
+  Returns:
+    seq_len, mode, time_ms (median), time_min_ms and tokens_per_s.
+  """
+  if mode not in MODES:
+    raise ValueError(f'Unknown mode {mode!r}; use one of {MODES}.')
+  tokens = jnp.asarray(
+      np.random.default_rng(seq_len).integers(0, VOCAB_SIZE, (settings.batch, seq_len), np.int32)
+  )
+  measure = _forward_times if mode == 'forward' else _train_step_times
+  times = measure(settings.model_config(seq_len), tokens, settings.repeats)
+  median_ms = statistics.median(times)
+  return {
+      'seq_len': seq_len,
+      'mode': mode,
+      'time_ms': median_ms,
+      'time_min_ms': min(times),
+      'tokens_per_s': tokens.size / (median_ms * 1e-3),
+  }
+
+
+def torch_device_for(backend: str) -> str:
+  """The PyTorch device matching JAX's backend: 'cuda' on a GPU, else 'cpu'."""
+  return 'cuda' if backend == 'gpu' else 'cpu'
+
+
+def check_torch_python(torch_python: str) -> None:
+  """Raises a one-line ConfigError if `torch_python` is not an interpreter."""
+  if not (os.path.isfile(torch_python) and os.access(torch_python, os.X_OK)):
+    raise ConfigError(
+        f'--torch_python={torch_python}: no such interpreter. Run `make torch-baseline` in the '
+        'repository root to create .venv-torch with torch and linformer==0.2.3, or pass '
+        '--torch_python=PATH of a Python that has them.'
+    )
+
+
+def _stderr_tail(stderr: str) -> str:
+  return '\n'.join(stderr.strip().splitlines()[-STDERR_TAIL_LINES:])
+
+
+def run_torch_baseline(
+    settings: ComparisonSettings,
+    seq_lens: Sequence[int],
+    torch_python: str,
+    device: str = 'cpu',
+    script: os.PathLike = TORCH_SCRIPT,
+) -> List[Dict[str, Any]]:
+  """Runs the PyTorch script at `seq_lens` and returns its rows.
+
+  Args:
+    settings: the model size, batch, repeats, modes and threads.
+    seq_lens: the sequence lengths to time.
+    torch_python: the interpreter that has torch and linformer.
+    device: 'cpu' or 'cuda'.
+    script: the script to run; tests pass a stand-in.
+
+  Returns:
+    One dict per (n, mode), as the script printed it (see its docstring).
+
+  Raises:
+    ConfigError: `torch_python` is not an interpreter.
+    TorchBaselineError: the script failed (the message quotes its stderr's
+      last lines) or did not print a row for every (n, mode).
+  """
+  check_torch_python(torch_python)
+  command = [
+      torch_python,
+      str(script),
+      f'--seq_lens={",".join(map(str, seq_lens))}',
+      f'--projected_len={settings.projected_len}',
+      f'--num_layers={settings.num_layers}',
+      f'--hidden_dim={settings.hidden_dim}',
+      f'--num_heads={settings.num_heads}',
+      f'--batch={settings.batch}',
+      f'--repeats={settings.repeats}',
+      f'--threads={settings.threads}',
+      f'--modes={",".join(settings.modes)}',
+      f'--device={device}',
+  ]
+  result = subprocess.run(command, capture_output=True, text=True, check=False)
+  if result.returncode:
+    raise TorchBaselineError(
+        f'The PyTorch baseline {script} failed (exit code {result.returncode}) under '
+        f'{torch_python}; the end of its stderr:\n{_stderr_tail(result.stderr)}'
+    )
+  rows = []
+  for line in result.stdout.splitlines():
+    if line.startswith('{'):
+      try:
+        rows.append(json.loads(line))
+      except json.JSONDecodeError as error:
+        raise TorchBaselineError(
+            f'The PyTorch baseline {script} printed a line that is not JSON ({error}): {line}'
+        ) from None
+  missing = {(n, mode) for n in seq_lens for mode in settings.modes} - {
+      (row.get('seq_len'), row.get('mode')) for row in rows
+  }
+  if missing:
+    raise TorchBaselineError(
+        f'The PyTorch baseline {script} printed no row for (n, mode) {sorted(missing)}; '
+        f'the end of its stderr:\n{_stderr_tail(result.stderr)}'
+    )
+  return rows
+
+
+def _ratio(jax_tokens_per_s: float, torch_tokens_per_s: float) -> Optional[float]:
+  return jax_tokens_per_s / torch_tokens_per_s if torch_tokens_per_s else None
+
+
+def compare(
+    settings: ComparisonSettings,
+    torch_python: str,
+    progress: Optional[Callable[[Dict[str, Any]], None]] = None,
+    script: os.PathLike = TORCH_SCRIPT,
+) -> List[Dict[str, Any]]:
+  """Times both sides at every measured n, JAX then PyTorch; one row per (n, mode).
+
+  Args:
+    settings: what to measure.
+    torch_python: the interpreter that has torch and linformer.
+    progress: called with each row as it is finished.
+    script: the PyTorch script; tests pass a stand-in.
+
+  Returns:
+    Rows keyed by COLUMNS; ratio is JAX tokens/s over PyTorch tokens/s.
+  """
+  check_torch_python(torch_python)
+  device = jax.devices()[0]
+  torch_device = torch_device_for(jax.default_backend())
+  rows = []
+  for seq_len in settings.measured_seq_lens:
+    ours = {mode: measure_jax(settings, seq_len, mode) for mode in settings.modes}
+    theirs = {
+        row['mode']: row
+        for row in run_torch_baseline(settings, [seq_len], torch_python, torch_device, script)
+    }
+    for mode in settings.modes:
+      jax_row, torch_row = ours[mode], theirs[mode]
+      row = {
+          'seq_len': seq_len,
+          'projected_len': settings.projected_len,
+          'mode': mode,
+          'batch': settings.batch,
+          'jax_time_ms': jax_row['time_ms'],
+          'jax_time_min_ms': jax_row['time_min_ms'],
+          'jax_tokens_per_s': jax_row['tokens_per_s'],
+          'torch_time_ms': torch_row['time_ms'],
+          'torch_time_min_ms': torch_row['time_min_ms'],
+          'torch_tokens_per_s': torch_row['tokens_per_s'],
+          'ratio': _ratio(jax_row['tokens_per_s'], torch_row['tokens_per_s']),
+          'jax_version': jax.__version__,
+          'jax_device': f'{device.device_kind} ({jax.default_backend()})',
+          'torch_version': torch_row.get('torch_version', ''),
+          'linformer_version': torch_row.get('linformer_version', ''),
+          'torch_device': torch_row.get('device', torch_device),
+          'threads': torch_row.get('threads', settings.threads),
+      }
+      rows.append(row)
+      if progress:
+        progress(row)
+  return rows
+
 
 # The exit code of a PyTorch baseline that failed while running.
 BASELINE_FAILED_EXIT_CODE = 1
 
-settings_flags.define_flags(ComparisonSettings)
+
+def describe_run(settings: ComparisonSettings, rows: Sequence[Dict[str, Any]]) -> str:
+  """One line naming the devices, versions and settings, for comparison.md."""
+  first = rows[0] if rows else {}
+  return (
+      f'JAX {first.get("jax_version", jax.__version__)} on {first.get("jax_device", "?")}; '
+      f'PyTorch {first.get("torch_version", "?")} with linformer '
+      f'{first.get("linformer_version", "?")} on {first.get("torch_device", "?")}, '
+      f'{settings.threads} threads. Layers {settings.num_layers}, hidden {settings.hidden_dim}, '
+      f'heads {settings.num_heads}, MLP {settings.mlp_dim}, k={settings.projected_len}, '
+      f'batch {settings.batch}, float32; median of {settings.repeats} runs after a warm-up. '
+      'forward: one encoder pass; train: forward, cross-entropy on every token, backward, '
+      'AdamW update. Ratio: JAX tokens/s over PyTorch tokens/s.'
+  )
 
 
 def _print_progress(row: Dict[str, Any]) -> None:
@@ -43,6 +312,11 @@ def _print_progress(row: Dict[str, Any]) -> None:
       file=sys.stderr,
       flush=True,
   )
+
+
+def define_flags() -> None:
+  """The command's flags: defined when it runs, so that importing it defines none."""
+  settings_flags.define_flags(ComparisonSettings)
 
 
 def main(argv):
@@ -58,4 +332,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  define_flags()
   cli.run(main)

@@ -4,26 +4,341 @@
       --workdir runs/default --out runs/default/spectrum \
       --num_sequences=64 --index=128
 
-Loads the newest checkpoint of a trained masked-LM run (or the kept step
---config.restore_step names), prints one summary line per layer and writes,
-to --out (default WORKDIR/spectrum), spectrum.json,
-cumulative_singular_values.png and heatmap.png; what is computed is described
-in `linformer_jax.analysis.spectrum`. A workdir without a checkpoint (or
+It loads the newest checkpoint of a trained masked-LM run (or the kept step
+--config.restore_step names) and, for every layer and head, computes the
+context-mapping matrix
+
+  P = softmax(Q K^T / sqrt(d))
+
+on evaluation sequences: n x n for full attention, n x k for Linformer, whose
+keys are first compressed to k positions the way the model compresses them. It
+takes P's singular values s and reports the normalised cumulative singular
+values cumsum(s) / sum(s), averaged over the sequences. A curve that reaches
+nearly 1 at a small index means P is close to low rank, the observation that
+motivates Linformer (in the paper, for n = 512, the value at index 128).
+
+Padded positions are left out: their rows (queries) and columns (keys) of P are
+zero, which only adds zero singular values, so each sequence's curve is that of
+its n_real x n_real matrix (n_real x k for Linformer), staying at 1 from index
+n_real on.
+
+Writes to --out (default WORKDIR/spectrum):
+  spectrum.json                    per layer and head the averaged curve and its
+                                   value at --index, with the run's facts
+  cumulative_singular_values.png   every head faint, each layer's mean bold
+  heatmap.png                      layers x heads, the value at --index
+and prints one summary line per layer. A workdir without a checkpoint (or
 without the kept step) and an --out that is a file end with a one-line error
 and exit code 2 before anything is computed; an --out it cannot write, after
 the summary is printed.
 """
 
+import json
 import os
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from absl import flags
+import jax
+import ml_collections
+import numpy as np
 
 from linformer_jax import cli
 from linformer_jax import storage
-from linformer_jax.analysis.spectrum import compute_spectrum
-from linformer_jax.analysis.spectrum import summary_lines
-from linformer_jax.analysis.spectrum import title
-from linformer_jax.analysis.spectrum import write_outputs
+from linformer_jax.errors import ConfigError
+from linformer_jax.model import attention_capture
+from linformer_jax.model import models
+from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.training import run_loading
+
+SPECTRUM_FILE = 'spectrum.json'
+CURVES_PLOT = 'cumulative_singular_values.png'
+HEATMAP_PLOT = 'heatmap.png'
+# Decimals kept in spectrum.json; rounding keeps curves monotone and ending at 1.
+_DECIMALS = 6
+
+
+def normalised_cumulative_singular_values(p: np.ndarray) -> np.ndarray:
+  """cumsum(s) / sum(s) of the singular values s of p, largest first.
+
+  Args:
+    p: [..., rows, columns], none of the matrices all zeros.
+
+  Returns:
+    float64 [..., min(rows, columns)]: non-decreasing, in [0, 1], ending at 1.
+    Entry i - 1 is the share of the i largest singular values.
+  """
+  singular_values = np.linalg.svd(np.asarray(p, np.float64), compute_uv=False)
+  cumulative = np.cumsum(singular_values, axis=-1)
+  total = cumulative[..., -1:]
+  if np.any(total <= 0):
+    raise ValueError('A matrix of all zeros has no normalised spectrum.')
+  return cumulative / total
+
+
+def value_at_index(curve: np.ndarray, index: int) -> Tuple[float, int]:
+  """The curve's value at a 1-based index clamped to its length (P's rank bound).
+
+  Returns:
+    (value, the index used).
+  """
+  used = max(1, min(int(index), curve.shape[-1]))
+  return float(curve[..., used - 1]), used
+
+
+def make_spectrum_step(model: models.MaskedLanguageModel):
+  """A jitted (variables, inputs, padding_mask) -> per-layer (q, keys, key_mask)."""
+
+  def step(variables, inputs, padding_mask):
+    intermediates = attention_capture.apply_capturing(model, variables, inputs, padding_mask)
+    return attention_capture.context_queries_and_keys(intermediates, model.config, padding_mask)
+
+  return jax.jit(step)
+
+
+def mean_curves(
+    step,
+    variables,
+    batches: Iterable[Dict[str, np.ndarray]],
+    num_sequences: int,
+    to_device=lambda batch: batch,
+) -> Tuple[List[np.ndarray], int]:
+  """Normalised cumulative singular values averaged over sequences.
+
+  Args:
+    step: from `make_spectrum_step`.
+    variables: the model's variables.
+    batches: dicts with 'inputs' [batch, n] and 'padding_mask' [batch, n];
+      rows without a real token are skipped.
+    num_sequences: stop after this many sequences.
+    to_device: places a batch for the step.
+
+  Returns:
+    Per layer the mean curves [heads, min(n, keys)], and the number of
+    sequences averaged.
+  """
+  sums: Optional[List[np.ndarray]] = None
+  count = 0
+  for batch in batches:
+    rows = [
+        row for row in range(batch['padding_mask'].shape[0]) if batch['padding_mask'][row].any()
+    ][: num_sequences - count]
+    if not rows:
+      continue
+    per_layer = jax.device_get(
+        step(
+            variables,
+            **to_device({'inputs': batch['inputs'], 'padding_mask': batch['padding_mask']}),
+        )
+    )
+    if sums is None:
+      sums = [0.0] * len(per_layer)
+    for layer, (q, keys, key_mask) in enumerate(per_layer):
+      for row in rows:
+        # One sequence at a time: P is [heads, n, n], 800 MB for a batch of 32
+        # at n = 512 with 12 heads.
+        p = attention_capture.attention_matrix(
+            q[row : row + 1],
+            keys[row : row + 1],
+            None if key_mask is None else key_mask[row : row + 1],
+            batch['padding_mask'][row : row + 1],
+        )[0]
+        sums[layer] = sums[layer] + normalised_cumulative_singular_values(p)
+    count += len(rows)
+    if count >= num_sequences:
+      break
+  if not count:
+    raise ConfigError(
+        'The evaluation split holds no sequence with a real token; check config.data.'
+    )
+  return [total / count for total in sums], count
+
+
+def _rounded(values: np.ndarray) -> List[float]:
+  return [round(float(value), _DECIMALS) for value in values]
+
+
+def spectrum_report(
+    curves: Sequence[np.ndarray], *, index: int, facts: Mapping[str, Any]
+) -> Dict[str, Any]:
+  """The content of spectrum.json from per-layer mean curves [heads, length].
+
+  Args:
+    curves: per layer, the mean curves of its heads.
+    index: the requested 1-based singular value index (the paper's 128),
+      clamped per layer to the curve length, the bound on P's rank.
+    facts: the run's facts (attention, n, k, ...) stored alongside.
+  """
+  layers = []
+  notes = []
+  for layer, head_curves in enumerate(curves):
+    heads = []
+    for head, curve in enumerate(head_curves):
+      value, used = value_at_index(curve, index)
+      heads.append(
+          {'head': head, 'value_at_index': round(value, _DECIMALS), 'curve': _rounded(curve)}
+      )
+    mean_curve = head_curves.mean(axis=0)
+    mean_value, used = value_at_index(mean_curve, index)
+    if used != index:
+      notes.append(
+          f'layer {layer}: index {index} clamped to {used}, the rank '
+          f'bound of its {head_curves.shape[-1]}-column P'
+      )
+    layers.append(
+        {
+            'layer': layer,
+            'rank_bound': int(head_curves.shape[-1]),
+            'index': used,
+            'mean_value_at_index': round(mean_value, _DECIMALS),
+            'mean_curve': _rounded(mean_curve),
+            'heads': heads,
+        }
+    )
+  return {**facts, 'index_requested': int(index), 'notes': notes, 'layers': layers}
+
+
+def summary_lines(report: Mapping[str, Any]) -> List[str]:
+  """One line per layer, and the notes."""
+  lines = []
+  for layer in report['layers']:
+    values = [head['value_at_index'] for head in layer['heads']]
+    lines.append(
+        f"layer {layer['layer']}: cumulative singular value at index "
+        f"{layer['index']} of {layer['rank_bound']}: {layer['mean_value_at_index']:.4f} "
+        f'(heads {min(values):.4f} .. {max(values):.4f})'
+    )
+  return lines + [f'note: {note}' for note in report['notes']]
+
+
+def _pyplot():
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  return plt
+
+
+def title(report: Mapping[str, Any]) -> str:
+  kind = (
+      'Transformer (full attention)'
+      if report['attention'] == 'full'
+      else f"Linformer (k={report['k']})"
+  )
+  return f"{kind}, n={report['n']}, step {report['step']}, {report['num_sequences']} sequences"
+
+
+def plot_curves(report: Mapping[str, Any], path: str) -> None:
+  """Every head's curve faint and each layer's mean bold, with the index marked."""
+  plt = _pyplot()
+  figure, axis = plt.subplots(figsize=(7, 4.5))
+  colors = plt.get_cmap('viridis')(np.linspace(0.0, 0.9, len(report['layers'])))
+  for layer, color in zip(report['layers'], colors):
+    x = np.arange(1, layer['rank_bound'] + 1)
+    for head in layer['heads']:
+      axis.plot(x, head['curve'], color=color, alpha=0.25, linewidth=0.8)
+    axis.plot(x, layer['mean_curve'], color=color, linewidth=2.0, label=f"layer {layer['layer']}")
+  axis.axvline(report['layers'][0]['index'], color='grey', linestyle='--', linewidth=1.0)
+  axis.set_xlabel('singular value index')
+  axis.set_ylabel('normalised cumulative singular value')
+  axis.set_ylim(0.0, 1.02)
+  axis.set_title(title(report), fontsize=10)
+  axis.legend(fontsize=8, loc='lower right')
+  figure.tight_layout()
+  figure.savefig(path, dpi=120)
+  plt.close(figure)
+
+
+def plot_heatmap(report: Mapping[str, Any], path: str) -> None:
+  """Layers x heads, each cell the cumulative singular value at the index."""
+  plt = _pyplot()
+  values = np.array(
+      [[head['value_at_index'] for head in layer['heads']] for layer in report['layers']]
+  )
+  layers, heads = values.shape
+  figure, axis = plt.subplots(figsize=(max(5.5, 2.0 + 0.7 * heads), max(3.5, 1.5 + 0.5 * layers)))
+  image = axis.imshow(values, cmap='viridis', aspect='auto')
+  if values.size <= 200:
+    middle = (values.min() + values.max()) / 2
+    for (layer, head), value in np.ndenumerate(values):
+      axis.text(
+          head,
+          layer,
+          f'{value:.3f}',
+          ha='center',
+          va='center',
+          fontsize=7,
+          color='black' if value > middle else 'white',
+      )
+  axis.set_xticks(range(heads))
+  axis.set_yticks(range(layers))
+  axis.set_xlabel('head')
+  axis.set_ylabel('layer')
+  indices = sorted({layer['index'] for layer in report['layers']})
+  axis.set_title(f"value at index {', '.join(map(str, indices))}\n{title(report)}", fontsize=8)
+  figure.colorbar(image, ax=axis)
+  figure.tight_layout()
+  figure.savefig(path, dpi=120)
+  plt.close(figure)
+
+
+def compute_spectrum(
+    config: ml_collections.ConfigDict, workdir: str, *, num_sequences: int = 64, index: int = 128
+) -> Dict[str, Any]:
+  """The spectrum report of the newest checkpoint in workdir (see module doc).
+
+  Raises:
+    ConfigError: no checkpoint, a workdir of another model, bad flags or data.
+  """
+  if num_sequences < 1:
+    raise ConfigError(f'--num_sequences={num_sequences}: use a positive number.')
+  if index < 1:
+    raise ConfigError(f'--index={index}: use a positive (1-based) index.')
+  model_config = ModelConfig.from_config(config.model)
+  model_config.require_unscanned('spectrum')
+  # P = softmax(Q K^T / sqrt(d)) is what the run computed only for the
+  # built-in bidirectional kinds: never a P the model did not use.
+  attention_capture.require_plain_softmax(model_config, 'spectrum')
+  loaded = run_loading.load_for_evaluation(config, workdir)
+  model_config = loaded.parts.model_config
+  step = make_spectrum_step(loaded.parts.model)
+  curves, count = mean_curves(
+      step, loaded.variables, loaded.data.eval_batches, num_sequences, loaded.parts.device_batch
+  )
+  linformer = model_config.attention != 'full'
+  projected = model_config.projected_len
+  facts = {
+      'step': loaded.step,
+      'workdir': os.path.abspath(workdir),
+      'eval_split': config.data.eval_split,
+      'attention': model_config.attention,
+      'n': model_config.max_len,
+      'k': (list(projected) if isinstance(projected, tuple) else projected) if linformer else None,
+      'projection': model_config.projection if linformer else None,
+      'sharing': model_config.sharing if linformer else None,
+      'num_layers': model_config.num_layers,
+      'num_heads': model_config.num_heads,
+      'num_sequences': count,
+      'num_sequences_requested': int(num_sequences),
+  }
+  report = spectrum_report(curves, index=index, facts=facts)
+  if count < num_sequences:
+    report['notes'].append(
+        f'the {config.data.eval_split} batches hold {count} sequences, fewer than '
+        f'the {num_sequences} asked for (see config.data.max_eval_batches)'
+    )
+  return report
+
+
+def write_outputs(report: Mapping[str, Any], out_dir: str) -> List[str]:
+  """Writes spectrum.json and the two plots; returns their paths."""
+  os.makedirs(out_dir, exist_ok=True)
+  paths = [os.path.join(out_dir, name) for name in (SPECTRUM_FILE, CURVES_PLOT, HEATMAP_PLOT)]
+  with open(paths[0], 'w') as f:
+    json.dump(report, f, indent=1)
+  plot_curves(report, paths[1])
+  plot_heatmap(report, paths[2])
+  return paths
 
 
 def define_flags() -> None:

@@ -4,31 +4,343 @@
       --workdir runs/sweeps/projected_len [--only=k16,transformer] \
       [--set=total_steps=50 --set=warmup_steps=5]
 
-Sweep files import `Sweep` and `Variant` from here; how a sweep runs, resumes
-and reports is described in `linformer_jax.analysis.sweep`. Bad input (an
-unknown key, a bad value, an unknown variant) ends with a one-line error and
-exit code 2 before anything is trained.
+A sweep file is a Python file whose `get_sweep()` returns a `Sweep` (import
+`Sweep` and `Variant` from this module): a base config and an ordered list of
+named `Variant`s, each a dict of dotted overrides such as
+`{'model.projected_len': 64}`. Every variant trains in WORKDIR/<name> with
+`trainer.train_and_evaluate`. A variant whose eval_results.json already reaches
+its total_steps is skipped and an interrupted one resumes from its checkpoint,
+so rerunning the command picks up where it stopped. `--set` overrides apply to
+every variant (after the sweep's own), with each value parsed as the type of the
+base config's field.
+
+At the end (also when stopped by an error) it writes WORKDIR/results.md, a
+table with one row per variant (and mean ± std over seeds for variants that
+differ only in `seed`), and a figure of the evaluation metric against steps
+for all variants (`sweep_report`): perplexity.png for pretraining (log scale;
+the paper's Figure 3), accuracy.png for classification.
+Bad input (an unknown key, a bad value, an unknown variant) ends with a
+one-line error and exit code 2 before anything is trained.
 """
 
+import ast
+import copy
+import dataclasses
+import difflib
+import importlib.util
+import json
+import math
 import os
+import re
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from absl import flags
+import ml_collections
 
 from linformer_jax import cli
 from linformer_jax import storage
-from linformer_jax.analysis.sweep import REPORT_FILE
-from linformer_jax.analysis.sweep import Sweep  # re-exported for sweep files
-from linformer_jax.analysis.sweep import Variant  # re-exported for sweep files
-from linformer_jax.analysis.sweep import figure_file
-from linformer_jax.analysis.sweep import load_sweep
-from linformer_jax.analysis.sweep import report_table
-from linformer_jax.analysis.sweep import run_sweep
+from linformer_jax.analysis.sweep_report import REPORT_FILE
+from linformer_jax.analysis.sweep_report import describe
+from linformer_jax.analysis.sweep_report import figure_file
+from linformer_jax.analysis.sweep_report import report_table
+from linformer_jax.analysis.sweep_report import results_of
+from linformer_jax.analysis.sweep_report import write_report
 from linformer_jax.errors import ConfigError
+from linformer_jax.extensions import import_extensions
+from linformer_jax.registry import add_declared_settings
+from linformer_jax.training import run_config
+from linformer_jax.training import trainer
+from linformer_jax.training import training_run
+
+_VARIANT_NAME = re.compile(r'^[A-Za-z0-9][A-Za-z0-9_.+-]*$')
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  """One run of a sweep.
+
+  Attributes:
+    name: the run's subdirectory of the sweep's workdir and its row label.
+    overrides: dotted config keys and the values they take in this run.
+  """
+
+  name: str
+  overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+  """A base config and the variants that change it.
+
+  Attributes:
+    base: the config every variant starts from.
+    variants: the runs, in the order they train and appear in the report.
+    title: the heading of results.md and of the figure.
+  """
+
+  base: ml_collections.ConfigDict
+  variants: Sequence[Variant]
+  title: str = 'Sweep'
+
+
+def _checked_sweep(candidate: Any, origin: str) -> Sweep:
+  """A `Sweep` with unique, path-safe variant names, or a ConfigError."""
+  # Compared by attributes, not by class: run as `python -m`, this module is
+  # `__main__`, while sweep files import `linformer_jax.sweep`.
+  base = getattr(candidate, 'base', None)
+  variants = getattr(candidate, 'variants', None)
+  if not isinstance(base, ml_collections.ConfigDict) or variants is None:
+    raise ConfigError(
+        f'{origin}: get_sweep() must return a Sweep(base=ConfigDict, '
+        'variants=[Variant(name, overrides), ...]).'
+    )
+  checked = []
+  for variant in variants:
+    name, overrides = getattr(variant, 'name', None), getattr(variant, 'overrides', None)
+    if not isinstance(name, str) or not _VARIANT_NAME.match(name):
+      raise ConfigError(
+          f'{origin}: variant name {name!r} is not allowed: use letters, '
+          'digits and _.+- (it names a directory).'
+      )
+    if not isinstance(overrides, Mapping):
+      raise ConfigError(f'{origin}: variant {name!r} needs a dict of overrides, not {overrides!r}.')
+    if name in [v.name for v in checked]:
+      raise ConfigError(f'{origin}: two variants are named {name!r}.')
+    checked.append(Variant(name, dict(overrides)))
+  if not checked:
+    raise ConfigError(f'{origin}: the sweep has no variants.')
+  return Sweep(
+      base=base, variants=tuple(checked), title=getattr(candidate, 'title', None) or 'Sweep'
+  )
+
+
+def load_sweep(path: str) -> Sweep:
+  """Runs the sweep file at `path` and returns its `get_sweep()`."""
+  if not os.path.isfile(path):
+    raise ConfigError(
+        f'--sweep={path}: no such file; pass a sweep file such as '
+        'configs/sweeps/projected_len.py.'
+    )
+  module_name = '_sweep_file_' + re.sub(r'\W', '_', os.path.splitext(os.path.basename(path))[0])
+  spec = importlib.util.spec_from_file_location(module_name, path)
+  module = importlib.util.module_from_spec(spec)
+  try:
+    spec.loader.exec_module(module)
+    get_sweep = getattr(module, 'get_sweep', None)
+    candidate = get_sweep() if callable(get_sweep) else None
+  except ConfigError:
+    raise
+  except Exception as error:  # pylint: disable=broad-exception-caught
+    # The sweep file is user code: any exception means it cannot be loaded.
+    raise ConfigError(f'--sweep={path} cannot be loaded: {type(error).__name__}: {error}') from None
+  if not callable(get_sweep):
+    raise ConfigError(f'{path} defines no get_sweep() function.')
+  return _checked_sweep(candidate, path)
+
+
+def _field(
+    config: ml_collections.ConfigDict, key: str, origin: str
+) -> Tuple[ml_collections.ConfigDict, str]:
+  """The ConfigDict holding dotted `key` and the field's name in it."""
+  *groups, name = key.split('.')
+  node, path = config, 'config'
+  for group in groups + [name]:
+    if not isinstance(node, ml_collections.ConfigDict) or group not in node:
+      known = list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+      guess = difflib.get_close_matches(group, known, n=1)
+      hint = f'; did you mean {path}.{guess[0]}?' if guess else ''
+      raise ConfigError(f'{origin}: unknown config key {key!r} (no field {path}.{group}){hint}')
+    parent, node, path = node, node[group], f'{path}.{group}'
+  if isinstance(node, ml_collections.ConfigDict):
+    raise ConfigError(
+        f'{origin}: config key {key!r} is a group of fields; set one '
+        f'of them, e.g. {key}.{next(iter(node.keys()), "FIELD")}.'
+    )
+  return parent, name
+
+
+def _is_tuple_of(value: Any, element_type: type) -> bool:
+  return isinstance(value, (tuple, list)) and all(
+      isinstance(x, element_type) and not isinstance(x, bool) for x in value
+  )
+
+
+def _assign(config: ml_collections.ConfigDict, key: str, value: Any, origin: str) -> None:
+  """Sets dotted `key`, keeping ml_collections' type rules.
+
+  One exception: an int field also takes a tuple of ints, so that
+  model.projected_len can be given one k per layer.
+  """
+  parent, name = _field(config, key, origin)
+  if isinstance(value, list):
+    value = tuple(value)
+  try:
+    parent[name] = value
+  except TypeError:
+    if not (parent.get_type(name) is int and value and _is_tuple_of(value, int)):
+      raise ConfigError(
+          f'{origin}: {key}={value!r} is not allowed: config.{key} '
+          f'holds a {parent.get_type(name).__name__}.'
+      ) from None
+    with parent.ignore_type():
+      parent[name] = value
+
+
+def _parse_value(text: str, field_type: type) -> Any:
+  """`text` as a value of `field_type`; raises ValueError if it is not one."""
+  if field_type is bool:
+    words = {'true': True, '1': True, 'yes': True, 'false': False, '0': False, 'no': False}
+    if text.strip().lower() not in words:
+      raise ValueError(text)
+    return words[text.strip().lower()]
+  if field_type is str:
+    return text
+  if field_type in (int, float):
+    try:
+      return field_type(text)
+    except ValueError:
+      value = ast.literal_eval(text)  # one value per layer, e.g. (16, 32, 64)
+      if field_type is int and value and _is_tuple_of(value, int):
+        return tuple(value)
+      raise
+  value = ast.literal_eval(text)
+  if field_type in (tuple, list):
+    if not isinstance(value, (tuple, list)):
+      raise ValueError(text)
+    return tuple(value)
+  return value
+
+
+def parse_sets(base: ml_collections.ConfigDict, sets: Sequence[str]) -> Dict[str, Any]:
+  """`KEY=VALUE` strings as typed values, each of its base field's type."""
+  parsed = {}
+  for item in sets:
+    key, equals, text = item.partition('=')
+    key = key.strip()
+    if not equals or not key:
+      raise ConfigError(f'--set={item!r} is not KEY=VALUE, e.g. --set=total_steps=50.')
+    parent, name = _field(base, key, f'--set={item}')
+    field_type = parent.get_type(name)
+    try:
+      value = _parse_value(text, field_type)
+    except (ValueError, SyntaxError, TypeError):
+      raise ConfigError(
+          f'--set={item}: {text!r} is not a valid {field_type.__name__} for '
+          f'config.{key} (now {parent[name]!r}).'
+      ) from None
+    if field_type is float and not math.isfinite(value):
+      raise ConfigError(
+          f'--set={item}: config.{key} needs a finite number, not {text!r} '
+          f'(now {parent[name]!r}).'
+      )
+    parsed[key] = value
+  return parsed
+
+
+def variant_configs(sweep: Sweep, sets: Sequence[str] = ()) -> Dict[str, ml_collections.ConfigDict]:
+  """Every variant's validated config, in order: base, its overrides, then sets.
+
+  Raises:
+    ConfigError: an unknown key or a bad value in the sweep or in `sets`,
+      naming the variant and the key.
+  """
+  # The parts that the sweep and its variants name register first, so that
+  # the settings they declare are fields a variant or a --set may assign.
+  base = copy.deepcopy(sweep.base)
+  for extensions in [base.get('extensions')] + [
+      variant.overrides.get('extensions') for variant in sweep.variants
+  ]:
+    import_extensions(extensions)
+  add_declared_settings(base)
+  typed_sets = parse_sets(base, sets)
+  configs = {}
+  for variant in sweep.variants:
+    config = copy.deepcopy(base)
+    for key, value in variant.overrides.items():
+      _assign(config, key, value, f'sweep variant {variant.name!r}')
+    for key, value in typed_sets.items():
+      _assign(config, key, value, f'--set={key}')
+    try:
+      # A variant may name parts of its own (config.extensions); they register first.
+      import_extensions(run_config.complete(config).extensions)
+      run_config.settings_of(config)
+    except ConfigError as error:
+      raise ConfigError(f'sweep variant {variant.name!r}: {error}') from None
+    configs[variant.name] = config
+  return configs
+
+
+def _check_existing_run(variant_dir: str, config: ml_collections.ConfigDict) -> None:
+  """Refuses a variant directory that holds a run of another model."""
+  path = os.path.join(variant_dir, 'config.json')
+  if os.path.exists(path):
+    with open(path) as f:
+      run_config.check_same_model(json.load(f), config, variant_dir)
+
+
+def _selected(sweep: Sweep, only: Optional[Sequence[str]]) -> List[Variant]:
+  if not only:
+    return list(sweep.variants)
+  names = [variant.name for variant in sweep.variants]
+  unknown = [name for name in only if name not in names]
+  if unknown:
+    raise ConfigError(
+        f'--only: no variant named {", ".join(unknown)}; the sweep has {", ".join(names)}.'
+    )
+  return [variant for variant in sweep.variants if variant.name in only]
+
+
+def run_sweep(
+    sweep: Sweep, workdir: str, only: Optional[Sequence[str]] = None, sets: Sequence[str] = ()
+) -> Dict[str, Dict[str, Any]]:
+  """Trains the variants not finished yet, then writes the report and figure.
+
+  Args:
+    sweep: the sweep, e.g. from `load_sweep`.
+    workdir: the sweep's directory; variant NAME runs in workdir/NAME.
+    only: names of the variants to run (default: all of them).
+    sets: `KEY=VALUE` overrides for every variant, e.g. 'total_steps=50'.
+
+  Returns:
+    The final results of each variant run, name -> eval_results.json contents.
+
+  Raises:
+    ConfigError: bad sweep, sets or names, a workdir that is not a folder
+      this process can write (or make), or a variant directory holding a run
+      of another model; raised before anything is trained or written.
+  """
+  configs = variant_configs(sweep, sets)
+  selected = _selected(sweep, only)
+  storage.check_folder(workdir)
+  for variant in selected:
+    _check_existing_run(os.path.join(workdir, variant.name), configs[variant.name])
+  os.makedirs(workdir, exist_ok=True)
+  finished = {}
+  try:
+    for number, variant in enumerate(selected, 1):
+      variant_dir = os.path.join(workdir, variant.name)
+      config = configs[variant.name]
+      results = results_of(variant_dir)
+      if results is not None and results.get('step') == config.total_steps:
+        training_run.report(
+            f'Variant {variant.name} ({number}/{len(selected)}) finished '
+            f'its {config.total_steps} steps before; skipping it.'
+        )
+      else:
+        training_run.report(
+            f'Variant {variant.name} ({number}/{len(selected)}): {describe(variant.overrides)}'
+        )
+        results = trainer.train_and_evaluate(config, variant_dir)
+      finished[variant.name] = results
+  finally:
+    write_report(sweep, workdir)
+  return finished
+
 
 __all__ = ['Sweep', 'Variant', 'main']
 
 
-def _define_flags() -> None:
+def define_flags() -> None:
   flags.DEFINE_string('sweep', None, 'Sweep file, e.g. configs/sweeps/projected_len.py.')
   flags.DEFINE_string('workdir', None, 'Directory of the sweep; variant NAME runs in WORKDIR/NAME.')
   flags.DEFINE_list('only', [], 'Comma-separated names of the variants to run (default: all).')
@@ -58,6 +370,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  # Defined here, not on import: sweep files import this module for `Sweep`.
-  _define_flags()
+  define_flags()
   cli.run(main)

@@ -21,8 +21,12 @@ from linformer_jax.training import divergence
 from linformer_jax.training import tasks
 from linformer_jax.training import trainer
 
-cli.define_config_flags()
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command's flags: defined when it runs, so that importing it defines none."""
+  cli.define_config_flags()
 
 
 def main(argv):
@@ -40,4 +44,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  define_flags()
   cli.run(main)

@@ -23,16 +23,17 @@ import sys
 import tempfile
 import time
 
-# The libraries behind the commands the tests run: imported here, once.
+# The libraries behind the commands the tests run: imported here, once. Not
+# the command modules themselves: runpy runs each afresh as __main__.
 # pylint: disable=unused-import,g-import-not-at-top,g-bad-import-order
 from linformer_jax import cli  # noqa: F401
-from linformer_jax.analysis import projection_stats  # noqa: F401
-from linformer_jax.analysis import spectrum  # noqa: F401
-from linformer_jax.analysis import sweep  # noqa: F401
+from linformer_jax.analysis import sweep_report  # noqa: F401
 from linformer_jax.data import masked_lm  # noqa: F401
+from linformer_jax.model import attention_capture  # noqa: F401
 from linformer_jax.training import evaluation  # noqa: F401
 from linformer_jax.training import hf_import  # noqa: F401
 from linformer_jax.training import text_generation  # noqa: F401
+from linformer_jax.training import trainer  # noqa: F401
 
 CASE_TIMEOUT_S = 120.0
 

@@ -17,8 +17,9 @@ import numpy as np
 
 from configs import tiny
 from linformer_jax.checkpoints.store import CheckpointStore
+from linformer_jax.checkpoints.store import checkpoint_directory
 from linformer_jax.model.model_config import ModelConfig
-from linformer_jax.training import trainer
+from linformer_jax.training import training_run
 from linformer_jax.training.metric_writers import read_metrics
 
 
@@ -50,7 +51,7 @@ def small_model_config(**overrides):
 
 
 def final_params(workdir, config):
-  run = trainer.Run(config, workdir)
+  run = training_run.Run(config, workdir)
   params = jax.tree_util.tree_map(np.asarray, run.state.params)
   run.store.close()
   return int(run.state.step), params
@@ -77,7 +78,7 @@ def wait_for_step(workdir, step, process, timeout=180):
 
 
 def latest_checkpoint(workdir):
-  store = CheckpointStore(trainer.checkpoint_directory(workdir))
+  store = CheckpointStore(checkpoint_directory(workdir))
   try:
     return store.latest_step()
   finally:

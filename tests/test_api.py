@@ -26,13 +26,13 @@ import pytest
 
 from configs import tiny
 import linformer_jax
-from linformer_jax.checkpoints.store import CheckpointStore
+from linformer_jax.checkpoints import partial_restore
 from linformer_jax.errors import ConfigError
+from linformer_jax.extensions import import_extensions
 from linformer_jax.model import attention_capture
 from linformer_jax.model import models
 from linformer_jax.model import projections
 from linformer_jax.model.model_config import ModelConfig
-from linformer_jax.registry import import_extensions
 from linformer_jax.training import run_builder
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -138,7 +138,7 @@ def test_load_gives_the_newest_checkpoint_and_its_logits(tiny_run, loaded):
     assert loaded.config.model[field] == (tuple(value) if isinstance(value, list) else value)
   # The checkpoint's parameters, read without the API.
   abstract = run_builder.build_parts(tiny.get_config()).abstract_variables()['params']
-  params = CheckpointStore.restore_params(workdir, abstract, step=20)
+  params = partial_restore.restore_params(workdir, abstract, step=20)
   jax.tree_util.tree_map(np.testing.assert_array_equal, loaded.params, params)
   token_ids, padding_mask = loaded.encode(TEXTS)
   direct = jax.jit(lambda p, t, m: loaded.model.apply({'params': p}, t, m, deterministic=True))(

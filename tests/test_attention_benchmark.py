@@ -2,8 +2,8 @@
 
 import pytest
 
-from linformer_jax.analysis import attention_benchmark
-from linformer_jax.analysis.attention_benchmark import AttentionBenchmarkSettings
+from linformer_jax import attention_benchmark
+from linformer_jax.attention_benchmark import AttentionBenchmarkSettings
 from linformer_jax.errors import ConfigError
 
 TINY = dict(seq_lens=(32, 64), projected_len=48, heads=2, head_dim=8, repeats=2)

@@ -14,7 +14,7 @@ import pytest
 from run_helpers import one_error_line
 
 from linformer_jax import cli
-from linformer_jax.analysis import sweep as sweep_lib
+from linformer_jax import sweep as sweep_lib
 from linformer_jax.data import cache as cache_lib
 from linformer_jax.errors import ConfigError
 

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from linformer_jax.analysis import benchmark
+from linformer_jax import benchmark
 from linformer_jax.analysis import benchmark_budget
 from linformer_jax.analysis import benchmark_report
 from linformer_jax.analysis.benchmark_report import EFFICIENT_TRANSFORMER

@@ -8,7 +8,7 @@ import pytest
 
 from configs import finetune_book_passages
 from linformer_jax.data import book_passages
-from linformer_jax.data import classification
+from linformer_jax.data import labelled_examples
 from linformer_jax.errors import ConfigError
 
 SETTINGS = book_passages.PassageSettings()
@@ -90,7 +90,7 @@ def test_the_written_files_read_back_with_the_fine_tuning_configs_labels(three_b
   assert sorted(os.path.basename(p) for p in paths.values()) == sorted(
       name for files in config.data.split_files.values() for name in files
   )
-  examples = classification.read_tsv(
+  examples = labelled_examples.read_tsv(
       paths['validation'], ('sentence',), 'label', ('pg1', 'pg2', 'pg3')
   )
   assert [text for (text,) in examples.texts] == [passage for passage, _ in rows['validation']]

@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from linformer_jax.analysis import causal_benchmark
-from linformer_jax.analysis.causal_benchmark import CausalBenchmarkSettings
+from linformer_jax import causal_benchmark
+from linformer_jax.causal_benchmark import CausalBenchmarkSettings
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import compiled_step
 

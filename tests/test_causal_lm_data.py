@@ -11,8 +11,8 @@ import pytest
 from configs import tiny
 from linformer_jax.data import causal_lm
 from linformer_jax.data import masked_lm
+from linformer_jax.data import packed_batches
 from linformer_jax.data import packing
-from linformer_jax.data import pretraining
 from linformer_jax.data import tokenizer as tokenizer_lib
 
 BYTES = tokenizer_lib.ByteTokenizer()
@@ -90,7 +90,7 @@ def test_eval_batches_with_a_map_transform_drop_nothing():
   rows = rng.integers(4, 260, size=(21, 16)).astype(np.int32)
   rows[:, 0], rows[:, -1] = BOS, EOS
   rows[-1, 9], rows[-1, 10:] = EOS, PAD
-  batches = pretraining.create_eval_batches(
+  batches = packed_batches.create_eval_batches(
       rows, batch_size=4, seed=0, transform=causal_lm.NextTokenTargets(PAD), pad_id=PAD
   )
   assert len(batches) == 6

@@ -16,13 +16,15 @@ from configs import finetune_qnli
 from configs import tiny
 from linformer_jax.data import classification as classification_data
 from linformer_jax.data import encoding
+from linformer_jax.data import labelled_examples
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
-from linformer_jax.training import run_builder
 from linformer_jax.training import run_config
+from linformer_jax.training import run_loading
 from linformer_jax.training import trainer
+from linformer_jax.training import training_run
 
 BYTES = tokenizer_lib.ByteTokenizer()
 POSITIVE = ('good', 'great', 'fine', 'lovely', 'superb')
@@ -90,7 +92,7 @@ def reference_evaluation(config, workdir):
   """Loss and accuracy of a run's newest classifier on its evaluation split,
   from its logits in float64, with the number of near-ties (whose argmax
   float32 rounding may flip)."""
-  run = trainer.Run(config, workdir)
+  run = training_run.Run(config, workdir)
   variables = run.state.variables()
   run.store.close()
   model = models.SequenceClassifier(
@@ -150,24 +152,24 @@ def test_bad_tsv_files_name_the_file_and_what_to_change(tmp_path):
   path = tmp_path / 'train.tsv'
   path.write_text('text\tlabel\nfine\t1\n')
   with pytest.raises(ConfigError, match=r"train.tsv has no column 'sentence'.*text, label"):
-    classification_data.read_tsv(path, ['sentence'], 'label', ['0', '1'])
+    labelled_examples.read_tsv(path, ['sentence'], 'label', ['0', '1'])
   path.write_text('sentence\tlabel\nfine\t1\nodd\t7\n')
   with pytest.raises(
       ConfigError, match=r"train.tsv:3: label '7' is not in config.data.labels=\('0', '1'\)"
   ):
-    classification_data.read_tsv(path, ['sentence'], 'label', ['0', '1'])
+    labelled_examples.read_tsv(path, ['sentence'], 'label', ['0', '1'])
   path.write_text('sentence\tlabel\nfine\t1\textra\n')
   with pytest.raises(ConfigError, match='train.tsv:2: 3 fields'):
-    classification_data.read_tsv(path, ['sentence'], 'label', ['0', '1'])
+    labelled_examples.read_tsv(path, ['sentence'], 'label', ['0', '1'])
 
 
 def test_fine_tuning_loads_the_pretrained_encoder_and_trains(pretrained, tmp_path):
   write_sentiment_tsv(tmp_path / 'data')
   config = tiny_classifier_config(tmp_path / 'data', init_from=pretrained)
-  pretrained_run = trainer.Run(tiny.get_config(), pretrained)
+  pretrained_run = training_run.Run(tiny.get_config(), pretrained)
   pretrained_encoder = jax.device_get(pretrained_run.state.params['encoder'])
   pretrained_run.store.close()
-  run = trainer.Run(config, str(tmp_path / 'start'))
+  run = training_run.Run(config, str(tmp_path / 'start'))
   # Every encoder array equals the pretrained one; the head is new.
   jax.tree_util.tree_map(
       np.testing.assert_array_equal, jax.device_get(run.state.params['encoder']), pretrained_encoder
@@ -197,16 +199,16 @@ def test_attention_pooling_starts_fresh_on_a_pretrained_encoder_and_is_saved(pre
   config = tiny_classifier_config(
       tmp_path / 'data', init_from=pretrained, **{'model.pooling': 'attention', 'total_steps': 10}
   )
-  run = trainer.Run(config, str(tmp_path / 'start'))
+  run = training_run.Run(config, str(tmp_path / 'start'))
   assert not np.any(jax.device_get(run.state.params['pool_query']))
   run.store.close()
   workdir = str(tmp_path / 'finetuned')
   trainer.train_and_evaluate(config, workdir)
-  trained = trainer.Run(config, workdir)
+  trained = training_run.Run(config, workdir)
   query = jax.device_get(trained.state.params['pool_query'])
   trained.store.close()
   assert np.any(query)
-  loaded = run_builder.load_for_evaluation(config, workdir)
+  loaded = run_loading.load_for_evaluation(config, workdir)
   np.testing.assert_array_equal(jax.device_get(loaded.variables['params']['pool_query']), query)
 
 
@@ -219,7 +221,7 @@ def test_a_shorter_seq_len_gives_the_same_logits_for_texts_that_fit(pretrained, 
   short = tiny_classifier_config(
       tmp_path / 'data', init_from=pretrained, **{'data.seq_len': 28, 'total_steps': 4}
   )
-  run = trainer.Run(full, str(tmp_path / 'start'))
+  run = training_run.Run(full, str(tmp_path / 'start'))
   variables = run.state.variables()
   run.store.close()
   model = models.SequenceClassifier(ModelConfig.from_config(full.model), 2)
@@ -260,7 +262,7 @@ def test_runs_fine_tuned_before_mean_pooling_became_the_default_load_unchanged(
   )
   workdir = str(tmp_path / 'old')
   trainer.train_and_evaluate(old, workdir)
-  run = trainer.Run(old, workdir)
+  run = training_run.Run(old, workdir)
   variables = run.state.variables()
   run.store.close()
   batch = classification_data.build_datasets(old, workdir, train=False).eval_batches[0]
@@ -273,9 +275,9 @@ def test_runs_fine_tuned_before_mean_pooling_became_the_default_load_unchanged(
   with pytest.raises(
       ConfigError, match="model.pooling='first', not 'mean'.*--config.model.pooling"
   ):
-    run_builder.load_for_evaluation(today, workdir)
+    run_loading.load_for_evaluation(today, workdir)
   today.model.pooling = 'first'
-  loaded = run_builder.load_for_evaluation(today, workdir)
+  loaded = run_loading.load_for_evaluation(today, workdir)
   after = model.apply(
       loaded.variables, batch['inputs'], batch['padding_mask'], segments=batch['segments']
   )
@@ -316,7 +318,7 @@ def test_pairs_add_a_zero_segment_embedding_to_the_pretrained_encoder(pretrained
       eval_batch_size=4,
       **{'model.num_segments': 2, 'data.text_columns': ('question', 'sentence')},
   )
-  run = trainer.Run(config, str(tmp_path / 'run'))
+  run = training_run.Run(config, str(tmp_path / 'run'))
   batch = run.data.eval_batches[0]
   first = batch['inputs'][0]
   eos = np.flatnonzero(first == BYTES.eos_id)
@@ -456,7 +458,7 @@ def test_an_unprepared_tfds_dataset_says_how_to_get_it(tmp_path):
       },
   )
   with pytest.raises(ConfigError, match='config.data.tfds_download'):
-    classification_data.load_examples(config.data, 'train')
+    labelled_examples.load_examples(config.data, 'train')
 
 
 def test_a_capped_evaluation_takes_a_fixed_random_subset_not_the_first_rows():

@@ -45,7 +45,7 @@ from run_helpers import one_error_line
 from run_helpers import run_forked_commands
 from run_helpers import tiny_config
 
-from linformer_jax import cli
+from linformer_jax import flag_errors
 from linformer_jax import storage
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import generation
@@ -254,7 +254,7 @@ INSIDE_A_NUMBER = KeyError(
 )
 def test_an_unknown_config_key_is_named_in_words(error, override, words):
   argv = ['evaluate', '--config=configs/tiny.py', override, '--workdir=/tmp/run']
-  assert cli._flag_error_words(error, argv) == words  # pylint: disable=protected-access
+  assert flag_errors.flag_error_words(error, argv) == words
 
 
 def test_sampling_settings_at_their_limits_are_accepted():

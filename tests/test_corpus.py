@@ -12,6 +12,7 @@ import pytest
 from linformer_jax.data import cache
 from linformer_jax.data import corpus
 from linformer_jax.data import tokenizer as tokenizer_lib
+from linformer_jax.data import tokenizer_files
 from linformer_jax.data.sources import embedded
 from linformer_jax.data.sources import text_files
 from linformer_jax.data.sources import tfds
@@ -38,7 +39,7 @@ def sentencepiece_documents():
 
 def test_sentencepiece_trains_then_is_reused(tmp_path):
   config = {'tokenizer': 'sentencepiece', 'vocab_size': 300}
-  tokenizer = tokenizer_lib.build_tokenizer(config, str(tmp_path), sentencepiece_documents)
+  tokenizer = tokenizer_files.build_tokenizer(config, str(tmp_path), sentencepiece_documents)
   assert (tmp_path / 'tokenizer.model').exists()
   assert tokenizer.vocab_size == 300
   assert (
@@ -54,20 +55,20 @@ def test_sentencepiece_trains_then_is_reused(tmp_path):
   def must_not_train():
     raise AssertionError('the saved tokenizer should have been reused')
 
-  reused = tokenizer_lib.build_tokenizer(config, str(tmp_path), must_not_train)
+  reused = tokenizer_files.build_tokenizer(config, str(tmp_path), must_not_train)
   assert reused.encode(text) == tokenizer.encode(text)
   assert reused.fingerprint == tokenizer.fingerprint
   with pytest.raises(ValueError, match='config.data.vocab_size'):
-    tokenizer_lib.build_tokenizer({**config, 'vocab_size': 400}, str(tmp_path), must_not_train)
+    tokenizer_files.build_tokenizer({**config, 'vocab_size': 400}, str(tmp_path), must_not_train)
 
 
 def test_bad_tokenizer_settings_raise(tmp_path):
   with pytest.raises(ValueError, match='config.data.tokenizer'):
-    tokenizer_lib.build_tokenizer(
+    tokenizer_files.build_tokenizer(
         {'tokenizer': 'wordpiece', 'vocab_size': 100}, str(tmp_path), list
     )
   with pytest.raises(ValueError, match='config.data.vocab_size'):
-    tokenizer_lib.build_tokenizer(
+    tokenizer_files.build_tokenizer(
         {'tokenizer': 'sentencepiece', 'vocab_size': 10**6}, str(tmp_path), sentencepiece_documents
     )
 

@@ -15,9 +15,11 @@ import psutil
 import pytest
 
 from configs import tiny
-from linformer_jax.analysis import data_benchmark
+from linformer_jax import data_benchmark
+from linformer_jax.analysis import data_benchmark_corpus
 from linformer_jax.analysis import data_benchmark_report
 from linformer_jax.analysis import loader_throughput
+from linformer_jax.analysis import process_memory
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
 
@@ -38,7 +40,7 @@ def settings(tmp_path, **overrides):
 
 def test_the_corpus_is_whole_documents_about_the_size_different_per_file_and_reused(tmp_path):
   folder = tmp_path / 'corpus'
-  manifest = data_benchmark.generate_corpus(folder, 2, seed=0, documents=(TRAIN, VALIDATION))
+  manifest = data_benchmark_corpus.generate_corpus(folder, 2, seed=0, documents=(TRAIN, VALIDATION))
   files = sorted(folder.glob('train-*.txt'))
   assert len(files) == manifest['train_files'] == 2
   longest = max(len(text) for text in TRAIN)
@@ -49,15 +51,15 @@ def test_the_corpus_is_whole_documents_about_the_size_different_per_file_and_reu
   assert texts[0] != texts[1]
   assert (folder / 'validation.txt').read_text() == VALIDATION[0] + '\n'
   stamps = [path.stat().st_mtime_ns for path in files]
-  again = data_benchmark.generate_corpus(folder, 2, seed=0, documents=([], []))
+  again = data_benchmark_corpus.generate_corpus(folder, 2, seed=0, documents=([], []))
   assert again == manifest and [path.stat().st_mtime_ns for path in files] == stamps
-  data_benchmark.generate_corpus(folder, 2, seed=1, documents=(TRAIN, VALIDATION))
+  data_benchmark_corpus.generate_corpus(folder, 2, seed=1, documents=(TRAIN, VALIDATION))
   assert files[0].read_text() != texts[0]
 
 
 def test_overrides_become_flags_the_config_parser_reads_back(tmp_path):
-  overrides = data_benchmark.corpus_overrides(str(tmp_path), 64)
-  flags = data_benchmark_report.config_flags('configs/tiny.py', overrides)
+  overrides = data_benchmark_corpus.corpus_overrides(str(tmp_path), 64)
+  flags = data_benchmark_report.config_arguments('configs/tiny.py', overrides)
   assert flags[:2] == ['--config', 'configs/tiny.py']
   assert "--config.data.split_files={'validation': ['validation.txt']}" in flags
   assert f'--config.data.path={tmp_path}' in flags
@@ -198,7 +200,7 @@ def test_peak_tree_rss_counts_the_children():
   child = 'import time, numpy; a = numpy.ones(2**27, numpy.uint8); time.sleep(1)'
   parent = f'import subprocess, sys; subprocess.run([sys.executable, "-c", {child!r}])'
   popen = subprocess.Popen([sys.executable, '-c', parent])
-  assert data_benchmark.peak_tree_rss(popen) > 2**27
+  assert process_memory.peak_tree_rss(popen) > 2**27
   assert popen.returncode == 0
 
 

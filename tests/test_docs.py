@@ -14,6 +14,7 @@ import ml_collections
 import pytest
 
 from linformer_jax import registry
+from linformer_jax.extensions import import_extensions
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = REPO / 'linformer_jax'
@@ -148,7 +149,7 @@ def _declared_fields(arguments):
   extensions = re.search(r'--config\.extensions="(\([^"]*\))"', arguments)
   if not extensions:
     return set()
-  registry.import_extensions(ast.literal_eval(extensions.group(1)))
+  import_extensions(ast.literal_eval(extensions.group(1)))
   return {f'model.{name}' for name in registry.declared_settings('config.model')}
 
 

@@ -13,7 +13,7 @@ from linformer_jax.data import masked_lm
 from linformer_jax.data import sources
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
-from linformer_jax.registry import import_extensions
+from linformer_jax.extensions import import_extensions
 from linformer_jax.training import tasks
 from linformer_jax.training import trainer
 from tests.run_helpers import tiny_config

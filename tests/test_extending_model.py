@@ -11,13 +11,13 @@ import pytest
 
 from configs import finetune_sst2
 from configs import from_workdir
-from linformer_jax.analysis import sweep as sweep_lib
+from linformer_jax import sweep as sweep_lib
 from linformer_jax.errors import ConfigError
+from linformer_jax.extensions import import_extensions
 from linformer_jax.model import attention_kinds
 from linformer_jax.model import layers
 from linformer_jax.model import models
 from linformer_jax.model import projections
-from linformer_jax.registry import import_extensions
 from linformer_jax.training import trainer
 from tests.run_helpers import losses_by_step
 from tests.run_helpers import small_model_config

@@ -15,10 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from linformer_jax.extensions import import_extensions
 from linformer_jax.model import attention_kinds
 from linformer_jax.model import models
 from linformer_jax.model import projections
-from linformer_jax.registry import import_extensions
 from tests.run_helpers import small_model_config
 
 CONVEX = 'docs/examples/convex_projection.py'

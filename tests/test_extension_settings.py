@@ -17,12 +17,13 @@ from configs import tiny
 from linformer_jax import cli
 from linformer_jax import registry
 from linformer_jax.errors import ConfigError
+from linformer_jax.extensions import import_command_extensions
+from linformer_jax.extensions import import_extensions
 from linformer_jax.model import attention_kinds
 from linformer_jax.model import projections
 from linformer_jax.model.attention_kinds.linformer import Linformer
 from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.registry import Setting
-from linformer_jax.registry import import_extensions
 
 TEMPERED = 'docs/examples/tempered_attention.py'
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -122,7 +123,7 @@ def parsed_command_config(argv):
   """The config a command's flags give for configs/tiny.py and `argv`, through
   ml_collections' own override parsing, after `import_command_extensions`."""
   config = tiny.get_config()
-  registry.import_command_extensions(config, argv)
+  import_command_extensions(config, argv)
   config.lock()
   flag_values = flags.FlagValues()
   config_flags.DEFINE_config_dict('config', config, flag_values=flag_values, sys_argv=argv)

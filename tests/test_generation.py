@@ -13,7 +13,7 @@ import pytest
 
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import generation
-from linformer_jax.training import run_builder
+from linformer_jax.training import run_loading
 from linformer_jax.training import text_generation
 from linformer_jax.training import trainer
 from tests.run_helpers import tiny_config
@@ -39,7 +39,7 @@ def test_a_causal_run_reports_next_token_loss_checked_in_float64(causal_run):
   assert results['task'] == 'causal_lm' and results['step'] == 20
   assert results['eval_perplexity'] == pytest.approx(math.exp(results['eval_loss']), rel=1e-6)
   assert results['unigram_perplexity'] > 1
-  loaded = run_builder.load_for_evaluation(config, workdir)
+  loaded = run_loading.load_for_evaluation(config, workdir)
   loss = weight = 0.0
   for batch in loaded.data.eval_batches:
     logits = np.asarray(
@@ -62,7 +62,7 @@ def test_a_causal_run_reports_next_token_loss_checked_in_float64(causal_run):
 
 def test_greedy_generation_through_the_cache_follows_the_full_forward_argmax(causal_run):
   config, workdir, _ = causal_run
-  parts, _, variables, tokenizer = run_builder.load_for_inference(config, workdir)
+  parts, _, variables, tokenizer = run_loading.load_for_inference(config, workdir)
   prompt = jnp.asarray([[tokenizer.bos_id] + tokenizer.encode('the')], jnp.int32)
   generated = np.asarray(
       generation.generate(

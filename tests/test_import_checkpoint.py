@@ -28,8 +28,8 @@ from linformer_jax.data import encoding
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import hf_import
-from linformer_jax.training import run_builder
-from linformer_jax.training import trainer
+from linformer_jax.training import run_loading
+from linformer_jax.training import training_run
 
 FIXTURES = pathlib.Path(__file__).resolve().parent / 'fixtures' / 'hf'
 ARCHITECTURES = ('roberta', 'bert')
@@ -203,14 +203,14 @@ def test_the_imported_run_evaluates_and_starts_other_runs(imports, tmp_path):
   saved = text_data(from_workdir.get_config(str(workdir)), tmp_path / 'text')
   assert saved.model.to_dict() == config.model.to_dict()
 
-  loaded = run_builder.load_for_evaluation(saved, str(workdir))
+  loaded = run_loading.load_for_evaluation(saved, str(workdir))
   assert loaded.step == 0 and isinstance(loaded.data.tokenizer, tokenizer_lib.HuggingFaceTokenizer)
   jax.tree_util.tree_map(np.testing.assert_array_equal, loaded.variables['params'], state.params)
   assert np.isfinite(loaded.evaluate()['loss'])
 
   continued = ml_collections.ConfigDict(saved.to_dict())
   continued.init_from = str(workdir)
-  run = trainer.Run(continued, str(tmp_path / 'continued'))
+  run = training_run.Run(continued, str(tmp_path / 'continued'))
   run.store.close()
   jax.tree_util.tree_map(np.testing.assert_array_equal, run.state.params, state.params)
   assert (tmp_path / 'continued' / 'tokenizer.json').read_bytes() == (
@@ -227,7 +227,7 @@ def test_the_imported_run_evaluates_and_starts_other_runs(imports, tmp_path):
   finetune.data.update(path=str(tmp_path / 'tsv'), max_eval_batches=1)
   finetune.data.split_files = {'train': ('train.tsv',), 'validation': ('dev.tsv',)}
   finetune.update(init_from=str(workdir), batch_size=4, eval_batch_size=4)
-  run = trainer.Run(finetune, str(tmp_path / 'finetuned'))
+  run = training_run.Run(finetune, str(tmp_path / 'finetuned'))
   run.store.close()
   jax.tree_util.tree_map(
       np.testing.assert_array_equal, run.state.params['encoder'], state.params['encoder']

@@ -9,8 +9,8 @@ import pytest
 from test_models import SMALL  # the tiny model of the model-family tests
 
 from linformer_jax.errors import ConfigError
-from linformer_jax.model import layers
 from linformer_jax.model import models
+from linformer_jax.model.inference_chunks import inference_chunk
 from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.training import run_config
 
@@ -45,12 +45,12 @@ def test_chunked_inference_gives_the_same_logits_with_padding(overrides):
 
 def test_only_bidirectional_inference_passes_are_chunked():
   chunked = ModelConfig(**SMALL, inference_chunk=8)
-  assert layers.inference_chunk(chunked, 32, deterministic=True) == 8
-  assert layers.inference_chunk(chunked, 32, deterministic=False) is None  # training
-  assert layers.inference_chunk(chunked, 8, deterministic=True) is None  # one chunk is a pass
+  assert inference_chunk(chunked, 32, deterministic=True) == 8
+  assert inference_chunk(chunked, 32, deterministic=False) is None  # training
+  assert inference_chunk(chunked, 8, deterministic=True) is None  # one chunk is a pass
   causal = ModelConfig(**SMALL, inference_chunk=8, causal=True, block_len=8)
-  assert layers.inference_chunk(causal, 32, deterministic=True) is None
-  assert layers.inference_chunk(ModelConfig(**SMALL), 32, deterministic=True) is None
+  assert inference_chunk(causal, 32, deterministic=True) is None
+  assert inference_chunk(ModelConfig(**SMALL), 32, deterministic=True) is None
 
 
 @pytest.mark.parametrize('attention', ['full', 'linformer'])

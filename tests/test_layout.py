@@ -1,7 +1,10 @@
 """The package's layering: every import points down, commands stay thin."""
 
 import ast
+import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -15,8 +18,10 @@ ALLOWED = {
     'analysis': {'analysis', 'training', 'checkpoints', 'model', 'data'},
 }
 # Modules below every layer: error types, the registries of named parts, the
-# path layer (local folders and gs://) and the units of memory.
-BASE_MODULES = ('errors', 'registry', 'storage', 'units')
+# importing of the files config.extensions names (so that their parts register;
+# the training layer imports a run's), the path layer (local folders and gs://)
+# and the units of memory.
+BASE_MODULES = ('errors', 'registry', 'extensions', 'storage', 'units')
 # The Python API (api.py: linformer_jax.load and build) sits on the training
 # layer, beside analysis: the commands may import it, no layer does.
 API_ALLOWED = {'training', 'checkpoints', 'model', 'data'}
@@ -122,6 +127,34 @@ def called_names(path):
 def test_every_command_runs_its_main_through_cli(command):
   # cli.run turns bad input into one line and exit code 2.
   assert 'cli.run' in called_names(PACKAGE / f'{command}.py')
+
+
+@pytest.mark.parametrize('command', COMMANDS)
+def test_a_command_is_one_module_and_defines_its_flags_when_it_runs(command):
+  # Its logic is in the command's own module (with the shared machinery of
+  # analysis/), not split over a command and a library of the same name.
+  assert not (PACKAGE / 'analysis' / f'{command}.py').exists()
+  source = (PACKAGE / f'{command}.py').read_text()
+  assert source.rstrip().endswith("if __name__ == '__main__':\n  define_flags()\n  cli.run(main)")
+
+
+def test_importing_the_commands_defines_no_flag():
+  # So that tests, notebooks and other code import a command's functions freely.
+  imports = '; '.join(f'import linformer_jax.{command}' for command in COMMANDS)
+  script = (
+      f'from absl import flags; {imports}; '
+      'print(sorted(module for module in flags.FLAGS.flags_by_module_dict() '
+      "if module.startswith('linformer_jax')))"
+  )
+  result = subprocess.run(
+      [sys.executable, '-c', script],
+      cwd=PACKAGE.parent,
+      capture_output=True,
+      text=True,
+      check=True,
+      env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+  )
+  assert result.stdout.strip() == '[]'
 
 
 @pytest.mark.parametrize('command', SETTINGS_COMMANDS)

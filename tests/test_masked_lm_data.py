@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 from linformer_jax.data import masked_lm
+from linformer_jax.data import packed_batches
 from linformer_jax.data import packing
-from linformer_jax.data import pretraining
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.data.sources import text_files
 from linformer_jax.errors import ConfigError
+from linformer_jax.training import run_config
 
 BYTES = tokenizer_lib.ByteTokenizer()
 
@@ -65,7 +66,7 @@ def assert_batches_equal(first, second):
 
 
 def train_iterator(sequences, seed=0, batch_size=8, **kwargs):
-  return pretraining.create_train_iterator(
+  return packed_batches.create_train_iterator(
       sequences,
       batch_size=batch_size,
       seed=seed,
@@ -242,7 +243,7 @@ def test_bad_process_settings_raise():
 
 def test_eval_batches_are_deterministic_and_drop_nothing():
   sequences = unique_sequences(21)
-  make = lambda **kw: pretraining.create_eval_batches(
+  make = lambda **kw: packed_batches.create_eval_batches(
       sequences,
       batch_size=4,
       seed=0,
@@ -265,7 +266,7 @@ def test_eval_batches_are_deterministic_and_drop_nothing():
 
 def test_eval_shards_have_equal_batch_counts_and_the_same_masks():
   sequences = unique_sequences(21)
-  make = lambda index, count: pretraining.create_eval_batches(
+  make = lambda index, count: packed_batches.create_eval_batches(
       sequences,
       batch_size=4,
       seed=0,
@@ -325,7 +326,7 @@ def small_config(tmp_path, books, **data):
       }
   )
   config.data.update(data)
-  return config
+  return run_config.complete(config)
 
 
 def test_build_datasets_from_text_files(tmp_path, books):

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from configs import roberta_base
-from linformer_jax.analysis.matmul_dtypes import dot_flops
-from linformer_jax.analysis.matmul_dtypes import train_step_matmul_dtypes
+from linformer_jax.matmul_dtypes import dot_flops
+from linformer_jax.matmul_dtypes import train_step_matmul_dtypes
 from linformer_jax.model import precision
 
 

@@ -16,6 +16,7 @@ from run_helpers import tiny_config
 
 from linformer_jax import storage
 from linformer_jax.checkpoints.store import CheckpointStore
+from linformer_jax.checkpoints.store import checkpoint_directory
 from linformer_jax.data import remote_splits
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
@@ -116,7 +117,7 @@ def test_a_run_on_buckets_alone_resumes_on_another_host_as_a_local_run(
   step_b, params_b = final_params(remote, config)
   assert step_a == step_b == 8
   jax.tree_util.tree_map(np.testing.assert_array_equal, params_a, params_b)
-  with CheckpointStore(trainer.checkpoint_directory(remote)) as store:
+  with CheckpointStore(checkpoint_directory(remote)) as store:
     assert store.all_steps() == [4, 8]
   names = set(storage.listdir(remote))
   assert {'checkpoints', 'config.json', 'eval_results.json', 'metrics.jsonl'} <= names

@@ -12,7 +12,7 @@ import pytest
 
 from configs import classification
 from configs import tiny
-from linformer_jax.analysis import pooling_probe
+from linformer_jax import pooling_probe
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import trainer
 

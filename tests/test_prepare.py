@@ -20,9 +20,9 @@ import pytest
 from configs import tiny
 from linformer_jax.data import corpus
 from linformer_jax.data import masked_lm
+from linformer_jax.data import packed_batches
 from linformer_jax.data import packing
 from linformer_jax.data import prepare
-from linformer_jax.data import pretraining
 from linformer_jax.data import shards
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.data import units as units_lib
@@ -330,7 +330,7 @@ def test_two_processes_read_disjoint_records_that_cover_the_split(tmp_path):
   batch_size = 4
   seen = []
   for process_index in range(2):
-    iterator = pretraining.create_train_iterator(
+    iterator = packed_batches.create_train_iterator(
         source,
         batch_size=batch_size,
         seed=0,

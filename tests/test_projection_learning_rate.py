@@ -7,6 +7,7 @@ import pytest
 
 from configs import tiny
 from linformer_jax.errors import ConfigError
+from linformer_jax.training import optimization
 from linformer_jax.training import run_builder
 from linformer_jax.training import run_config
 from linformer_jax.training import train_steps
@@ -41,7 +42,7 @@ def params_and_grads(seed=0):
 
 
 def optimizer_of(config):
-  return train_steps.create_optimizer(run_config.settings_of(config).optimizer)
+  return optimization.create_optimizer(run_config.settings_of(config).optimizer)
 
 
 def updates_over_steps(config, params, grads, steps=3):
@@ -94,7 +95,7 @@ def train(config, steps=2):
   """The initial and trained parameters of `steps` masked-LM train steps on
   fixed random batches."""
   parts = run_builder.build_parts(config)
-  optimizer = train_steps.create_optimizer(parts.settings.optimizer)
+  optimizer = optimization.create_optimizer(parts.settings.optimizer)
   state = train_steps.init_train_state(
       jax.random.PRNGKey(0), model=parts.model, optimizer=optimizer, seq_len=config.model.max_len
   )
@@ -123,7 +124,7 @@ def train(config, steps=2):
 def split_projections(params):
   projections, others = {}, {}
   for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-    kind = projections if train_steps.is_projection_weight(path) else others
+    kind = projections if optimization.is_projection_weight(path) else others
     kind[jax.tree_util.keystr(path)] = np.asarray(leaf)
   return projections, others
 
@@ -162,11 +163,11 @@ def test_the_slot_common_component_is_exactly_removed_float64():
   for head in range(2):
     for row in range(5):
       want[head, row] = update[head, row] - sum(update[head, row]) / 3
-  got = np.asarray(train_steps.remove_slot_common_component(jnp.asarray(update, jnp.float32)))
+  got = np.asarray(optimization.remove_slot_common_component(jnp.asarray(update, jnp.float32)))
   np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)  # float32 rounding
   np.testing.assert_allclose(got.astype(np.float64).sum(-1), 0, atol=1e-6)
   # An update that is already slot-free is left as it was.
-  again = train_steps.remove_slot_common_component(jnp.asarray(want, jnp.float32))
+  again = optimization.remove_slot_common_component(jnp.asarray(want, jnp.float32))
   np.testing.assert_allclose(again, want, atol=1e-6)
 
 

@@ -8,11 +8,11 @@ import pytest
 from run_helpers import small_model_config
 from run_helpers import tiny_config
 
-from linformer_jax.analysis import projection_stats
+from linformer_jax import projection_stats
 from linformer_jax.errors import ConfigError
+from linformer_jax.extensions import import_extensions
 from linformer_jax.model import projections
 from linformer_jax.model.model_config import ModelConfig
-from linformer_jax.registry import import_extensions
 from linformer_jax.training import trainer
 
 

@@ -29,8 +29,10 @@ from run_helpers import losses_by_step
 from run_helpers import tiny_config
 from run_helpers import wait_for_step
 
+from linformer_jax.checkpoints import partial_restore
 from linformer_jax.checkpoints import step_files
 from linformer_jax.checkpoints.store import CheckpointStore
+from linformer_jax.checkpoints.store import checkpoint_directory
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import trainer
 
@@ -119,7 +121,7 @@ def test_readers_skip_a_damaged_step_and_leave_it_where_it_is(two_steps):
   _flip_one_bit(os.path.join(two_steps, '2'))
   assert CheckpointStore(two_steps).latest_step() == 1
   workdir = os.path.dirname(two_steps)
-  params = CheckpointStore.restore_subtrees(workdir, {('w',): _abstract(_state(0.0))['w']})
+  params = partial_restore.restore_subtrees(workdir, {('w',): _abstract(_state(0.0))['w']})
   np.testing.assert_array_equal(params[('w',)], np.full((256,), 1.0))
   assert os.path.isdir(os.path.join(two_steps, '2'))
   with pytest.raises(ConfigError, match=r'step 2 .* is damaged \(.*sha256 mismatch\)'):
@@ -197,7 +199,7 @@ def test_a_run_resumes_exactly_from_the_newest_intact_checkpoint(tmp_path):
   trainer.train_and_evaluate(config, workdir)
   losses = losses_by_step(workdir)
   _, params = final_params(workdir, config)
-  checkpoints = trainer.checkpoint_directory(workdir)
+  checkpoints = checkpoint_directory(workdir)
   _flip_one_bit(os.path.join(checkpoints, '12'))
   _remove(os.path.join('state', '_METADATA'))(os.path.join(checkpoints, '8'))
   results = trainer.train_and_evaluate(config, workdir)
@@ -349,9 +351,9 @@ def test_a_save_failing_in_the_background_is_reported_at_once(tmp_path, repo_roo
   script = tmp_path / 'train_without_space_check.py'
   script.write_text(textwrap.dedent(f"""
           import runpy, sys
-          from linformer_jax.checkpoints import step_files
+          from linformer_jax.checkpoints import full_disk
           if __name__ == '__main__':  # Data preparation's workers import this file.
-            step_files.room_shortfall = lambda *args: None
+            full_disk.room_shortfall = lambda *args: None
             sys.argv = ['train', '--config', 'configs/tiny.py', '--workdir', '{workdir}',
                         '--config.total_steps=600', '--config.checkpoint_every=50',
                         '--config.log_every=1', '--config.keep_checkpoints=50']

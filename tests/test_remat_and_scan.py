@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from linformer_jax.analysis import spectrum
+from linformer_jax import spectrum
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import models
 from linformer_jax.model.model_config import REMAT_POLICIES

@@ -12,8 +12,10 @@ import pytest
 
 from configs import tiny
 from linformer_jax.errors import ConfigError
+from linformer_jax.training import optimization
 from linformer_jax.training import run_builder
 from linformer_jax.training import run_config
+from linformer_jax.training import run_loading
 from linformer_jax.training import sharding
 from linformer_jax.training import tasks
 from linformer_jax.training import train_steps
@@ -30,7 +32,7 @@ def tiny_config(**overrides):
 def test_the_abstract_state_is_what_initialisation_returns():
   config = tiny_config()
   parts = run_builder.build_parts(config)
-  optimizer = train_steps.create_optimizer(parts.settings.optimizer)
+  optimizer = optimization.create_optimizer(parts.settings.optimizer)
   abstract = parts.abstract_train_state(optimizer)
   real = jax.eval_shape(
       lambda rng: train_steps.init_train_state(
@@ -48,7 +50,7 @@ def test_optimizer_moments_take_exactly_their_parameters_sharding():
   config = tiny_config(mesh_shape=(1, 1))
   parts = run_builder.build_parts(config)
   parts = dataclasses.replace(parts, mesh=AbstractMesh((2, 4), sharding.MESH_AXES))
-  optimizer = train_steps.create_optimizer(parts.settings.optimizer)
+  optimizer = optimization.create_optimizer(parts.settings.optimizer)
   state = parts.abstract_train_state(optimizer)
   param_specs = jax.tree_util.tree_map(lambda x: x.sharding.spec, state.params)
   split = [
@@ -116,7 +118,7 @@ def test_evaluation_only_loading_matches_the_run_and_builds_no_training_iterator
   config = tiny_config(total_steps=4, warmup_steps=2, eval_every=4, log_every=2, checkpoint_every=4)
   workdir = str(tmp_path)
   results = trainer.train_and_evaluate(config, workdir)
-  loaded = run_builder.load_for_evaluation(config, workdir)
+  loaded = run_loading.load_for_evaluation(config, workdir)
   assert loaded.step == 4
   assert loaded.data.train_iterator is None
   assert sorted(loaded.variables) == ['params']
@@ -125,7 +127,7 @@ def test_evaluation_only_loading_matches_the_run_and_builds_no_training_iterator
 
 def test_evaluation_only_loading_of_a_folder_without_checkpoint_is_an_error(tmp_path):
   with pytest.raises(ConfigError, match='holds no checkpoint'):
-    run_builder.load_for_evaluation(tiny_config(), str(tmp_path))
+    run_loading.load_for_evaluation(tiny_config(), str(tmp_path))
 
 
 def test_a_config_saved_before_the_newer_fields_builds_with_the_values_of_its_time(tmp_path):

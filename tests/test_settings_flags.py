@@ -6,11 +6,11 @@ from typing import Optional, Sequence
 from absl import flags
 import pytest
 
-from linformer_jax.analysis import attention_benchmark
-from linformer_jax.analysis import benchmark
-from linformer_jax.analysis import causal_benchmark
-from linformer_jax.analysis import data_benchmark
-from linformer_jax.analysis import pytorch_comparison
+from linformer_jax import attention_benchmark
+from linformer_jax import benchmark
+from linformer_jax import causal_benchmark
+from linformer_jax import data_benchmark
+from linformer_jax import pytorch_comparison
 from linformer_jax.analysis import settings_flags
 from linformer_jax.analysis.settings_flags import setting
 from linformer_jax.errors import ConfigError

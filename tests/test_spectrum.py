@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from linformer_jax.analysis import spectrum
+from linformer_jax import spectrum
 from linformer_jax.errors import ConfigError
+from linformer_jax.extensions import import_extensions
 from linformer_jax.model import attention_capture
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.registry import add_declared_settings
-from linformer_jax.registry import import_extensions
-from linformer_jax.training import trainer
+from linformer_jax.training import training_run
 
 
 def naive_attention_matrix(q, k, key_mask, query_mask):
@@ -203,7 +203,7 @@ def checkpointed_run(workdir, attention):
   """
   config = tiny.get_config()
   config.model.attention = attention
-  run = trainer.Run(config, str(workdir))
+  run = training_run.Run(config, str(workdir))
   run.save()
   run.store.close()
   return config

@@ -13,7 +13,7 @@ import os
 import pytest
 from run_helpers import tiny_config
 
-from linformer_jax.analysis import sweep as sweep_lib
+from linformer_jax import sweep as sweep_lib
 from linformer_jax.analysis import sweep_report
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import run_config
@@ -100,7 +100,7 @@ def test_report_has_a_row_per_variant_and_a_figure(finished_sweep):
     assert int(row['parameters'].replace(',', '')) == results[name]['parameters']
   assert "model.attention='full'" in rows['transformer']['overrides']
   assert 'model.projected_len=4' in rows['k4']['overrides']
-  with open(os.path.join(workdir, sweep_lib.FIGURE_FILE), 'rb') as f:
+  with open(os.path.join(workdir, sweep_report.FIGURE_FILE), 'rb') as f:
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
 
 

@@ -20,7 +20,9 @@ from linformer_jax.data import masked_lm
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import run_builder
+from linformer_jax.training import run_loading
 from linformer_jax.training import trainer
+from linformer_jax.training import training_run
 
 WORDS = (
     'the film was good bad great awful fine poor lovely dull superb weak plot actors music '
@@ -208,9 +210,9 @@ def test_a_checkpoint_refuses_another_tokenizer_until_its_own_is_back(stopped_ru
       match=f'{workdir}/tokenizer.model is not the tokenizer the checkpoint in {workdir} was '
       'trained with .*put the original file back, or use another --workdir',
   ):
-    trainer.Run(masked_lm_config(corpus), str(workdir))
+    training_run.Run(masked_lm_config(corpus), str(workdir))
   shutil.copyfile(original / tokenizer_lib.MODEL_FILENAME, workdir / tokenizer_lib.MODEL_FILENAME)
-  run = trainer.Run(masked_lm_config(corpus), str(workdir))
+  run = training_run.Run(masked_lm_config(corpus), str(workdir))
   run.store.close()
   assert int(run.state.step) == 2
 
@@ -219,7 +221,7 @@ def test_evaluation_refuses_another_tokenizer(stopped_run, tmp_path):
   corpus = stopped_run[0]
   workdir = with_other_tokenizer(stopped_run, tmp_path)
   with pytest.raises(ConfigError, match=f'{workdir}/tokenizer.model is not the tokenizer'):
-    run_builder.load_for_evaluation(masked_lm_config(corpus), str(workdir))
+    run_loading.load_for_evaluation(masked_lm_config(corpus), str(workdir))
 
 
 @pytest.mark.slow

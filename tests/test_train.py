@@ -23,9 +23,11 @@ from run_helpers import tiny_flags
 from run_helpers import wait_for_step
 
 from linformer_jax.checkpoints.store import CheckpointStore
+from linformer_jax.checkpoints.store import checkpoint_directory
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import run_config
 from linformer_jax.training import trainer
+from linformer_jax.training import training_run
 from linformer_jax.training import workdir_lock
 from linformer_jax.training.metric_writers import read_metrics
 
@@ -45,7 +47,7 @@ def test_a_tiny_run_writes_results_metrics_events_and_checkpoints(finished_run):
   assert [m['step'] for m in metrics if 'train_loss' in m] == [5, 10, 15, 20]
   assert [m['step'] for m in metrics if 'eval_perplexity' in m] == [10, 20]
   assert any(name.startswith('events.out.tfevents') for name in os.listdir(workdir))
-  assert CheckpointStore(trainer.checkpoint_directory(workdir)).latest_step() == 20
+  assert CheckpointStore(checkpoint_directory(workdir)).latest_step() == 20
   # The loss went down from its start at about log(vocab).
   first, last = metrics[0]['train_loss'], results['eval_loss']
   assert last < first
@@ -57,7 +59,7 @@ def test_resume_is_exact(tmp_path):
   straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
   trainer.train_and_evaluate(config, straight)
   assert trainer.train_and_evaluate(config, resumed, stop_after=6) is None
-  assert CheckpointStore(trainer.checkpoint_directory(resumed)).latest_step() == 6
+  assert CheckpointStore(checkpoint_directory(resumed)).latest_step() == 6
   trainer.train_and_evaluate(config, resumed)
   assert losses_by_step(straight) == losses_by_step(resumed)
   assert sorted(losses_by_step(resumed)) == list(range(1, 13))
@@ -106,7 +108,7 @@ def test_sigterm_and_ctrl_c_save_a_checkpoint_before_exiting(tmp_path, run_comma
   name = 'Ctrl-C' if signum == signal.SIGINT else 'SIGTERM'
   assert sum(f'{name} received' in line for line in output.splitlines()) == 1, output
   assert not [f for f in os.listdir(os.path.join(workdir, 'checkpoints')) if 'tmp' in f]
-  saved = CheckpointStore(trainer.checkpoint_directory(workdir)).latest_step()
+  saved = CheckpointStore(checkpoint_directory(workdir)).latest_step()
   assert saved is not None and saved >= 3
   assert saved == max(m['step'] for m in read_metrics(workdir))
   if signum == signal.SIGINT:
@@ -174,8 +176,8 @@ def test_a_non_finite_step_is_never_saved_and_the_kept_checkpoint_resumes(tmp_pa
   )
   # The same settings again are refused (docs/reliability.md); changed ones go on from step 1.
   with pytest.raises(trainer.NonFiniteLossError, match='step 1 is the newest sound one'):
-    trainer.Run(config, workdir)
-  run = trainer.Run(sane, workdir)
+    training_run.Run(config, workdir)
+  run = training_run.Run(sane, workdir)
   kept_step = int(run.state.step)
   params = jax.tree_util.tree_leaves(jax.device_get(run.state.params))
   run.store.close()

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from linformer_jax.analysis import mesh_memory
+from linformer_jax import mesh_memory
 from linformer_jax.analysis import xla_targets
 from linformer_jax.errors import ConfigError
 from linformer_jax.units import GIB

@@ -20,6 +20,7 @@ import grain
 import jax.numpy as jnp
 import numpy as np
 
+from linformer_jax.data import packed_batches
 from linformer_jax.data import pretraining
 from linformer_jax.model import models
 from linformer_jax.training import tasks
@@ -38,7 +39,7 @@ class ShuffleSome(grain.transforms.RandomMap):
   def __init__(self, pad_id: int):
     self._pad_id = int(pad_id)
 
-  def random_map(self, element: np.ndarray, rng: np.random.Generator) -> pretraining.Batch:
+  def random_map(self, element: np.ndarray, rng: np.random.Generator) -> packed_batches.Batch:
     inputs = np.array(element, np.int32)
     real = inputs != self._pad_id
     shuffled = rng.random() < SHUFFLED_SHARE

@@ -1,11 +1,12 @@
-"""Analysis: the libraries behind the benchmark, spectrum, sweep, probe and
-memory commands.
+"""The machinery the analysis commands share, each piece once.
 
-Each module is importable from a notebook; the command of the same name at the
-top of the package only parses flags and calls it. A benchmark's settings are
-one dataclass whose fields are also the command's flags (`settings_flags`):
-`benchmark_settings`, `causal_benchmark`, `data_benchmark`,
-`attention_benchmark`, `pytorch_comparison` and `pooling_probe` declare them,
-`flag_checks` words their errors. Imports `training`, `checkpoints`, `data`,
-`model` and the base modules, never the commands.
+Each analysis command is one module at the top of the package, holding its
+logic and its `main()` (`linformer_jax.benchmark`, `spectrum`, `sweep`, ...).
+What more than one of them needs lives here: settings dataclasses whose
+fields are also a command's flags (`settings_flags`, `flag_checks`), timing
+and random variables (`measuring`), the paper's largest-batch method
+(`benchmark_budget`), report tables (`tables`), the accelerators this host
+compiles for (`xla_targets`), and the pieces a command's own module would
+otherwise outgrow (its report, its settings, its corpus). Imports `training`,
+`checkpoints`, `data`, `model` and the base modules, never a command.
 """

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linformer_jax.model import layers
+from linformer_jax.model import inference_chunks
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.training.compiled_step import cost_analysis
@@ -64,7 +64,7 @@ class ForwardPass:
     chunk's padding) and reports no bytes accessed, which chunking changes.
     """
     config = self.config
-    if layers.inference_chunk(config, config.max_len, deterministic=True) is None:
+    if inference_chunks.inference_chunk(config, config.max_len, deterministic=True) is None:
       return cost_analysis(compiled)
     one_pass = ForwardPass(dataclasses.replace(config, inference_chunk=0)).compile(batch)
     return {'flops': cost_analysis(one_pass)['flops'], 'bytes_accessed': None}

@@ -4,7 +4,7 @@
 budget and the output folder of `python -m linformer_jax.benchmark`; each
 field is also the command's flag (`settings_flags`), and every invalid value
 raises a ConfigError naming the flag. How the cells are measured is
-`analysis.benchmark`.
+`linformer_jax.benchmark`.
 """
 
 import dataclasses

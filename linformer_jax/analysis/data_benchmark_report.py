@@ -22,7 +22,7 @@ def flag_value(value: Any) -> str:
   return repr(value.to_dict() if isinstance(value, ml_collections.ConfigDict) else value)
 
 
-def config_flags(config_path: str, overrides: Mapping[str, Any]) -> List[str]:
+def config_arguments(config_path: str, overrides: Mapping[str, Any]) -> List[str]:
   """--config and --config.FIELD=VALUE arguments that give `overrides`."""
   return ['--config', config_path] + [
       f'--config.{key}={flag_value(value)}' for key, value in overrides.items()
@@ -110,7 +110,7 @@ def _cell(entry: Mapping[str, Any], path: str, template: str) -> str:
 def markdown_table(results: Mapping[str, Any]) -> str:
   """The report: a header line, then a row per measure and a column per size."""
   machine, settings = results['machine'], results['settings']
-  flags = config_flags(settings['config_path'], settings['config_overrides'])
+  flags = config_arguments(settings['config_path'], settings['config_overrides'])
   header = (
       f'Machine: {machine["cpus"]} CPUs ({machine["physical_cpus"]} physical, '
       f'{machine["cpu_model"]}), {machine["ram_gib"]:.1f} GiB RAM. Settings: {" ".join(flags)}, '

@@ -1,7 +1,7 @@
 """The training loader's rate and the CPU it takes: tokens/s, and tokens/s per core.
 
 The data benchmark's loader stage (`data_benchmark`) times
-`pretraining.create_train_iterator` with masking, as a training run reads it,
+`packed_batches.create_train_iterator` with masking, as a training run reads it,
 under loader settings (grain worker processes, read threads, prefetch).
 
 Tokens are positions of the masked batches, padding included. The rate is
@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Sequence
 import psutil
 
 from linformer_jax.data import masked_lm
-from linformer_jax.data import pretraining
+from linformer_jax.data import packed_batches
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
 
@@ -95,7 +95,7 @@ def loader_throughput(
     seed: int = 0,
     setting: LoaderSetting = LoaderSetting(),
 ) -> Dict[str, float]:
-  """Masked training batches of `pretraining.create_train_iterator`, timed here.
+  """Masked training batches of `packed_batches.create_train_iterator`, timed here.
 
   Args:
     source: packed sequences [num_sequences, seq_len]: an array, or a grain
@@ -111,7 +111,7 @@ def loader_throughput(
     sequences_per_s, tokens_per_s (positions, padding included), batches,
     seconds, cpu_seconds (of the process tree), cores_used, tokens_per_core_s.
   """
-  iterator = pretraining.create_train_iterator(
+  iterator = packed_batches.create_train_iterator(
       source,
       batch_size=batch_size,
       seed=seed,

@@ -3,8 +3,8 @@
 A checkpoint folder in the Hugging Face layout holds `config.json`,
 `model.safetensors` (or shards listed in `model.safetensors.index.json`) and
 `tokenizer.json`. `read_folder` reads and checks it; `model_fields` gives the
-`config.model` fields of its architecture; `to_params` maps every tensor onto
-the parameters of `models.MaskedLanguageModel`.
+`config.model` fields of its architecture; `hf_tensors.to_params` maps every
+tensor onto the parameters of `models.MaskedLanguageModel`.
 
 Both architectures are the post-LN encoder of `models.Encoder` with the
 masked-LM head of `models.MaskedLanguageModel` (dense, exact GELU, layer norm,
@@ -25,7 +25,7 @@ that is not the embedding, cross-attention.
 import dataclasses
 import json
 import pathlib
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 import safetensors.numpy
@@ -46,59 +46,6 @@ TOKENIZER_CONFIG_ROLES = {
     'mask_token': 'mask_id',
     'unk_token': 'unk_id',
 }
-
-# How a tensor's layout (torch's Linear is [out, in]) becomes a parameter's:
-#   same       as it is
-#   linear     [out, in] -> [in, out]
-#   heads_in   [heads * head_dim, hidden] -> [hidden, heads, head_dim]
-#   heads_bias [heads * head_dim] -> [heads, head_dim]
-#   heads_out  [hidden, heads * head_dim] -> [heads, head_dim, hidden]
-#   positions  rows offset .. offset + max_len - 1 of the position table
-LAYOUTS = ('same', 'linear', 'heads_in', 'heads_bias', 'heads_out', 'positions')
-
-
-# (checkpoint name after 'roberta.' or 'bert.', parameter path, layout).
-EMBEDDING_TENSORS = (
-    ('embeddings.word_embeddings.weight', ('encoder', 'token_embedding', 'embedding'), 'same'),
-    ('embeddings.position_embeddings.weight', ('encoder', 'position_embedding'), 'positions'),
-    ('embeddings.token_type_embeddings.weight', ('encoder', 'segment_embedding'), 'same'),
-    ('embeddings.LayerNorm.weight', ('encoder', 'embedding_norm', 'scale'), 'same'),
-    ('embeddings.LayerNorm.bias', ('encoder', 'embedding_norm', 'bias'), 'same'),
-)
-# (name after 'encoder.layer.I.', path after ('encoder', 'layers_I'), layout).
-LAYER_TENSORS = tuple(
-    (f'attention.self.{name}.{kind}', ('attention', name, param), layout)
-    for name in ('query', 'key', 'value')
-    for kind, param, layout in (('weight', 'kernel', 'heads_in'), ('bias', 'bias', 'heads_bias'))
-) + (
-    ('attention.output.dense.weight', ('attention', 'out', 'kernel'), 'heads_out'),
-    ('attention.output.dense.bias', ('attention', 'out', 'bias'), 'same'),
-    ('attention.output.LayerNorm.weight', ('attention_norm', 'scale'), 'same'),
-    ('attention.output.LayerNorm.bias', ('attention_norm', 'bias'), 'same'),
-    ('intermediate.dense.weight', ('mlp', 'wi', 'kernel'), 'linear'),
-    ('intermediate.dense.bias', ('mlp', 'wi', 'bias'), 'same'),
-    ('output.dense.weight', ('mlp', 'wo', 'kernel'), 'linear'),
-    ('output.dense.bias', ('mlp', 'wo', 'bias'), 'same'),
-    ('output.LayerNorm.weight', ('mlp_norm', 'scale'), 'same'),
-    ('output.LayerNorm.bias', ('mlp_norm', 'bias'), 'same'),
-)
-# (key of `_head_names`, parameter path, layout).
-HEAD_TENSORS = (
-    ('dense.weight', ('mlm_dense', 'kernel'), 'linear'),
-    ('dense.bias', ('mlm_dense', 'bias'), 'same'),
-    ('norm.weight', ('mlm_norm', 'scale'), 'same'),
-    ('norm.bias', ('mlm_norm', 'bias'), 'same'),
-    ('bias', ('mlm_bias',), 'same'),
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class Tensor:
-  """One checkpoint tensor and the parameter it becomes."""
-
-  name: str  # the tensor's name in the checkpoint
-  path: Tuple[str, ...]  # the parameter's path in MaskedLanguageModel's params
-  layout: str  # one of LAYOUTS
 
 
 @dataclasses.dataclass
@@ -137,7 +84,8 @@ class Checkpoint:
     return self.config['max_position_embeddings'] - self.position_offset
 
 
-def _fail(folder: pathlib.Path, message: str) -> ConfigError:
+def fail(folder: pathlib.Path, message: str) -> ConfigError:
+  """The one-line error about a checkpoint folder: '--from=FOLDER: message'."""
   return ConfigError(f'--from={folder}: {message}')
 
 
@@ -145,14 +93,14 @@ def _read_json(folder: pathlib.Path, name: str) -> Dict[str, Any]:
   try:
     return json.loads((folder / name).read_text())
   except (OSError, ValueError) as error:
-    raise _fail(folder, f'cannot read {name} ({error}).') from None
+    raise fail(folder, f'cannot read {name} ({error}).') from None
 
 
 def _check_config(folder: pathlib.Path, hf_fields: Mapping[str, Any]) -> str:
   """The architecture of config.json; ConfigError for one this import cannot map exactly."""
   architecture = hf_fields.get('model_type')
   if architecture not in ARCHITECTURES:
-    raise _fail(
+    raise fail(
         folder,
         f'unsupported architecture model_type={architecture!r} '
         f'({", ".join(hf_fields.get("architectures") or [])}); the import reads '
@@ -183,7 +131,7 @@ def _check_config(folder: pathlib.Path, hf_fields: Mapping[str, Any]) -> str:
   )
   for refused, why in refusals:
     if refused:
-      raise _fail(folder, f'unsupported architecture: {why}.')
+      raise fail(folder, f'unsupported architecture: {why}.')
   for field in (
       'vocab_size',
       'hidden_size',
@@ -195,7 +143,7 @@ def _check_config(folder: pathlib.Path, hf_fields: Mapping[str, Any]) -> str:
       'layer_norm_eps',
   ):
     if field not in hf_fields:
-      raise _fail(folder, f'config.json has no {field}; it is not a {architecture} config.')
+      raise fail(folder, f'config.json has no {field}; it is not a {architecture} config.')
   return architecture
 
 
@@ -205,7 +153,7 @@ def _read_tensors(folder: pathlib.Path) -> Dict[str, np.ndarray]:
   elif (folder / WEIGHTS_INDEX_FILE).exists():
     files = sorted(set(_read_json(folder, WEIGHTS_INDEX_FILE).get('weight_map', {}).values()))
   else:
-    raise _fail(
+    raise fail(
         folder,
         f'no {WEIGHTS_FILE}; save the model with safetensors (save_pretrained does by default).',
     )
@@ -214,7 +162,7 @@ def _read_tensors(folder: pathlib.Path) -> Dict[str, np.ndarray]:
     try:
       tensors.update(safetensors.numpy.load_file(str(folder / name)))
     except (OSError, ValueError) as error:
-      raise _fail(folder, f'cannot read {name} ({error}).') from None
+      raise fail(folder, f'cannot read {name} ({error}).') from None
   renamed = {}
   for name, array in tensors.items():
     if name.endswith('LayerNorm.gamma'):
@@ -237,13 +185,13 @@ def _check_tokenizer(
 ) -> None:
   """ConfigError unless the tokenizer fits the model and its own tokenizer_config.json."""
   if tokenizer.vocab_size != hf_fields['vocab_size']:
-    raise _fail(
+    raise fail(
         folder,
         f'tokenizer.json has {tokenizer.vocab_size} tokens, config.json vocab_size='
         f'{hf_fields["vocab_size"]}; the tokenizer does not belong to these weights.',
     )
   if hf_fields.get('pad_token_id') is not None and hf_fields['pad_token_id'] != tokenizer.pad_id:
-    raise _fail(
+    raise fail(
         folder,
         f'config.json has pad_token_id={hf_fields["pad_token_id"]}, tokenizer.json pads with '
         f'{tokenizer.pad_id}; the tokenizer does not belong to these weights.',
@@ -254,7 +202,7 @@ def _check_tokenizer(
   for key, role in TOKENIZER_CONFIG_ROLES.items():
     token = _token_of(settings.get(key))
     if token is not None and tokenizer.token_id(token) != getattr(tokenizer, role):
-      raise _fail(
+      raise fail(
           folder,
           f'{TOKENIZER_CONFIG_FILE} names {key}={token!r}, but the tokenizer gives that role '
           f'to id {getattr(tokenizer, role)}; a tokenizer of another layout is not supported.',
@@ -270,13 +218,13 @@ def read_folder(folder: str) -> Checkpoint:
   """
   path = pathlib.Path(folder)
   if not path.is_dir():
-    raise _fail(
+    raise fail(
         path,
         'no such folder; give a folder with config.json, model.safetensors and tokenizer.json.',
     )
   for name in (CONFIG_FILE, tokenizer_lib.HUGGINGFACE_FILENAME):
     if not (path / name).exists():
-      raise _fail(path, f'the folder has no {name}.')
+      raise fail(path, f'the folder has no {name}.')
   config = _read_json(path, CONFIG_FILE)
   architecture = _check_config(path, config)
   tokenizer = tokenizer_lib.HuggingFaceTokenizer(str(path / tokenizer_lib.HUGGINGFACE_FILENAME))
@@ -299,155 +247,3 @@ def model_fields(checkpoint: Checkpoint) -> Dict[str, Any]:
       'pre_layer_norm': False,
       'causal': False,
   }
-
-
-def tensor_map(checkpoint: Checkpoint) -> List[Tensor]:
-  """Every checkpoint tensor the masked-LM model takes, and where it goes."""
-  prefix, head = checkpoint.prefix, _head_names(checkpoint.architecture)
-  tensors = [Tensor(prefix + name, path, layout) for name, path, layout in EMBEDDING_TENSORS]
-  for i in range(checkpoint.config['num_hidden_layers']):
-    tensors += [
-        Tensor(f'{prefix}encoder.layer.{i}.{name}', ('encoder', f'layers_{i}') + path, layout)
-        for name, path, layout in LAYER_TENSORS
-    ]
-  return tensors + [Tensor(head[name], path, layout) for name, path, layout in HEAD_TENSORS]
-
-
-def _head_names(architecture: str) -> Dict[str, str]:
-  """The masked-LM head's tensor names; 'decoder.*' are the tied copies."""
-  if architecture == 'roberta':
-    names = dict(dense='lm_head.dense', norm='lm_head.layer_norm', bias='lm_head.bias')
-    names['decoder'] = 'lm_head.decoder'
-  else:
-    names = dict(
-        dense='cls.predictions.transform.dense',
-        norm='cls.predictions.transform.LayerNorm',
-        bias='cls.predictions.bias',
-        decoder='cls.predictions.decoder',
-    )
-  return {
-      'dense.weight': f'{names["dense"]}.weight',
-      'dense.bias': f'{names["dense"]}.bias',
-      'norm.weight': f'{names["norm"]}.weight',
-      'norm.bias': f'{names["norm"]}.bias',
-      'bias': names['bias'],
-      'decoder.weight': f'{names["decoder"]}.weight',
-      'decoder.bias': f'{names["decoder"]}.bias',
-  }
-
-
-def unused_tensors(checkpoint: Checkpoint) -> List[str]:
-  """Tensors a masked LM has no use for: BERT's pooler and next-sentence head,
-  saved position-id buffers and the tied decoder's copies (checked equal).
-
-  Raises:
-    ConfigError: a tensor that is neither mapped nor one of these.
-  """
-  mapped = {tensor.name for tensor in tensor_map(checkpoint)}
-  head = _head_names(checkpoint.architecture)
-  tied = {head['decoder.weight'], head['decoder.bias']}
-  unused, unknown = [], []
-  for name in sorted(checkpoint.tensors):
-    if name in mapped:
-      continue
-    if (
-        name in tied
-        or name.startswith((f'{checkpoint.prefix}pooler.', 'cls.seq_relationship.'))
-        or name.endswith('position_ids')
-    ):
-      unused.append(name)
-    else:
-      unknown.append(name)
-  if unknown:
-    raise _fail(
-        checkpoint.folder,
-        f'unsupported architecture: {len(unknown)} tensor(s) this import cannot map, e.g. '
-        f'{unknown[0]}.',
-    )
-  return unused
-
-
-def _check_tied(checkpoint: Checkpoint) -> None:
-  """ConfigError if the saved decoder differs from the embedding and its bias."""
-  head, tensors = _head_names(checkpoint.architecture), checkpoint.tensors
-  pairs = (
-      (head['decoder.weight'], f'{checkpoint.prefix}embeddings.word_embeddings.weight'),
-      (head['decoder.bias'], head['bias']),
-  )
-  for copy, original in pairs:
-    if (
-        copy in tensors
-        and original in tensors
-        and not np.array_equal(tensors[copy], tensors[original])
-    ):
-      raise _fail(
-          checkpoint.folder,
-          f'unsupported architecture: {copy} differs from {original}; this model ties its '
-          'decoder to the token embedding.',
-      )
-
-
-def _checkpoint_shape(tensor: Tensor, target: Tuple[int, ...], rows: int) -> Tuple[int, ...]:
-  """The shape a tensor must have in the checkpoint to give a parameter of shape `target`."""
-  if tensor.layout == 'linear':
-    return target[::-1]
-  if tensor.layout == 'heads_in':
-    return (target[1] * target[2], target[0])
-  if tensor.layout == 'heads_bias':
-    return (target[0] * target[1],)
-  if tensor.layout == 'heads_out':
-    return (target[2], target[0] * target[1])
-  if tensor.layout == 'positions':
-    return (rows, target[1])
-  return target
-
-
-def _convert(tensor: Tensor, array: np.ndarray, target: Tuple[int, ...], offset: int) -> np.ndarray:
-  """The checkpoint array as the parameter of shape `target`, float32."""
-  array = np.asarray(array, np.float32)
-  if tensor.layout == 'linear':
-    return array.T
-  if tensor.layout in ('heads_in', 'heads_out'):
-    return array.T.reshape(target)
-  if tensor.layout == 'heads_bias':
-    return array.reshape(target)
-  if tensor.layout == 'positions':
-    return array[offset : offset + target[0]]
-  return array
-
-
-def to_params(checkpoint: Checkpoint, target_shapes: Mapping[Tuple[str, ...], Tuple[int, ...]]):
-  """The checkpoint's tensors as parameters: parameter path -> float32 array.
-
-  Args:
-    checkpoint: the read checkpoint.
-    target_shapes: path -> shape of every parameter of the masked-LM model
-      (built with `model_fields`).
-
-  Raises:
-    ConfigError: a tensor is missing, or its shape is not the one config.json
-      implies, or the decoder is untied.
-  """
-  _check_tied(checkpoint)
-  head = _head_names(checkpoint.architecture)
-  params = {}
-  for tensor in tensor_map(checkpoint):
-    name = tensor.name
-    if name == head['bias'] and name not in checkpoint.tensors:
-      name = head['decoder.bias']  # saved under its tied name only
-    if name not in checkpoint.tensors:
-      raise _fail(
-          checkpoint.folder,
-          f'the weights have no tensor {tensor.name} (a checkpoint without the masked-LM head, '
-          'e.g. a bare encoder, cannot be imported).',
-      )
-    array, target = checkpoint.tensors[name], tuple(target_shapes[tensor.path])
-    expected = _checkpoint_shape(tensor, target, checkpoint.config['max_position_embeddings'])
-    if tuple(array.shape) != expected:
-      raise _fail(
-          checkpoint.folder,
-          f'tensor {name} has shape {tuple(array.shape)}, but config.json implies {expected}; '
-          'the weights do not match config.json.',
-      )
-    params[tensor.path] = _convert(tensor, array, target, checkpoint.position_offset)
-  return params

@@ -4,7 +4,7 @@ and its parameters.
 `resolve_source` finds the checkpoint folder (a path, or a hub name it
 downloads); `imported_config` puts the checkpoint's model fields and tokenizer
 on top of a run's config; `params_with` places the converted tensors
-(`hf_checkpoint.to_params`) into the model's parameter tree, leaving the
+(`hf_tensors.to_params`) into the model's parameter tree, leaving the
 sequence projections E/F, which no checkpoint holds, to the model's own
 initialisation.
 """
@@ -81,7 +81,7 @@ def params_with(
 
   Args:
     abstract: the model's parameters as `jax.ShapeDtypeStruct` leaves.
-    imported: parameter path -> array, as `hf_checkpoint.to_params` gives.
+    imported: parameter path -> array, as `hf_tensors.to_params` gives.
 
   Raises:
     ValueError: a parameter neither imported nor a sequence projection.

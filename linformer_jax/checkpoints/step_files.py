@@ -1,5 +1,7 @@
-"""The files of saved checkpoints: integrity manifests, damaged steps, full
-disks, and whether a step's arrays fit the arrays a run wants.
+"""The files of saved checkpoints: integrity manifests, damaged steps, and the
+steps a run protects or moves aside when it goes back. (A full disk is
+`full_disk`'s; whether a step's arrays fit the arrays a run wants is
+`orbax_items`'s.)
 
 Orbax writes a step into `STEP.orbax-checkpoint-tmp` and renames it to `STEP`
 once every item is written. Just before that rename (on the primary process,
@@ -21,10 +23,8 @@ arrays, the data-iterator state and the config are all inside it.
 import dataclasses
 import hashlib
 import json
-import logging as python_logging
 import os
-import shutil
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 from absl import logging
 import jax
@@ -32,8 +32,6 @@ from jax.experimental import multihost_utils
 
 from linformer_jax import storage
 from linformer_jax.errors import ConfigError
-from linformer_jax.errors import free_space_of
-from linformer_jax.errors import is_disk_full
 
 MANIFEST_FILE = 'integrity.json'
 # Where a run's damaged step folders are moved, beside its checkpoints folder.
@@ -245,72 +243,6 @@ def move_diverged_steps(directory: str, steps: List[int], back_to: int) -> None:
     multihost_utils.sync_global_devices('linformer_jax: newer checkpoints moved aside')
 
 
-class _DiskFullRecords(python_logging.Filter):
-  """Drops log records about a full disk (orbax logs one per failed write,
-  with its traceback, from its background threads); the run reports the
-  failure itself, in one line."""
-
-  def filter(self, record: python_logging.LogRecord) -> bool:
-    error = record.exc_info[1] if record.exc_info else None
-    if error is not None and is_disk_full(error):
-      return False
-    return not is_disk_full(str(record.msg))
-
-
-def quiet_disk_full_logs() -> None:
-  """Installs `_DiskFullRecords` on the loggers orbax and asyncio write to."""
-  for name in ('absl', 'asyncio'):
-    logger = python_logging.getLogger(name)
-    if not any(isinstance(existing, _DiskFullRecords) for existing in logger.filters):
-      logger.addFilter(_DiskFullRecords())
-
-
-def _leaf_name(path: Tuple[str, ...]) -> str:
-  return '/'.join(path)
-
-
-def check_arrays_match(
-    stored: Dict[Tuple[str, ...], Any],
-    wanted: Dict[Tuple[str, ...], Any],
-    *,
-    directory: str,
-    step: int,
-    advice: str,
-) -> None:
-  """Raises ConfigError unless a checkpoint's arrays are exactly those wanted.
-
-  Orbax's own errors for a mismatch name neither the leaf nor the cause, so
-  shapes and structure are compared here, before anything is read.
-
-  Args:
-    stored: path -> array metadata (with `.shape`) of the checkpoint's arrays
-      under the paths compared.
-    wanted: path -> the `jax.ShapeDtypeStruct` wanted there.
-    directory: the checkpoint directory, for the messages.
-    step: the checkpoint's step, for the messages.
-    advice: what the user should change, ending every message.
-  """
-  where = f'the checkpoint of step {step} in {directory}'
-  for path, leaf in wanted.items():
-    if path not in stored:
-      raise ConfigError(
-          f'{where} has no array {_leaf_name(path)!r} (expected shape '
-          f'{tuple(leaf.shape)}): {advice}.'
-      )
-    stored_shape = tuple(stored[path].shape)
-    if stored_shape != tuple(leaf.shape):
-      raise ConfigError(
-          f'{where} holds {_leaf_name(path)!r} with shape {stored_shape}, '
-          f'but shape {tuple(leaf.shape)} was expected: {advice}.'
-      )
-  unexpected = sorted(set(stored) - set(wanted))
-  if unexpected:
-    raise ConfigError(
-        f'{where} holds array {_leaf_name(unexpected[0])!r} that the '
-        f'model does not have: {advice}.'
-    )
-
-
 def capitalized(text: str) -> str:
   """`text` with its first letter in upper case."""
   return text[:1].upper() + text[1:]
@@ -414,39 +346,3 @@ def set_aside_damaged_steps(inspector: StepInspector) -> None:
         f'moved to {DAMAGED_FOLDER}/ beside it. Run the same command again to start the run '
         'from step 0, or use another --workdir.'
     )
-
-
-def room_shortfall(directory: str, steps: List[int], state: Any) -> Optional[int]:
-  """The bytes a new checkpoint needs if the disk lacks room for it, else None.
-
-  A checkpoint takes about what the newest sealed one of `steps` took, or,
-  before there is one, the arrays of `state`; 10% and 1 MiB are kept spare.
-  """
-  if storage.is_object_store(directory):
-    return None  # no disk of this machine's to fill
-  needed = None
-  for step in sorted(steps, reverse=True):
-    needed = recorded_bytes(os.path.join(directory, str(step)))
-    if needed:
-      break
-  if not needed:
-    needed = sum(getattr(leaf, 'nbytes', 0) for leaf in jax.tree_util.tree_leaves(state))
-  folder = directory if os.path.isdir(directory) else os.path.dirname(directory)
-  try:
-    free = shutil.disk_usage(folder).free
-  except OSError:
-    return None
-  return needed if free < needed * 1.1 + (1 << 20) else None
-
-
-def full_disk_message(directory: str, step: int, kept: List[int], need: str = '') -> str:
-  """The one line saying that saving `step` failed on a full disk, and where
-  the run resumes once there is room."""
-  kept = [other for other in kept if other != step]
-  resume = f' from step {kept[-1]}' if kept else ''
-  need = f'; {need}' if need else ''
-  return (
-      f'Cannot save the checkpoint of step {step} in {directory}: the disk is full '
-      f'({free_space_of(directory)}{need}). Free space or move the workdir to a larger disk, '
-      f'then run the same command to resume{resume}.'
-  )

@@ -1,7 +1,9 @@
 """Checkpoints of a training run, written and read with orbax.
 
-This is the project's only module that imports orbax. A checkpoint of one step
-holds three items:
+Orbax is imported only here, in `orbax_items` (each item's handlers, the
+check of stored arrays against the wanted ones) and in `partial_restore`
+(parts of another run's checkpoint, read without a store). A checkpoint of
+one step holds three items:
 
 * `state`: the train state (parameters, optimizer state, step, constants), a
   pytree of arrays restored onto whatever shardings the caller asks for, so a
@@ -14,7 +16,8 @@ Every step folder is sealed with a manifest of its files' sizes and sha256
 (`step_files`), written just before orbax renames it into place, and
 checked before the step is read: a damaged step is never restored. The run that
 owns the folder moves damaged steps aside and continues from the newest intact
-one; readers skip them.
+one; readers skip them. A save that would not fit on the disk, or that meets
+a full disk, stops the run with one line (`full_disk`).
 
 A step can be protected (`protect`), so that it outlives the newest `keep`:
 the run protects its newest checkpoint from before a loss spike
@@ -36,26 +39,18 @@ import jax
 import orbax.checkpoint as ocp
 
 from linformer_jax import storage
+from linformer_jax.checkpoints import full_disk
 from linformer_jax.checkpoints import json_items
+from linformer_jax.checkpoints import orbax_items
 from linformer_jax.checkpoints import step_files
-from linformer_jax.errors import ConfigError
 from linformer_jax.errors import StorageError
 from linformer_jax.errors import is_disk_full
 
 PyTree = Any
 DataState = json_items.DataState
 
-_STATE = 'state'
-_DATA_STATE = 'data_state'
-_CONFIG = 'config'
-_ITEMS = [_STATE, _DATA_STATE, _CONFIG]
-
 _OTHER_WORKDIR_ADVICE = (
     'the workdir holds a run with a different model config; use another --workdir'
-)
-_INIT_FROM_ADVICE = (
-    'config.init_from points to a run with a different model '
-    'config; make the model configs match or drop init_from'
 )
 
 
@@ -74,48 +69,6 @@ class _ProtectedSteps(ocp.checkpoint_managers.PreservationPolicy):
   def should_preserve(self, checkpoints: Sequence[Any], *, context: Any) -> Sequence[bool]:
     del context
     return [checkpoint.step in self.steps for checkpoint in checkpoints]
-
-
-def _handler_registry() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
-  """The orbax handler of each item.
-
-  Registered up front, rather than learned from the first save, so that a
-  store opened on an existing directory can read metadata and restore before
-  it has saved anything. `PyTreeRestore` serves partial restores (params only).
-  """
-  registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
-  for args_type in (ocp.args.StandardSave, ocp.args.StandardRestore, ocp.args.PyTreeRestore):
-    registry.add(_STATE, args_type)
-  for item in (_DATA_STATE, _CONFIG):
-    registry.add(item, ocp.args.JsonSave)
-    registry.add(item, ocp.args.JsonRestore)
-  return registry
-
-
-def _stored_and_wanted(
-    stored_tree: PyTree, abstract: PyTree, prefix: Tuple[str, ...]
-) -> Tuple[Dict[Tuple[str, ...], Any], Dict[Tuple[str, ...], Any]]:
-  """The checkpoint's array metadata under `prefix` and the arrays of
-  `abstract` (placed at `prefix`), both flat: path -> leaf."""
-  stored = {
-      path: meta
-      for path, meta in ocp.tree.to_flat_dict(stored_tree).items()
-      if path[: len(prefix)] == prefix
-  }
-  wanted = {}
-  for keypath, leaf in jax.tree_util.tree_flatten_with_path(abstract)[0]:
-    path = prefix + ocp.tree.str_keypath(keypath)
-    if getattr(leaf, 'sharding', None) is None:
-      raise ValueError(
-          f'abstract leaf {"/".join(path)!r} has no sharding; pass '
-          'jax.ShapeDtypeStruct leaves with sharding= set.'
-      )
-    wanted[path] = leaf
-  return stored, wanted
-
-
-def _state_metadata(manager: ocp.CheckpointManager, step: int) -> PyTree:
-  return manager.item_metadata(step)[_STATE].tree
 
 
 class CheckpointStore:
@@ -152,8 +105,8 @@ class CheckpointStore:
     self._async_save = async_save
     self._saving: Optional[int] = None
     self._failed = False
-    self._inspector = step_files.StepInspector(self.directory, _ITEMS)
-    step_files.quiet_disk_full_logs()
+    self._inspector = step_files.StepInspector(self.directory, orbax_items.ITEMS)
+    full_disk.quiet_disk_full_logs()
     if owner:
       step_files.remove_temporary_folders(self.directory)
       step_files.set_aside_damaged_steps(self._inspector)
@@ -172,7 +125,7 @@ class CheckpointStore:
         cleanup_tmp_directories=False,
     )
     self._manager = ocp.CheckpointManager(
-        self.directory, options=options, handler_registry=_handler_registry()
+        self.directory, options=options, handler_registry=orbax_items.handler_registry()
     )
 
   def _seal(self) -> None:
@@ -271,9 +224,9 @@ class CheckpointStore:
     self._inspector.trusted.add(step)
     items = ocp.args.Composite(
         **{
-            _STATE: ocp.args.StandardSave(state),
-            _DATA_STATE: ocp.args.JsonSave(json_items.encode_data_state(data_state)),
-            _CONFIG: ocp.args.JsonSave(json_items.json_copy(config, 'config')),
+            orbax_items.STATE: ocp.args.StandardSave(state),
+            orbax_items.DATA_STATE: ocp.args.JsonSave(json_items.encode_data_state(data_state)),
+            orbax_items.CONFIG: ocp.args.JsonSave(json_items.json_copy(config, 'config')),
         }
     )
     saved = self._surfacing_full_disk(lambda: self._manager.save(step, args=items, force=force))
@@ -302,8 +255,9 @@ class CheckpointStore:
     """
     self.wait()
     step = self._inspector.step_to_read(self._manager.all_steps(), step)
-    step_files.check_arrays_match(
-        *_stored_and_wanted(_state_metadata(self._manager, step), abstract_state, ()),
+    metadata = orbax_items.state_metadata(self._manager, step)
+    orbax_items.check_arrays_match(
+        *orbax_items.stored_and_wanted(metadata, abstract_state, ()),
         directory=self.directory,
         step=step,
         advice=_OTHER_WORKDIR_ADVICE,
@@ -312,26 +266,26 @@ class CheckpointStore:
         step,
         args=ocp.args.Composite(
             **{
-                _STATE: ocp.args.StandardRestore(abstract_state),
-                _DATA_STATE: ocp.args.JsonRestore(),
-                _CONFIG: ocp.args.JsonRestore(),
+                orbax_items.STATE: ocp.args.StandardRestore(abstract_state),
+                orbax_items.DATA_STATE: ocp.args.JsonRestore(),
+                orbax_items.CONFIG: ocp.args.JsonRestore(),
             }
         ),
     )
     return (
         step,
-        restored[_STATE],
-        json_items.decode_data_state(restored[_DATA_STATE]),
-        restored[_CONFIG],
+        restored[orbax_items.STATE],
+        json_items.decode_data_state(restored[orbax_items.DATA_STATE]),
+        restored[orbax_items.CONFIG],
     )
 
   def restore_config(self, step: Optional[int] = None) -> Dict[str, Any]:
     """The config saved with a checkpoint (the newest when step is None)."""
-    return self._restore_json(_CONFIG, step)
+    return self._restore_json(orbax_items.CONFIG, step)
 
   def restore_data_state(self, step: Optional[int] = None) -> DataState:
     """The data state saved with a checkpoint (the newest when step is None)."""
-    return json_items.decode_data_state(self._restore_json(_DATA_STATE, step))
+    return json_items.decode_data_state(self._restore_json(orbax_items.DATA_STATE, step))
 
   def _restore_json(self, item: str, step: Optional[int]) -> Any:
     self.wait()
@@ -341,116 +295,13 @@ class CheckpointStore:
     )
     return restored[item]
 
-  @staticmethod
-  def restore_params(
-      directory_or_workdir: str, abstract_params: PyTree, step: Optional[int] = None
-  ) -> PyTree:
-    """Reads only the parameters of another run's checkpoint (for init_from).
-
-    Args:
-      directory_or_workdir: the other run's workdir or its checkpoint
-        directory.
-      abstract_params: the parameters' structure as `jax.ShapeDtypeStruct`
-        leaves with `sharding` set.
-      step: the step to read; the newest one when None.
-
-    Returns:
-      The parameters, placed on the shardings of abstract_params.
-
-    Raises:
-      ConfigError (a ValueError): no checkpoint there, or its parameters do
-        not fit abstract_params.
-    """
-    return CheckpointStore.restore_subtrees(
-        directory_or_workdir, {('params',): abstract_params}, step=step
-    )[('params',)]
-
-  @staticmethod
-  def restore_subtrees(
-      directory_or_workdir: str,
-      subtrees: Dict[Tuple[str, ...], PyTree],
-      step: Optional[int] = None,
-      advice: str = _INIT_FROM_ADVICE,
-  ) -> Dict[Tuple[str, ...], PyTree]:
-    """Reads chosen parts of another run's train state, e.g. its encoder.
-
-    Args:
-      directory_or_workdir: the other run's workdir or its checkpoint
-        directory.
-      subtrees: path in the stored train state -> the structure wanted there
-        as `jax.ShapeDtypeStruct` leaves with `sharding` set, e.g.
-        {('params', 'encoder'): abstract_encoder_params}. Under each path the
-        stored arrays must be exactly those wanted, with the same shapes;
-        everything outside the paths is ignored.
-      step: the step to read; the newest one when None.
-      advice: what the user should change, ending every error message.
-
-    Returns:
-      path -> the restored arrays, placed on the wanted shardings.
-
-    Raises:
-      ConfigError (a ValueError): no checkpoint there, or an array is missing,
-        extra or of another shape (the message names it).
-    """
-    directory = storage.location(os.fspath(directory_or_workdir))
-    if storage.isdir(os.path.join(directory, 'checkpoints')):
-      directory = os.path.join(directory, 'checkpoints')
-    if not storage.isdir(directory):
-      raise ConfigError(
-          f'{directory_or_workdir} is not a run directory; '
-          "config.init_from must name a finished run's workdir."
-      )
-    manager = ocp.CheckpointManager(
-        directory,
-        # Never saves, so it changes nothing; orbax's read_only mode would
-        # print three warnings before any error message.
-        options=ocp.CheckpointManagerOptions(create=False),
-        handler_registry=_handler_registry(),
-    )
-    try:
-      step = step_files.StepInspector(directory, _ITEMS).step_to_read(manager.all_steps(), step)
-      metadata = _state_metadata(manager, step)
-      target: Dict[str, Any] = {}
-      for path, abstract in subtrees.items():
-        step_files.check_arrays_match(
-            *_stored_and_wanted(metadata, abstract, path),
-            directory=directory,
-            step=step,
-            advice=advice,
-        )
-        node = target
-        for key in path[:-1]:
-          node = node.setdefault(key, {})
-        node[path[-1]] = abstract
-      restored = manager.restore(
-          step,
-          args=ocp.args.Composite(
-              **{
-                  _STATE: ocp.args.PyTreeRestore(
-                      item=target,
-                      restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-                      partial_restore=True,
-                  ),
-              }
-          ),
-      )
-    finally:
-      manager.close()
-    out = {}
-    for path in subtrees:
-      node = restored[_STATE]
-      for key in path:
-        node = node[key]
-      out[path] = node
-    return out
-
   def _check_space(self, step: int, state: PyTree) -> None:
     """StorageError, before anything is written, if the next checkpoint will
     not fit on the disk."""
-    needed = step_files.room_shortfall(self.directory, self._manager.all_steps(), state)
+    needed = full_disk.room_shortfall(self.directory, self._manager.all_steps(), state)
     if needed is not None:
       raise StorageError(
-          step_files.full_disk_message(
+          full_disk.full_disk_message(
               self.directory, step, self.all_steps(), f'it needs about {needed / 1e6:.1f} MB'
           )
       )
@@ -470,7 +321,7 @@ class CheckpointStore:
         shutil.rmtree(step_files.temporary_folder(self.directory, self._saving), ignore_errors=True)
       self._inspector.forget(self._saving)
       raise StorageError(
-          step_files.full_disk_message(self.directory, self._saving, self.all_steps())
+          full_disk.full_disk_message(self.directory, self._saving, self.all_steps())
       ) from None
 
   def check_for_errors(self) -> None:

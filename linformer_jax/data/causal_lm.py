@@ -27,9 +27,10 @@ Evaluation fills its last batch with all-padding rows of weight 0.
 import grain
 import numpy as np
 
+from linformer_jax.data import packed_batches
 from linformer_jax.data import pretraining
 
-Batch = pretraining.Batch
+Batch = packed_batches.Batch
 
 
 class NextTokenTargets(grain.transforms.Map):

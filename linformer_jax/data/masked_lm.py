@@ -22,11 +22,12 @@ from typing import Any, Dict
 import grain
 import numpy as np
 
+from linformer_jax.data import packed_batches
 from linformer_jax.data import pretraining
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
 
-Batch = pretraining.Batch
+Batch = packed_batches.Batch
 # RoBERTa's split of the chosen positions: replaced by <mask>, by a random
 # token, or left unchanged (the rest).
 MASK_TOKEN_SHARE = 0.8

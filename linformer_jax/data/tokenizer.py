@@ -6,23 +6,20 @@ token of every sequence, RoBERTa's <s>, BERT's [CLS]), `eos_id` (separator
 between documents and last token of a sequence, RoBERTa's </s>, BERT's [SEP])
 and `mask_id`. `special_ids` are never masked and never drawn as random
 replacements. Nothing downstream assumes an id: each comes from the tokenizer.
+The tokenizer a run keeps in its workdir is `linformer_jax.data.tokenizer_files`'s.
 """
 
 import abc
-import contextlib
 import hashlib
 import io
 import os
 import pathlib
-import shutil
-from typing import Any, Callable, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import sentencepiece as spm
 import tokenizers
 
-from linformer_jax import storage
-from linformer_jax.data import cache
 from linformer_jax.errors import ConfigError
 
 TOKENIZERS = ('sentencepiece', 'byte', 'huggingface')
@@ -267,159 +264,3 @@ def training_sentences(documents: Iterable[str]) -> Iterator[str]:
         line = line[cut:].lstrip()
       if line:
         yield line
-
-
-def vocab_size_of(data_config: Mapping[str, Any]) -> int:
-  """The vocabulary size of the tokenizer `workdir_tokenizer` gives, known
-  before it is trained: a SentencePiece model or a tokenizer.json has exactly
-  config.data.vocab_size tokens (loading or training one checks it)."""
-  if data_config['tokenizer'] == 'byte':
-    return ByteTokenizer.vocab_size
-  return data_config['vocab_size']
-
-
-def _load_checked(kind: str, model_path: pathlib.Path, vocab_size: int, advice: str) -> Tokenizer:
-  tokenizer = load_file(kind, str(model_path))
-  if tokenizer.vocab_size != vocab_size:
-    raise ConfigError(
-        f'config.data.vocab_size={vocab_size} differs from the vocabulary of '
-        f'{model_path} ({tokenizer.vocab_size}); set config.data.vocab_size='
-        f'{tokenizer.vocab_size} or {advice}.'
-    )
-  return tokenizer
-
-
-def _local_workdir(data_config: Mapping[str, Any], workdir: str, filename: str) -> str:
-  """`workdir` itself, or for a gs:// workdir its local mirror in the data
-  cache, holding a copy of the workdir's tokenizer file if it has one.
-
-  SentencePiece and the tokenizers library read local files only; the
-  tokenizer trained for a gs:// run is uploaded once kept.
-  """
-  if not storage.is_object_store(workdir):
-    return workdir
-  digest = hashlib.sha256(workdir.encode()).hexdigest()[:20]
-  mirror = cache.cache_root(data_config['cache_dir']) / 'workdirs' / digest
-  remote = storage.join(workdir, filename)
-  if storage.exists(remote):
-    mirror.mkdir(parents=True, exist_ok=True)
-    storage.copy_file(remote, str(mirror / filename))
-  return str(mirror)
-
-
-def run_tokenizer(data_config: Mapping[str, Any], workdir: str) -> Tokenizer:
-  """The tokenizer a finished run was trained with: bytes, or its
-  WORKDIR/tokenizer.model or tokenizer.json (never trained here)."""
-  kind = data_config['tokenizer']
-  if kind == 'byte':
-    return ByteTokenizer()
-  if kind not in FILENAMES:
-    raise ConfigError(
-        f'config.data.tokenizer={kind!r} has no text to encode; use one of {TOKENIZERS}.'
-    )
-  model_path = pathlib.Path(_local_workdir(data_config, workdir, FILENAMES[kind])) / FILENAMES[kind]
-  if not model_path.exists():
-    raise ConfigError(f'{workdir} has no {FILENAMES[kind]}; point --workdir at a trained run.')
-  return _load_checked(kind, model_path, data_config['vocab_size'], "use the run's own config")
-
-
-@contextlib.contextmanager
-def workdir_tokenizer(
-    data_config: Mapping[str, Any],
-    workdir: str,
-    train_documents_fn: Callable[[], Iterable[str]],
-    *,
-    pretrained_model: Optional[str] = None,
-) -> Iterator[Tokenizer]:
-  """The tokenizer `config.data.tokenizer` names, for the body of a `with`.
-
-  WORKDIR/tokenizer.model (or tokenizer.json) is loaded when it exists, so
-  token ids never change within a run. Otherwise a new one (a copy of
-  `pretrained_model`, or a SentencePiece model trained on
-  `train_documents_fn()`) is staged under a temporary name next to it and
-  renamed into place only when the block ends without an error: a run that
-  fails on its data leaves no tokenizer that a later run, maybe on other data,
-  would reuse. (Training is seeded, so a run killed before the rename trains
-  the same model again.) A tokenizer.json is never trained: it comes with an
-  imported checkpoint (`linformer_jax.import_checkpoint`).
-
-  Args:
-    data_config: `config.data`; reads `tokenizer` and `vocab_size`.
-    workdir: the run's directory; created for the staged model if missing, and
-      removed again (when empty) if the block fails.
-    train_documents_fn: returns the training documents; only called to train.
-    pretrained_model: a tokenizer file of the configured kind to copy instead
-      of training one.
-
-  Yields:
-    The tokenizer; a staged model's `model_path` moves to WORKDIR/FILENAME on
-    success.
-  """
-  kind = data_config['tokenizer']
-  if kind == 'byte':
-    yield ByteTokenizer()
-    return
-  if kind not in FILENAMES:
-    raise ConfigError(f'config.data.tokenizer={kind!r} is not allowed; use one of {TOKENIZERS}.')
-  vocab_size = data_config['vocab_size']
-  if not isinstance(vocab_size, int) or vocab_size < 8:
-    raise ConfigError(
-        f'config.data.vocab_size={vocab_size!r} is not allowed; use an int >= 8 (e.g. 8000).'
-    )
-  filename = FILENAMES[kind]
-  remote = workdir if storage.is_object_store(workdir) else None
-  model_path = pathlib.Path(_local_workdir(data_config, workdir, filename)) / filename
-  if model_path.exists():
-    yield _load_checked(kind, model_path, vocab_size, 'use a new workdir')
-    return
-  if kind == 'huggingface' and not pretrained_model:
-    raise ConfigError(
-        f"config.data.tokenizer='huggingface' reads {model_path}, which does not exist; import "
-        'a checkpoint there (python -m linformer_jax.import_checkpoint), or set '
-        'config.init_from to a run that has one.'
-    )
-  # Before the training (minutes on a real corpus) rather than after it; a
-  # gs:// run trains in its mirror in the data cache, checked with the cache.
-  if not remote:
-    storage.check_folder(workdir)
-  created = not model_path.parent.exists()
-  staged = model_path.with_name(f'{filename}.staged{os.getpid()}')
-  try:
-    if pretrained_model:
-      tokenizer = _load_checked(
-          kind,
-          pathlib.Path(pretrained_model),
-          vocab_size,
-          'fine-tune from a run of that vocabulary',
-      )
-      staged.parent.mkdir(parents=True, exist_ok=True)
-      shutil.copyfile(pretrained_model, staged)
-      tokenizer.model_path = str(staged)
-    else:
-      tokenizer = SentencePieceTokenizer.train(
-          training_sentences(train_documents_fn()), vocab_size, str(staged)
-      )
-    yield tokenizer
-  except BaseException:
-    staged.unlink(missing_ok=True)
-    if created and model_path.parent.is_dir() and not any(model_path.parent.iterdir()):
-      model_path.parent.rmdir()
-    raise
-  os.replace(staged, model_path)
-  tokenizer.model_path = str(model_path)
-  if remote:
-    storage.copy_file(str(model_path), storage.join(remote, filename))
-
-
-def build_tokenizer(
-    data_config: Mapping[str, Any], workdir: str, train_documents_fn: Callable[[], Iterable[str]]
-) -> Tokenizer:
-  """`workdir_tokenizer` with nothing to check before a new model is kept.
-
-  Args:
-    data_config: `config.data`; reads `tokenizer` and `vocab_size`.
-    workdir: the run's directory.
-    train_documents_fn: returns the training documents; only called to train.
-  """
-  with workdir_tokenizer(data_config, workdir, train_documents_fn) as tokenizer:
-    return tokenizer

@@ -34,6 +34,9 @@ import jax.numpy as jnp
 from linformer_jax.model import attention_kinds
 from linformer_jax.model import logical_axes as axes
 from linformer_jax.model import projections
+from linformer_jax.model.inference_chunks import in_chunks
+from linformer_jax.model.inference_chunks import inference_chunk
+from linformer_jax.model.inference_chunks import pure
 from linformer_jax.model.model_config import ModelConfig
 
 # model.remat -> the jax.checkpoint policy of each encoder layer (None: no remat).
@@ -276,51 +279,6 @@ def _project_compressed(projection: nn.DenseGeneral, rows: Array, bias_factor: A
   bias = nn.meta.unbox(projection.variables['params']['bias'])
   correction = (bias_factor - 1.0)[:, :, None, None] * bias.astype(jnp.float32)
   return (out.astype(jnp.float32) + correction).astype(out.dtype)
-
-
-def inference_chunk(cfg: ModelConfig, length: int, deterministic: bool) -> Optional[int]:
-  """Positions per chunk of a chunked inference pass, None for one pass.
-
-  `config.inference_chunk` > 0 runs queries and the MLP chunk by chunk in
-  deterministic (inference) passes of bidirectional models: the same outputs,
-  with temporaries of O(chunk x k) for Linformer attention and O(chunk x n)
-  for full attention instead of O(n x k) and O(n x n). Training keeps one
-  pass (backpropagation would keep every chunk's activations anyway).
-  """
-  chunk = cfg.inference_chunk
-  if not chunk or not deterministic or cfg.causal or chunk >= length:
-    return None
-  return chunk
-
-
-def pure(module: nn.Module):
-  """A bound submodule as a pure function of its inputs, with its parameters.
-
-  What `jax.lax.map` needs to run it inside a loop body.
-  """
-  unbound, variables = module.clone(parent=None), module.variables
-  return lambda *args: unbound.apply(variables, *args)
-
-
-def in_chunks(fn, x: Array, chunk: Optional[int]) -> Array:
-  """fn (a pure function of rows) over x [batch, length, ...], chunk by chunk.
-
-  A `jax.lax.map` over chunks, so XLA runs them one after another and one
-  chunk's temporaries are reused by the next. The last chunk is padded with
-  copies of the final rows; fn must treat rows independently (queries, the
-  MLP), so the padding is dropped from the output.
-  """
-  if chunk is None:
-    return fn(x)
-  batch, length = x.shape[:2]
-  num_chunks = -(-length // chunk)
-  padding = num_chunks * chunk - length
-  if padding:
-    x = jnp.concatenate([x, jnp.repeat(x[:, -1:], padding, axis=1)], axis=1)
-  chunks = jnp.moveaxis(x.reshape(batch, num_chunks, chunk, *x.shape[2:]), 1, 0)
-  out = jax.lax.map(fn, chunks)
-  out = jnp.moveaxis(out, 0, 1).reshape(batch, num_chunks * chunk, *out.shape[3:])
-  return out[:, :length]
 
 
 class FeedForward(nn.Module):

@@ -29,9 +29,9 @@ import ml_collections
 import psutil
 
 from linformer_jax.errors import ConfigError
+from linformer_jax.training import optimization
 from linformer_jax.training import run_builder
 from linformer_jax.training import sharding as sharding_lib
-from linformer_jax.training import train_steps
 from linformer_jax.units import GIB
 from linformer_jax.units import size_text
 
@@ -110,7 +110,7 @@ def lowered_train_step(
   The mesh spans `devices`, by default JAX's; the devices of an accelerator
   topology (`analysis.xla_targets`) give a program that compiles for it."""
   parts = run_builder.build_parts(config, devices)
-  optimizer = train_steps.create_optimizer(parts.settings.optimizer)
+  optimizer = optimization.create_optimizer(parts.settings.optimizer)
   abstract_state = parts.abstract_train_state(optimizer)
   train_step = parts.jit_train_step(optimizer, abstract_state)
   key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding_lib.replicated(parts.mesh))

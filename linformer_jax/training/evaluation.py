@@ -15,7 +15,7 @@ import jax
 import ml_collections
 
 from linformer_jax import storage
-from linformer_jax.training import run_builder
+from linformer_jax.training import run_loading
 
 
 def evaluate_run(config: ml_collections.ConfigDict, workdir: str, split: str) -> Dict[str, Any]:
@@ -30,7 +30,7 @@ def evaluate_run(config: ml_collections.ConfigDict, workdir: str, split: str) ->
   workdir = storage.location(workdir)
   config = ml_collections.ConfigDict(config.to_dict())
   config.data.eval_split = split
-  loaded = run_builder.load_for_evaluation(config, workdir)
+  loaded = run_loading.load_for_evaluation(config, workdir)
   return {
       'step': loaded.step,
       'split': split,

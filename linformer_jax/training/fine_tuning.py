@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Tuple
 
 import ml_collections
 
+from linformer_jax.checkpoints import partial_restore
 from linformer_jax.checkpoints.store import CheckpointStore
 from linformer_jax.checkpoints.store import checkpoint_directory
 from linformer_jax.errors import ConfigError
@@ -102,7 +103,7 @@ def with_pretrained_encoder(
   for collection, variables in abstract_state.constants.items():
     if 'encoder' in variables:
       subtrees[('constants', collection, 'encoder')] = variables['encoder']
-  restored = CheckpointStore.restore_subtrees(init_from, subtrees)
+  restored = partial_restore.restore_subtrees(init_from, subtrees)
   params = dict(state.params)
   params['encoder'] = {**state.params['encoder'], **restored[('params', 'encoder')]}
   constants = {collection: dict(variables) for collection, variables in state.constants.items()}

@@ -1,9 +1,9 @@
 """A Hugging Face RoBERTa or BERT checkpoint written as a run of this project.
 
 `import_checkpoint(source, workdir, config)` reads the checkpoint folder
-(`checkpoints.hf_checkpoint`), sets the model fields it fixes and the tokenizer
-on top of `config` (`checkpoints.hf_conversion`), and writes WORKDIR as a run at
-step 0:
+(`checkpoints.hf_checkpoint`) and maps its tensors (`checkpoints.hf_tensors`),
+sets the model fields it fixes and the tokenizer on top of `config`
+(`checkpoints.hf_conversion`), and writes WORKDIR as a run at step 0:
 
   checkpoints/0/   the train state (the imported parameters, the optimizer's
                    initial state) with the config and the tokenizer's
@@ -32,11 +32,13 @@ import numpy as np
 from linformer_jax import storage
 from linformer_jax.checkpoints import hf_checkpoint
 from linformer_jax.checkpoints import hf_conversion
+from linformer_jax.checkpoints import hf_tensors
 from linformer_jax.checkpoints.store import CheckpointStore
 from linformer_jax.checkpoints.store import checkpoint_directory
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
 from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.training import optimization
 from linformer_jax.training import run_builder
 from linformer_jax.training import train_steps
 
@@ -49,14 +51,14 @@ def build_state(
   """The run's parts and its step-0 train state holding the imported weights,
   and the parameters that keep their initial values (E/F)."""
   parts = run_builder.build_parts(config)
-  optimizer = train_steps.create_optimizer(parts.settings.optimizer)
+  optimizer = optimization.create_optimizer(parts.settings.optimizer)
   abstract_state = parts.abstract_train_state(optimizer)
   shapes = {
       tuple(entry.key for entry in path): leaf.shape
       for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_state.params)
   }
   params, kept = hf_conversion.params_with(
-      abstract_state.params, hf_checkpoint.to_params(checkpoint, shapes)
+      abstract_state.params, hf_tensors.to_params(checkpoint, shapes)
   )
   constants = abstract_state.constants
   if kept or jax.tree_util.tree_leaves(constants):
@@ -116,13 +118,14 @@ def import_checkpoint(
     initial values and the tensors a masked LM has no use for.
 
   Raises:
-    ConfigError: see `hf_checkpoint.read_folder` and `to_params`, a workdir
-      that exists, a config the model cannot be built from; nothing is written.
+    ConfigError: see `hf_checkpoint.read_folder` and `hf_tensors.to_params`, a
+      workdir that exists, a config the model cannot be built from; nothing is
+      written.
   """
   ModelConfig.from_config(config.model).require_unscanned('import_checkpoint')
   _check_workdir(workdir)
   checkpoint = hf_checkpoint.read_folder(hf_conversion.resolve_source(source))
-  unused = hf_checkpoint.unused_tensors(checkpoint)
+  unused = hf_tensors.unused_tensors(checkpoint)
   config = hf_conversion.imported_config(config, checkpoint)
   parts, state, kept = build_state(config, checkpoint)
   summary = {

@@ -15,6 +15,12 @@ after every step.
 
 Only the primary process (process 0) writes files; the others only log.
 
+The progress line (`MetricLogger.progress`) is timed here, not by clu's
+`periodic_actions.ReportProgress`: that one reports steps/s and an ETA to a
+clu metric writer and to absl's INFO log, which the commands keep quiet, and
+knows nothing of the tokens/s, TFLOP/s and MFU the line prints. Profiling
+uses clu's `periodic_actions.Profile` (training/trainer.py).
+
 An object store (a gs:// workdir) has no appends: there the event file is
 written locally and uploaded whole after each write, and metrics.jsonl is
 rewritten whole from the records kept in memory, one object write per call.

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from linformer_jax.checkpoints.store import CheckpointStore
+from linformer_jax.checkpoints import partial_restore
 from linformer_jax.data import causal_lm
 from linformer_jax.data import classification
 from linformer_jax.data import masked_lm
@@ -133,7 +133,7 @@ class Task(abc.ABC):
     """A fresh state with the parameters of run config.init_from, and a line
     saying what was loaded. `checked` is what `check_init_from` returned."""
     del checked
-    params = CheckpointStore.restore_params(config.init_from, abstract_state.params)
+    params = partial_restore.restore_params(config.init_from, abstract_state.params)
     return (state.replace(params=params), f'Initialised parameters from {config.init_from}.')
 
 

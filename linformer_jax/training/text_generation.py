@@ -13,7 +13,7 @@ import ml_collections
 
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import generation
-from linformer_jax.training import run_builder
+from linformer_jax.training import run_loading
 
 # jax.random.PRNGKey takes a 64-bit signed seed.
 SEEDS = range(-(2**63), 2**63)
@@ -60,7 +60,7 @@ def continue_prompt(
     generation.check_sampling(max_new_tokens, temperature, top_k)
   except ValueError as error:
     raise ConfigError(f'--{error}') from None
-  parts, step, variables, tokenizer = run_builder.load_for_inference(config, workdir)
+  parts, step, variables, tokenizer = run_loading.load_for_inference(config, workdir)
   prompt_ids = [tokenizer.bos_id] + tokenizer.encode(prompt)
   try:
     tokens = generation.generate(

@@ -3,8 +3,9 @@
 `train_and_evaluate(config, workdir)` runs a whole job and resumes by itself
 from the newest checkpoint in `workdir/checkpoints`; what differs between
 tasks (data, model head, loss, metrics) comes from the task object of
-`config.task` (`tasks`), and the run's parts from `run_builder`. Checkpoints
-hold the parameters, the optimizer state, the data iterator's position, the
+`config.task` (`tasks`), and the run's parts, state and checkpoints from
+`training_run.Run`, built with `run_builder`. Checkpoints hold the
+parameters, the optimizer state, the data iterator's position, the
 tokenizer's fingerprint and the config, and the dropout keys derive from the
 seed and the step, so a resumed run takes exactly the steps an uninterrupted
 one would have. The run holds the workdir's lock, resumes from the newest
@@ -31,28 +32,18 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
-from absl import logging
 from clu import parameter_overview
+from clu import periodic_actions
 import jax
 from jax.experimental import multihost_utils
-import jax.numpy as jnp
 import ml_collections
-import numpy as np
-import optax
 
 from linformer_jax import storage
-from linformer_jax.checkpoints.store import CheckpointStore
-from linformer_jax.checkpoints.store import checkpoint_directory
-from linformer_jax.errors import ConfigError
 from linformer_jax.training import compiled_step
 from linformer_jax.training import divergence
-from linformer_jax.training import run_builder
-from linformer_jax.training import run_config
-from linformer_jax.training import sound_steps
-from linformer_jax.training import tasks
-from linformer_jax.training import train_steps
+from linformer_jax.training import training_run
 from linformer_jax.training import workdir_lock
 from linformer_jax.training.divergence import NonFiniteLossError
 from linformer_jax.training.metric_writers import MetricLogger
@@ -115,162 +106,8 @@ class _TerminationRequest:
       signal.signal(signum, previous)
 
 
-def report(message: str) -> None:
-  """Logs a message and prints it on the primary process."""
-  logging.info(message)
-  if jax.process_index() == 0:
-    print(message, flush=True)
-
-
 def _prefixed(prefix: str, metrics: Dict[str, float]) -> Dict[str, float]:
   return {f'{prefix}_{name}': value for name, value in metrics.items()}
-
-
-def _gather_bytes(data: bytes) -> List[bytes]:
-  """Every process's `data`, in process order (a collective: all must call)."""
-  if jax.process_count() == 1:
-    return [data]
-  lengths = multihost_utils.process_allgather(np.array([len(data)], np.int32))
-  padded = np.zeros([int(lengths.max())], np.uint8)
-  padded[: len(data)] = np.frombuffer(data, np.uint8)
-  gathered = multihost_utils.process_allgather(padded)
-  return [bytes(gathered[i, : int(lengths[i, 0])]) for i in range(jax.process_count())]
-
-
-def _this_process_state(data_state: Dict[str, Any]) -> bytes:
-  """This process's data-iterator state from a checkpoint's data state."""
-  states = data_state['process_states']
-  if len(states) != jax.process_count():
-    raise ConfigError(
-        f'The checkpoint was written by {len(states)} processes, each reading its '
-        f'own shard of the data; resume it with {len(states)} processes (the mesh '
-        f'may differ), not {jax.process_count()}.'
-    )
-  return states[jax.process_index()].encode('latin-1')
-
-
-class Run:
-  """One training run: its parts, data, step functions, state and checkpoints."""
-
-  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
-    self.config = config
-    self.workdir = workdir
-    self.parts = run_builder.build_parts(config)
-    self.task = self.parts.task
-    self.store = CheckpointStore(
-        checkpoint_directory(workdir), keep=config.keep_checkpoints, owner=True
-    )
-    self.ledger = sound_steps.SoundStepLedger(workdir)
-    try:
-      self._build(config, workdir)
-    except BaseException:
-      # Stops the store's background threads before the error ends the
-      # program: one still running at exit prints a traceback of its own.
-      self.store.close()
-      raise
-
-  def _build(self, config: ml_collections.ConfigDict, workdir: str) -> None:
-    resuming = self.store.latest_step() is not None
-    if resuming:
-      run_config.check_same_model(self.store.restore_config(), config, workdir)
-      divergence.go_back(self.store, config, workdir, self.ledger)
-    elif config.restore_step:
-      divergence.go_back(self.store, config, workdir, self.ledger)  # refuses it: nothing is kept
-    # Checked before the data is built, so a bad init_from fails fast.
-    init_from = self.task.check_init_from(config) if config.init_from and not resuming else None
-    self.data = self.parts.build_data(workdir)
-    self.optimizer = train_steps.create_optimizer(self.parts.settings.optimizer)
-    self.schedule = train_steps.learning_rate_schedule(self.parts.settings.optimizer)
-    self.abstract_state = self.parts.abstract_train_state(self.optimizer)
-    self.train_step = self.parts.jit_train_step(self.optimizer, self.abstract_state)
-    self.eval_step = self.parts.jit_eval_step(self.abstract_state.variables())
-    self.state = self._initial_state(init_from)
-
-  def _initial_state(self, init_from: Any) -> train_steps.TrainState:
-    latest = self.store.latest_step()
-    if latest is not None:
-      step, state, data_state, _ = self.store.restore(latest, abstract_state=self.abstract_state)
-      run_builder.check_same_tokenizer(data_state, self.data, self.workdir)
-      # None: an imported checkpoint (`import_checkpoint`), which no data has reached yet.
-      if data_state.get('process_states') is not None:
-        self.data.train_iterator.set_state(_this_process_state(data_state))
-      report(f'Resumed from the checkpoint of step {step} in {self.workdir}.')
-      return state
-    # Created already split over the mesh: no device ever holds all of it.
-    init = jax.jit(
-        lambda rng: train_steps.init_train_state(
-            rng,
-            model=self.parts.model,
-            optimizer=self.optimizer,
-            seq_len=self.parts.model_config.max_len,
-        ),
-        out_shardings=run_builder.shardings_of(self.abstract_state),
-    )
-    state = init(jax.random.PRNGKey(self.config.seed))
-    if self.config.init_from:
-      state, message = self.task.initialize_from(state, self.abstract_state, self.config, init_from)
-      report(message)
-    return state
-
-  def device_batch(self, local_batch: Dict[str, np.ndarray]) -> Dict[str, jax.Array]:
-    """This process's rows of a batch as global arrays split over the mesh."""
-    return self.parts.device_batch(local_batch)
-
-  def save(
-      self,
-      force: bool = False,
-      data_position: Optional[bytes] = None,
-      guard: Optional[divergence.DivergenceGuard] = None,
-  ) -> None:
-    """Saves the state; `data_position` is the iterator's state after the
-    batches the saved steps consumed (default: its state now; a loop that
-    read ahead passes the one it kept). Records in the workdir's ledger
-    whether the step is sound (`sound_steps`), with `guard`'s losses and
-    suspicion (none without a guard)."""
-    # Every process reads its own shard, so the checkpoint keeps every
-    # process's iterator position (orbax writes JSON from process 0 only), and
-    # the tokenizer's fingerprint, so that no other tokenizer resumes it.
-    position = data_position if data_position is not None else self.data.train_iterator.get_state()
-    states = _gather_bytes(position)
-    data_state = {
-        'process_states': [state.decode('latin-1') for state in states],
-        'tokenizer_sha256': self.data.tokenizer_sha256,
-    }
-    step = int(self.state.step)
-    kept_before = self.store.all_steps()  # read before the save: never a folder being written
-    saved = self.store.save(
-        step, state=self.state, data_state=data_state, config=self.config.to_dict(), force=force
-    )
-    if not saved:
-      return
-    finite, norm = jax.device_get(_health(self.state))
-    self.ledger.record(
-        step,
-        finite=bool(finite),
-        param_norm=float(norm),
-        recent_losses=guard.recent_losses() if guard else (),
-        suspect=guard.suspicion(step) if guard else '',
-    )
-    self.ledger.keep_only(kept_before + [step])  # a step the save removed goes at the next one
-    self.ledger.write()
-
-  def evaluate(self) -> Dict[str, float]:
-    return tasks.evaluate_batches(
-        self.task, self.eval_step, self.state.variables(), self.data.eval_batches, self.device_batch
-    )
-
-
-@jax.jit
-def _health(state: train_steps.TrainState) -> Tuple[jax.Array, jax.Array]:
-  """Whether the parameters and optimizer state are all finite, and the
-  parameters' global L2 norm."""
-  leaves = [
-      x
-      for x in jax.tree_util.tree_leaves((state.params, state.opt_state))
-      if jnp.issubdtype(x.dtype, jnp.inexact)
-  ]
-  finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
-  return finite, optax.tree.norm(state.params)
 
 
 def _write_json(path: str, payload: Dict[str, Any]) -> None:
@@ -294,6 +131,26 @@ def _profile_steps(config: ml_collections.ConfigDict) -> Optional[Tuple[int, int
   """config.profile_steps (checked by run_config.settings_of) as (first, last), or None."""
   steps = tuple(config.profile_steps or ())
   return steps if steps else None
+
+
+def _profiler(
+    profile: Optional[Tuple[int, int]], workdir: str, first_step: int
+) -> Optional[periodic_actions.Profile]:
+  """clu's periodic profiler tracing steps profile = (FIRST, LAST) into
+  WORKDIR/profile, called with each step done, and now with `first_step`
+  (= FIRST - 1, where it starts the trace); None for no trace."""
+  if not profile:
+    return None
+  profiler = periodic_actions.Profile(
+      logdir=os.path.join(workdir, PROFILE_FOLDER),
+      num_profile_steps=profile[1] - profile[0] + 1,
+      profile_duration_ms=None,
+      first_profile=profile[0] - 1,
+      every_steps=None,
+      every_secs=None,
+  )
+  profiler(first_step)
+  return profiler
 
 
 def train_and_evaluate(
@@ -330,12 +187,12 @@ def _train_and_evaluate(
     config: ml_collections.ConfigDict, workdir: str, stop_after: Optional[int]
 ) -> Optional[Dict[str, Any]]:
   start_time = time.time()
-  run = Run(config, workdir)
+  run = training_run.Run(config, workdir)
   task = run.task
   first_step = int(run.state.step)
   parameter_count = int(sum(x.size for x in jax.tree_util.tree_leaves(run.state.params)))
   tokens_per_step = math.prod(task.batch_shapes(config)['inputs'][0])
-  report(
+  training_run.report(
       f'{config.model.attention} model, {parameter_count:,} parameters; '
       f'{run.data.train_sequences:,} training and {run.data.eval_sequences:,} '
       f'{config.data.eval_split} sequences of {tokens_per_step // config.batch_size} tokens; '
@@ -352,7 +209,9 @@ def _train_and_evaluate(
     except BaseException:
       run.store.close()
       raise
-    report(f'train step compiled in {time.monotonic() - compile_start:.1f} s: {cost.describe()}.')
+    training_run.report(
+        f'train step compiled in {time.monotonic() - compile_start:.1f} s: {cost.describe()}.'
+    )
   storage.makedirs(workdir)
   _write_json(os.path.join(workdir, 'config.json'), config.to_dict())
   parameter_overview.log_parameter_overview(
@@ -373,7 +232,8 @@ def _train_and_evaluate(
   if profile and first_step >= profile[0]:
     # A resume inside the window traces the rest of it; after it, nothing.
     profile = (first_step + 1, profile[1]) if first_step < profile[1] else None
-  tracing = False
+  profiler = _profiler(profile, workdir, first_step)
+  done = first_step
   iterator = run.data.train_iterator
   # The batch of step t + 1 is read and put on the devices while step t runs
   # (dispatch is asynchronous); a checkpoint keeps the iterator's position
@@ -381,9 +241,6 @@ def _train_and_evaluate(
   next_batch = run.device_batch(next(iterator)) if first_step < last else None
   try:
     for step in range(first_step + 1, last + 1):
-      if profile and step == profile[0]:
-        jax.profiler.start_trace(os.path.join(workdir, PROFILE_FOLDER))
-        tracing = True
       batch = next_batch
       try:
         run.state, metrics = run.train_step(run.state, batch, dropout_key)
@@ -402,10 +259,11 @@ def _train_and_evaluate(
       consumed = iterator.get_state() if save or stop or terminate else None
       if step < last:
         next_batch = run.device_batch(next(iterator))
-      if tracing and step == profile[1]:
-        jax.block_until_ready(metrics)
-        jax.profiler.stop_trace()
-        tracing = False
+      if profiler:
+        if step == profile[1]:
+          jax.block_until_ready(metrics)  # the trace holds the whole of the last step
+        profiler(step)
+      done = step
       guard.add(step, metrics)
       run.store.check_for_errors()  # A background save that failed stops the run now.
       if not (log or evaluate or save or stop or terminate):
@@ -429,7 +287,7 @@ def _train_and_evaluate(
       if evaluate:
         eval_metrics = run.evaluate()
         logger.write_scalars(step, _prefixed('eval', eval_metrics))
-        report(f'step {step}: ' + task.describe(config.data.eval_split, eval_metrics))
+        training_run.report(f'step {step}: ' + task.describe(config.data.eval_split, eval_metrics))
       if save:
         run.save(data_position=consumed, guard=guard)
       logger.exclude(time.monotonic() - paused)
@@ -437,7 +295,7 @@ def _train_and_evaluate(
         run.save(force=True, data_position=consumed, guard=guard)
         return None
       if terminate:
-        report(
+        training_run.report(
             f'{termination.describe()} received: saving the checkpoint of step {step}, '
             'then exiting.'
         )
@@ -448,7 +306,7 @@ def _train_and_evaluate(
     run.store.close()  # its threads stopped, only the one-line error is printed
     raise
   finally:
-    if tracing:
+    if profiler and profile[0] - 1 <= done < profile[1]:  # stopped inside the window
       jax.profiler.stop_trace()
     termination.restore()
     try:

@@ -1,0 +1,153 @@
+"""The causal benchmark's report: its tables (generation, growth, whole sequences),
+its plots and its CSV."""
+
+import csv
+import os
+from typing import Any, Dict, List, Optional
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from linformer_jax.analysis.benchmark_report import memory_bytes
+from linformer_jax.analysis.tables import markdown_table
+from linformer_jax.analysis.tables import number_text
+from linformer_jax.analysis.tables import ratio_text
+from linformer_jax.units import MIB
+
+COLUMNS = tuple(
+    'benchmark model length block_len slots query_blocks_per_step batch time_ms time_min_ms '
+    'time_max_ms tokens_per_s argument_bytes output_bytes temp_bytes alias_bytes cache_bytes '
+    'flops flops_per_token cache_donated dtype device note'.split()
+)
+
+
+# "Flat within 25%": the Linformer's ms/token at the largest C over that at the smallest.
+GROWTH_GOAL = 1.25
+
+
+def cell_name(row: Dict[str, Any]) -> str:
+  """E.g. 'generation linformer C=4096' or 'forward linformer n=4096 query blocks 4'."""
+  length = 'C' if row['benchmark'] == 'generation' else 'n'
+  steps = f" query blocks {row['query_blocks_per_step']}" if row['query_blocks_per_step'] else ''
+  return f"{row['benchmark']} {row['model']} {length}={row['length']}{steps}"
+
+
+def _find(rows, name: str, model: str, length: int, query_blocks: int = 0) -> Dict[str, Any]:
+  """The row of one cell; a missing one reads as not measured."""
+  fields = ('benchmark', 'model', 'length', 'query_blocks_per_step')
+  cell = (name, model, length, query_blocks)
+  return next((r for r in rows if tuple(map(r.get, fields)) == cell), dict.fromkeys(COLUMNS))
+
+
+def format_generation(rows: List[Dict[str, Any]]) -> str:
+  """Per context C: ms and tokens/s per step, cache MiB and GFLOP per token, with ratios."""
+  body = []
+  for context in sorted({r['length'] for r in rows if r['benchmark'] == 'generation'}):
+    full, lin = (_find(rows, 'generation', m, context) for m in ('transformer', 'linformer'))
+    body.append(
+        [str(context)]
+        + [number_text(r['time_ms'], '.3f') for r in (full, lin)]
+        + [ratio_text(full['time_ms'], lin['time_ms'], 2)]
+        + [number_text(r['tokens_per_s'], '.1f') for r in (full, lin)]
+        + [number_text(r['cache_bytes'], '.1f', scale=MIB) for r in (full, lin)]
+        + [ratio_text(full['cache_bytes'], lin['cache_bytes'], 2)]
+        + [number_text(r['flops_per_token'], '.4f', scale=1e9) for r in (full, lin)]
+    )
+  header = ['C', 'Transformer ms/token', 'Linformer ms/token', 'speed-up']
+  header += ['Transformer tokens/s', 'Linformer tokens/s', 'Transformer cache MiB']
+  header += ['Linformer cache MiB', 'cache saving', 'Transformer GFLOP/token']
+  return markdown_table(header + ['Linformer GFLOP/token'], body)
+
+
+def growth(rows: List[Dict[str, Any]], model: str) -> Optional[tuple]:
+  """(smallest C, largest C, ms/token at the largest over at the smallest) of the
+  model's timed generation rows; None with fewer than two."""
+  timed = sorted(
+      (r['length'], r['time_ms'])
+      for r in rows
+      if (r['benchmark'], r['model']) == ('generation', model) and r['time_ms']
+  )
+  return (timed[0][0], timed[-1][0], timed[-1][1] / timed[0][1]) if len(timed) > 1 else None
+
+
+def format_growth(rows: List[Dict[str, Any]]) -> str:
+  """Each model's growth of ms/token with C, beside the Linformer's goal; '' if none."""
+  found = {model: growth(rows, model) for model in ('transformer', 'linformer')}
+  lines = [f'- {m}: {g[2]:.2f}x from C={g[0]} to C={g[1]}' for m, g in found.items() if g]
+  goal = f'goal for the Linformer: flat within {GROWTH_GOAL - 1:.0%}, at most {GROWTH_GOAL}x'
+  return f'Growth of the time per token with C ({goal}):\n' + '\n'.join(lines) if lines else ''
+
+
+def format_forward(rows: List[Dict[str, Any]]) -> str:
+  """Per n and Linformer query blocks per step: times and memory, with ratios."""
+  body = []
+  for lin in (r for r in rows if (r['benchmark'], r['model']) == ('forward', 'linformer')):
+    full = _find(rows, 'forward', 'transformer', lin['length'])
+    body.append(
+        [str(lin['length']), str(lin['query_blocks_per_step'] or 'all')]
+        + [number_text(r['time_ms'], '.1f') for r in (full, lin)]
+        + [ratio_text(full['time_ms'], lin['time_ms'], 2)]
+        + [number_text(memory_bytes(r), '.1f', scale=MIB) for r in (full, lin)]
+        + [ratio_text(memory_bytes(full), memory_bytes(lin), 2)]
+        + [ratio_text(full['temp_bytes'], lin['temp_bytes'], 2)]
+    )
+  header = ['n', 'Linformer query blocks per step', 'Transformer ms', 'Linformer ms', 'speed-up']
+  header += ['Transformer MiB', 'Linformer MiB', 'memory saving', 'saving on temporaries']
+  return markdown_table(header, body)
+
+
+def _plot(rows, name: str, xlabel: str, ylabel: str, title: str, path: str) -> None:
+  """Median time against length, one line per model (and query blocks per step)."""
+  # A bare Agg canvas: no pyplot, so no global backend or open-figure state.
+  figure = Figure(figsize=(6, 4))
+  FigureCanvasAgg(figure)
+  axes = figure.add_subplot()
+  rows = [r for r in rows if r['benchmark'] == name and r['time_ms'] is not None]
+  for series in sorted({(r['model'], r['query_blocks_per_step']) for r in rows}, reverse=True):
+    points = [r for r in rows if (r['model'], r['query_blocks_per_step']) == series]
+    label = 'Transformer'
+    if series[0] == 'linformer':
+      label = f"Linformer b={points[0]['block_len']}, r={points[0]['slots']}"
+      label += f', query blocks {series[1]}' if series[1] else ''
+    axes.plot(*zip(*sorted((r['length'], r['time_ms']) for r in points)), marker='o', label=label)
+  if axes.lines:
+    axes.legend()
+  axes.set(xlabel=xlabel, ylabel=ylabel, title=title, yscale='log')
+  axes.set_xscale('log', base=2)
+  axes.grid(True, which='both', alpha=0.3)
+  figure.tight_layout()
+  figure.savefig(path, dpi=100)
+
+
+def write_outputs(rows: List[Dict[str, Any]], out_dir: str, header: str = '') -> str:
+  """Writes results.csv, table.md, generation.png and forward.png; returns table.md's text."""
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, 'results.csv'), 'w', newline='') as f:
+    writer = csv.DictWriter(f, fieldnames=COLUMNS)
+    writer.writeheader()
+    for row in rows:
+      writer.writerow({key: '' if row[key] is None else row[key] for key in COLUMNS})
+  parts = [header]
+  if any(r['benchmark'] == 'generation' for r in rows):
+    parts.append(
+        'Generation: one decode step at position C - 2 (a token that does not end a block), '
+        'one token per sequence; speed-up and cache saving of the Linformer over the Transformer:'
+    )
+    parts += [format_generation(rows), format_growth(rows)]
+  if any(r['benchmark'] == 'forward' for r in rows):
+    parts.append(
+        'Forward: a full causal pass (logits) over n tokens; memory: compiled temporary + '
+        'argument bytes, and the saving on temporaries alone (what a large batch approaches):'
+    )
+    parts.append(format_forward(rows))
+  notes = [f"- {cell_name(r)}: {r['note']}" for r in rows if r['note']]
+  parts.append('Skipped or partial cells:\n' + '\n'.join(notes) if notes else '')
+  text = '\n\n'.join(part for part in parts if part) + '\n'
+  with open(os.path.join(out_dir, 'table.md'), 'w') as f:
+    f.write(text)
+  for name, xlabel, ylabel, title in (
+      ('generation', 'context C', 'ms per token', 'Generation: time per token'),
+      ('forward', 'sequence length n', 'forward time (ms)', 'Causal forward pass'),
+  ):
+    _plot(rows, name, xlabel, ylabel, title, os.path.join(out_dir, f'{name}.png'))
+  return text

@@ -1,0 +1,57 @@
+"""What the benchmark commands share about measuring one cell: wall times of a
+jitted call after a warm-up, random variables of a model's shapes, the notes a
+skipped cell gets, and the device it ran on."""
+
+import time
+from typing import Any, Callable, Dict, List
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from linformer_jax.units import GIB
+
+
+def time_ms(call: Callable[[], Any], repeats: int) -> List[float]:
+  """Wall times (ms) of `repeats` calls after one warm-up call."""
+  jax.block_until_ready(call())
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(call())
+    times.append((time.perf_counter() - start) * 1e3)
+  return times
+
+
+def first_line(error: Exception) -> str:
+  return ' '.join(str(error).split())[:200]
+
+
+def over_limit_note(what: str, planned: Dict[str, int], limit: float) -> str:
+  needed = planned['temp_bytes'] + planned['argument_bytes']
+  return (
+      f'{what} skipped: needs {needed / GIB:.2f} GiB (temp + arguments) > '
+      f'limit {limit / GIB:.2f} GiB'
+  )
+
+
+def random_variables(abstract_variables: Any, seed: int) -> Any:
+  """Normal(0, 0.02) arrays of the given shapes and dtypes, drawn on the host.
+
+  The values do not change the work of a forward or backward pass, and drawing
+  them with numpy avoids compiling the model's initialiser once per cell, which
+  takes longer than compiling the forward pass itself.
+  """
+  rng = np.random.default_rng(seed)
+  return jax.tree_util.tree_map(
+      lambda leaf: jnp.asarray(
+          (0.02 * rng.standard_normal(leaf.shape, np.float32)).astype(leaf.dtype)
+      ),
+      nn.meta.unbox(abstract_variables),
+  )
+
+
+def describe_device() -> str:
+  """The first device, e.g. 'NVIDIA H100 80GB HBM3 (gpu)'."""
+  return f'{jax.devices()[0].device_kind} ({jax.default_backend()})'

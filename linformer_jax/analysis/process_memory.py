@@ -1,0 +1,100 @@
+"""A command run as a child process, timed, with the peak resident memory of it and
+its own children sampled while it runs."""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import threading
+import time
+from typing import List, NamedTuple, Optional, Sequence
+
+import psutil
+
+from linformer_jax.analysis import loader_throughput
+from linformer_jax.analysis.data_benchmark_report import SAMPLE_INTERVAL_S
+from linformer_jax.errors import ConfigError
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+# The commands' exit code for a one-line usage error (cli.USAGE_ERROR_EXIT_CODE;
+# libraries do not import the command layer).
+USAGE_ERROR_EXIT_CODE = 2
+
+
+def tree_rss(process: psutil.Process) -> int:
+  """Resident bytes of a process and all its descendants, summed (pages they
+  share count once per process, as `ps` shows them)."""
+  return int(loader_throughput.tree_total(process, lambda member: member.memory_info().rss))
+
+
+def peak_tree_rss(popen: subprocess.Popen, interval_s: float = SAMPLE_INTERVAL_S) -> int:
+  """Samples `tree_rss` of a running process every interval_s until it exits;
+  returns the largest sum seen, in bytes."""
+  process = psutil.Process(popen.pid)
+  peak = 0
+  while popen.poll() is None:
+    peak = max(peak, tree_rss(process))
+    time.sleep(interval_s)
+  return peak
+
+
+class Measurement(NamedTuple):
+  """What `run_measured` measures of a command."""
+
+  wall_s: float  # from start to exit
+  peak_rss_bytes: int  # of the process tree
+  marker_s: Optional[float]  # from start to the first line matching the marker
+
+
+def run_measured(
+    arguments: Sequence[str], log_path: pathlib.Path, marker: Optional[str] = None
+) -> Measurement:
+  """Runs `python ARGUMENTS` in the repository root, its output to log_path.
+
+  Args:
+    arguments: the interpreter's arguments, e.g. ['-m', 'linformer_jax.train', ...].
+    log_path: gets stdout and stderr of the command.
+    marker: a regular expression for `marker_s`.
+
+  Raises:
+    ConfigError: the command ended with a usage error (exit code 2).
+    RuntimeError: it failed otherwise.
+  """
+  log_path.parent.mkdir(parents=True, exist_ok=True)
+  path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get('PYTHONPATH')]))
+  pattern = re.compile(marker) if marker else None
+  marker_times: List[float] = []
+  start = time.perf_counter()
+  popen = subprocess.Popen(
+      [sys.executable, *arguments],
+      cwd=REPO_ROOT,
+      env={**os.environ, 'PYTHONPATH': path},
+      stdin=subprocess.DEVNULL,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+  )
+
+  def copy_output():
+    with open(log_path, 'w') as log:
+      for line in popen.stdout:
+        if pattern and not marker_times and pattern.search(line):
+          marker_times.append(time.perf_counter() - start)
+        log.write(line)
+
+  reader = threading.Thread(target=copy_output, daemon=True)
+  reader.start()
+  peak = peak_tree_rss(popen)
+  wall_s = time.perf_counter() - start
+  reader.join()
+  if popen.returncode:
+    lines = log_path.read_text().strip().splitlines() or ['(no output)']
+    errors = [line[len('error:') :].strip() for line in lines if line.startswith('error:')]
+    if popen.returncode == USAGE_ERROR_EXIT_CODE and errors:
+      raise ConfigError(f'{arguments[1]}: {errors[-1]}')
+    raise RuntimeError(
+        f'{" ".join(arguments[:2])} failed with exit code {popen.returncode}: '
+        f'{lines[-1]} (log: {log_path})'
+    )
+  return Measurement(wall_s, peak, marker_times[0] if marker_times else None)

@@ -1,0 +1,162 @@
+"""Packed rows to batches: the shuffled training iterator and the evaluation batches.
+
+The rows are a split's packed sequences ([num_sequences, seq_len] token ids, or
+a source of such rows: `packing.as_source`); what makes a training example of
+a row is a *transform* (`masked_lm` masks, `causal_lm` sets next-token
+targets). The training iterator shuffles the rows, shards them over processes
+and can be restored from its state; evaluation batches are deterministic, and
+padded with rows of weight 0 so that every process has as many.
+`pretraining` builds both from a run's prepared splits.
+"""
+
+import math
+import sys
+from typing import Any, Dict, List, Optional, Union
+
+import grain
+import numpy as np
+
+from linformer_jax.data import loaders
+from linformer_jax.data import packing
+from linformer_jax.errors import ConfigError
+
+Batch = Dict[str, np.ndarray]
+# What makes one example (a Batch of [seq_len] arrays) of a packed row.
+Transform = Union[grain.transforms.Map, grain.transforms.RandomMap]
+
+
+def check_int(field: str, value: Any, minimum: int, maximum: int = sys.maxsize) -> int:
+  """`value` as an int when it is one (not a bool) in [minimum, maximum], else a
+  ConfigError naming `field`."""
+  if (
+      isinstance(value, bool)
+      or not isinstance(value, (int, np.integer))
+      or not (minimum <= value <= maximum)
+  ):
+    raise ConfigError(f'{field}={value!r} is not allowed; use an int in [{minimum}, {maximum}].')
+  return int(value)
+
+
+def create_train_iterator(
+    packed_sequences: np.ndarray,
+    *,
+    batch_size: int,
+    seed: int,
+    transform: Transform,
+    process_index: int = 0,
+    process_count: int = 1,
+    worker_count: int = 0,
+    read_threads: int = 0,
+    prefetch_buffer: int = 0,
+) -> loaders.BatchIterator:
+  """An endless iterator of training batches for this process.
+
+  The records are split into process_count equal shards (the remainder is
+  dropped) and this process reads shard process_index, reshuffled every epoch.
+
+  Args:
+    packed_sequences: [num_sequences, seq_len] from `packing.pack_documents`, or a
+      source of such rows (`packing.as_source`).
+    batch_size: examples per batch on this process.
+    seed: the seed of the shuffling and of a random transform, an int in
+      [0, 2**32 - 1].
+    transform: makes each example from a row (`masked_lm.DynamicMasking`,
+      `causal_lm.NextTokenTargets`).
+    process_index, process_count: this process's shard and the shard count.
+    worker_count, read_threads, prefetch_buffer: see `loaders.shuffled_batches`.
+
+  Returns:
+    A `loaders.BatchIterator`; `get_state()` returns bytes and
+    `set_state(state)` continues from them (same data, seed, batch size and
+    shards; any worker_count).
+  """
+  source = packing.as_source(packed_sequences)
+  batch_size = check_int('config.batch_size (per process)', batch_size, 1)
+  seed = check_int('config.seed', seed, 0, 2**32 - 1)
+  process_count = check_int('process_count', process_count, 1)
+  process_index = check_int('process_index', process_index, 0, process_count - 1)
+  worker_count = check_int('config.data.worker_count', worker_count, 0)
+  if len(source) < process_count:
+    raise ConfigError(
+        f'The training split has {len(source)} sequences, fewer than '
+        f'the {process_count} processes; use more data (config.data).'
+    )
+  return loaders.shuffled_batches(
+      source,
+      batch_size=batch_size,
+      seed=seed,
+      process_index=process_index,
+      process_count=process_count,
+      worker_count=worker_count,
+      read_threads=read_threads,
+      prefetch_buffer=prefetch_buffer,
+      # A transform that takes whole batches (masking) runs once per batch.
+      **(
+          {'batch_transforms': [transform]}
+          if getattr(transform, 'on_batches', False)
+          else {'transforms': [transform]}
+      ),
+  )
+
+
+def _filler_rows(transform: Transform, count: int, seq_len: int, pad_id: int) -> Batch:
+  """Rows that change no metric: the transform's example of an all-padding row,
+  its weights zero."""
+  row = np.full([seq_len], pad_id, np.int32)
+  if isinstance(transform, grain.transforms.RandomMap):
+    example = transform.random_map(row, np.random.default_rng(0))
+  else:
+    example = transform.map(row)
+  example['weights'] = np.zeros_like(example['weights'])
+  return {key: np.stack([value] * count) for key, value in example.items()}
+
+
+def create_eval_batches(
+    packed_sequences: np.ndarray,
+    *,
+    batch_size: int,
+    seed: int,
+    transform: Transform,
+    pad_id: int,
+    max_batches: Optional[int] = None,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> List[Batch]:
+  """Deterministic evaluation batches of this process, none dropped.
+
+  Sequences are taken in order (the first max_batches * batch_size *
+  process_count if max_batches is set) and dealt round-robin to the processes.
+  Every process gets the same number of batches; the missing rows are
+  `_filler_rows` (all `pad_id`) with zero weight. Each example is made from
+  its row by `transform` (a dict holding at least 'inputs' and the loss
+  'weights'); a random one (masking) draws from `seed` and the row's
+  position in the split, so a sequence is masked the same way whatever the
+  batch size or process count.
+  """
+  source = packing.as_source(packed_sequences)
+  batch_size = check_int('config.eval_batch_size (per process)', batch_size, 1)
+  seed = check_int('seed', seed, 0, 2**32 - 1)
+  process_count = check_int('process_count', process_count, 1)
+  process_index = check_int('process_index', process_index, 0, process_count - 1)
+  dataset = grain.MapDataset.source(source)
+  if isinstance(transform, grain.transforms.RandomMap):
+    dataset = dataset.random_map(transform, seed=seed)
+  else:
+    dataset = dataset.map(transform)
+  total = len(dataset)
+  if max_batches:
+    max_batches = check_int('config.data.max_eval_batches', max_batches, 0)
+    total = min(total, max_batches * batch_size * process_count)
+  num_batches = math.ceil(math.ceil(total / process_count) / batch_size)
+  # Slicing after random_map keeps each sequence's generator tied to its
+  # position in the whole split, not in this process's share.
+  local = dataset[:total][process_index::process_count]
+  batches = list(local.batch(batch_size))
+  seq_len = source[0].shape[0]
+  while len(batches) < num_batches:
+    batches.append(_filler_rows(transform, batch_size, seq_len, pad_id))
+  missing = batch_size - batches[-1]['inputs'].shape[0]
+  if missing:
+    padding = _filler_rows(transform, missing, seq_len, pad_id)
+    batches[-1] = {key: np.concatenate([value, padding[key]]) for key, value in batches[-1].items()}
+  return batches

@@ -19,7 +19,8 @@ The progress line (`MetricLogger.progress`) is timed here, not by clu's
 `periodic_actions.ReportProgress`: that one reports steps/s and an ETA to a
 clu metric writer and to absl's INFO log, which the commands keep quiet, and
 knows nothing of the tokens/s, TFLOP/s and MFU the line prints. Profiling
-uses clu's `periodic_actions.Profile` (training/trainer.py).
+uses clu's `periodic_actions.Profile` (training/trainer.py), imported only by a
+run that profiles: that module imports TensorFlow.
 
 An object store (a gs:// workdir) has no appends: there the event file is
 written locally and uploaded whole after each write, and metrics.jsonl is

@@ -35,7 +35,6 @@ import time
 from typing import Any, Dict, Optional, Tuple
 
 from clu import parameter_overview
-from clu import periodic_actions
 import jax
 from jax.experimental import multihost_utils
 import ml_collections
@@ -133,14 +132,16 @@ def _profile_steps(config: ml_collections.ConfigDict) -> Optional[Tuple[int, int
   return steps if steps else None
 
 
-def _profiler(
-    profile: Optional[Tuple[int, int]], workdir: str, first_step: int
-) -> Optional[periodic_actions.Profile]:
+def _profiler(profile: Optional[Tuple[int, int]], workdir: str, first_step: int) -> Optional[Any]:
   """clu's periodic profiler tracing steps profile = (FIRST, LAST) into
   WORKDIR/profile, called with each step done, and now with `first_step`
   (= FIRST - 1, where it starts the trace); None for no trace."""
   if not profile:
     return None
+  # Imported only to profile: clu's periodic_actions imports TensorFlow, seconds
+  # that a run without a trace should not spend.
+  from clu import periodic_actions  # pylint: disable=g-import-not-at-top
+
   profiler = periodic_actions.Profile(
       logdir=os.path.join(workdir, PROFILE_FOLDER),
       num_profile_steps=profile[1] - profile[0] + 1,

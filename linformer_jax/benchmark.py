@@ -63,6 +63,7 @@ time_per_token.png, memory.png into --out.
 """
 
 import dataclasses
+import functools
 import statistics
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -85,6 +86,7 @@ from linformer_jax.analysis.benchmark_settings import BenchmarkSettings
 from linformer_jax.analysis.benchmark_settings import memory_stats
 from linformer_jax.analysis.measuring import describe_device
 from linformer_jax.analysis.measuring import first_line
+from linformer_jax.analysis.measuring import mlm_train_step
 from linformer_jax.analysis.measuring import over_limit_note
 from linformer_jax.analysis.measuring import random_variables
 from linformer_jax.analysis.measuring import time_ms
@@ -115,21 +117,6 @@ def measure_matmul_gflops(
   return best
 
 
-def _train_step(model: models.MaskedLanguageModel, optimizer: optax.GradientTransformation):
-  """One MLM step predicting every token: forward, backward and SGD update."""
-
-  def step(params, opt_state, tokens):
-    def loss_fn(p):
-      logits = model.apply({'params': p}, tokens, deterministic=True)
-      return optax.softmax_cross_entropy_with_integer_labels(logits, tokens).mean()
-
-    loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, loss
-
-  return step
-
-
 def _train_tokens_per_s(
     config: ModelConfig, tokens: jax.Array, settings: BenchmarkSettings
 ) -> Dict[str, Any]:
@@ -143,7 +130,11 @@ def _train_tokens_per_s(
         jax.eval_shape(model.init, jax.random.PRNGKey(0), tokens)['params'], seed=1
     )
     opt_state = optimizer.init(params)
-    compiled = jax.jit(_train_step(model, optimizer)).lower(params, opt_state, tokens).compile()
+    compiled = (
+        jax.jit(functools.partial(mlm_train_step, model, optimizer))
+        .lower(params, opt_state, tokens)
+        .compile()
+    )
     planned = planned_bytes(compiled)
     if planned['temp_bytes'] + planned['argument_bytes'] > settings.memory_limit_bytes:
       return {'note': over_limit_note('train step', planned, settings.memory_limit_bytes)}

@@ -46,6 +46,7 @@ import numpy as np
 import optax
 
 from linformer_jax import cli
+from linformer_jax.analysis import measuring
 from linformer_jax.analysis import settings_flags
 from linformer_jax.analysis.benchmark_budget import ForwardPass
 from linformer_jax.analysis.benchmark_settings import VOCAB_SIZE
@@ -72,29 +73,7 @@ class TorchBaselineError(RuntimeError):
   """The PyTorch script failed or printed something other than its rows."""
 
 
-def train_step(
-    model: models.MaskedLanguageModel,
-    optimizer: optax.GradientTransformation,
-    params: Any,
-    opt_state: Any,
-    tokens: jax.Array,
-):
-  """One language-model step predicting every token: forward, backward, update.
-
-  Returns the updated parameters and optimizer state, and the loss.
-  """
-
-  def loss_fn(p):
-    logits = model.apply({'params': p}, tokens, deterministic=True)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens).mean()
-
-  loss, grads = jax.value_and_grad(loss_fn)(params)
-  updates, opt_state = optimizer.update(grads, opt_state, params)
-  return optax.apply_updates(params, updates), opt_state, loss
-
-
-# Compiled once per model, optimizer and shapes; each step consumes its inputs.
-_jitted_train_step = jax.jit(train_step, static_argnums=(0, 1), donate_argnums=(2, 3))
+_jitted_train_step = jax.jit(measuring.mlm_train_step, static_argnums=(0, 1), donate_argnums=(2, 3))
 
 
 def _forward_times(config: ModelConfig, tokens: jax.Array, repeats: int) -> List[float]:

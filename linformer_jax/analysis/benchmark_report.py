@@ -11,7 +11,6 @@ rate, the utilisation at n=4096 and the skipped cells. time_per_token.png and
 memory.png plot time per token and memory against n.
 """
 
-import csv
 import os
 from typing import Any, Callable, Dict, List, Optional
 
@@ -20,6 +19,7 @@ from matplotlib.figure import Figure
 
 from linformer_jax.analysis.tables import number_text
 from linformer_jax.analysis.tables import ratio_text
+from linformer_jax.analysis.tables import write_csv
 from linformer_jax.units import GIB
 from linformer_jax.units import MIB
 
@@ -272,11 +272,7 @@ def write_outputs(
   """
   by_budget = memory_budget_bytes is not None
   os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, 'results.csv'), 'w', newline='') as f:
-    writer = csv.DictWriter(f, fieldnames=COLUMNS)
-    writer.writeheader()
-    for row in rows:
-      writer.writerow({key: '' if row[key] is None else row[key] for key in COLUMNS})
+  write_csv(os.path.join(out_dir, 'results.csv'), rows, COLUMNS)
   parts = [
       header,
       *format_tables(rows, memory_budget_bytes),

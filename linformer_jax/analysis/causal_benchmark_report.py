@@ -1,7 +1,6 @@
 """The causal benchmark's report: its tables (generation, growth, whole sequences),
 its plots and its CSV."""
 
-import csv
 import os
 from typing import Any, Dict, List, Optional
 
@@ -12,6 +11,7 @@ from linformer_jax.analysis.benchmark_report import memory_bytes
 from linformer_jax.analysis.tables import markdown_table
 from linformer_jax.analysis.tables import number_text
 from linformer_jax.analysis.tables import ratio_text
+from linformer_jax.analysis.tables import write_csv
 from linformer_jax.units import MIB
 
 COLUMNS = tuple(
@@ -122,11 +122,7 @@ def _plot(rows, name: str, xlabel: str, ylabel: str, title: str, path: str) -> N
 def write_outputs(rows: List[Dict[str, Any]], out_dir: str, header: str = '') -> str:
   """Writes results.csv, table.md, generation.png and forward.png; returns table.md's text."""
   os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, 'results.csv'), 'w', newline='') as f:
-    writer = csv.DictWriter(f, fieldnames=COLUMNS)
-    writer.writeheader()
-    for row in rows:
-      writer.writerow({key: '' if row[key] is None else row[key] for key in COLUMNS})
+  write_csv(os.path.join(out_dir, 'results.csv'), rows, COLUMNS)
   parts = [header]
   if any(r['benchmark'] == 'generation' for r in rows):
     parts.append(

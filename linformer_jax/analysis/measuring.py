@@ -1,6 +1,6 @@
 """What the benchmark commands share about measuring one cell: wall times of a
 jitted call after a warm-up, random variables of a model's shapes, the notes a
-skipped cell gets, and the device it ran on."""
+skipped cell gets, the device it ran on, and the training step they time."""
 
 import time
 from typing import Any, Callable, Dict, List
@@ -9,6 +9,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from linformer_jax.units import GIB
 
@@ -55,3 +56,23 @@ def random_variables(abstract_variables: Any, seed: int) -> Any:
 def describe_device() -> str:
   """The first device, e.g. 'NVIDIA H100 80GB HBM3 (gpu)'."""
   return f'{jax.devices()[0].device_kind} ({jax.default_backend()})'
+
+
+def mlm_train_step(
+    model: Any,
+    optimizer: optax.GradientTransformation,
+    params: Any,
+    opt_state: Any,
+    tokens: jax.Array,
+):
+  """The benchmarks' timed training step: a language-model step predicting
+  every token (forward, cross-entropy, backward, update). Returns the updated
+  parameters and optimizer state, and the loss."""
+
+  def loss_fn(p):
+    logits = model.apply({'params': p}, tokens, deterministic=True)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, tokens).mean()
+
+  loss, grads = jax.value_and_grad(loss_fn)(params)
+  updates, opt_state = optimizer.update(grads, opt_state, params)
+  return optax.apply_updates(params, updates), opt_state, loss

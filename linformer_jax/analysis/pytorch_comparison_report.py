@@ -1,6 +1,5 @@
 """The PyTorch comparison's report: its header line, its markdown table and CSV."""
 
-import csv
 import os
 from typing import Any, Dict, Optional, Sequence
 
@@ -56,11 +55,5 @@ def write_report(rows: Sequence[Dict[str, Any]], out_dir: str, header: str) -> s
   table = markdown_table(rows, header)
   with open(os.path.join(out_dir, 'comparison.md'), 'w') as f:
     f.write(table)
-  with open(os.path.join(out_dir, 'comparison.csv'), 'w', newline='') as f:
-    writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction='ignore')
-    writer.writeheader()
-    for row in rows:
-      writer.writerow(
-          {column: '' if row.get(column) is None else row[column] for column in COLUMNS}
-      )
+  tables.write_csv(os.path.join(out_dir, 'comparison.csv'), rows, COLUMNS)
   return table

@@ -1,8 +1,9 @@
 """What every analysis report writes the same way: markdown tables, and numbers
-and ratios as text, with one mark for a figure that is missing."""
+and ratios as text, with one mark for a figure that is missing, and CSV files."""
 
+import csv
 import math
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 MISSING = '–'  # a figure that was not measured (or cannot be)
 _SEPARATORS = {'-': '---', 'r': '---:', 'l': ':---'}
@@ -42,3 +43,13 @@ def ratio_text(numerator: Optional[float], denominator: Optional[float], digits:
   if not numerator or not denominator:
     return MISSING
   return f'{numerator / denominator:.{digits}f}x'
+
+
+def write_csv(path: str, rows: Iterable[Mapping[str, Any]], columns: Sequence[str]) -> None:
+  """A CSV of `rows` with a header of `columns`: each row's value of each
+  column, empty where it is None or missing; other keys are left out."""
+  with open(path, 'w', newline='') as f:
+    writer = csv.DictWriter(f, fieldnames=columns)
+    writer.writeheader()
+    for row in rows:
+      writer.writerow({key: '' if row.get(key) is None else row[key] for key in columns})

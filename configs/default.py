@@ -120,7 +120,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.block_len = 64  # causal Linformer: b, tokens per block (divides max_len)
   config.model.query_blocks_per_step = 0  # causal Linformer: query blocks at once (0 = all)
   config.model.inference_chunk = 0  # inference: queries and MLP in chunks of this size (0 = all)
-  config.model.attention_kernel = 'einsum'  # bidirectional softmax: 'einsum', 'xla' or 'cudnn'
+  # Bidirectional softmax: 'auto' (cuDNN's fused attention where the step is compiled for a
+  # GPU and model.dtype is 16-bit, else einsum), 'einsum', 'xla' or 'cudnn' (a GPU).
+  config.model.attention_kernel = 'auto'
   # What a layer keeps for the backward pass: 'none' (all), or recompute the layer and
   # keep 'full' (nothing), 'dots' (matmul outputs), 'dots_no_batch' (dense outputs).
   config.model.remat = 'none'

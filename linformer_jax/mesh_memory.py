@@ -41,6 +41,7 @@ from linformer_jax import cli
 from linformer_jax.analysis import xla_targets
 from linformer_jax.analysis.tables import markdown_table
 from linformer_jax.training import compiled_step
+from linformer_jax.training import run_config
 from linformer_jax.training import sharding as sharding_lib
 from linformer_jax.units import GIB
 from linformer_jax.units import KIB
@@ -102,18 +103,6 @@ def _with_batch(
   return config
 
 
-def model_flops(config: ml_collections.ConfigDict, device_count: int) -> float:
-  """FLOPs per device of the step as the model defines it, counted on this
-  host's CPU: the same global batch on one device, over `device_count`."""
-  host = config.copy_and_resolve_references()
-  host.mesh_shape = (1, 1)
-  if host.model.attention_kernel == 'cudnn':
-    host.model.attention_kernel = 'einsum'  # the same products; cuDNN lowers on GPUs only
-  cpu = jax.devices('cpu')[:1]
-  lowered = compiled_step.lowered_train_step(host, cpu)
-  return compiled_step.step_flops(host, lowered, cpu) / device_count
-
-
 def _bytes(match: Optional[re.Match]) -> int:
   return int(float(match.group(1)) * _UNITS[match.group(2)]) if match else 0
 
@@ -146,7 +135,7 @@ def compile_step(
   config = _with_batch(config, mesh_shape, per_device_batch, devices)
   data, _ = sharding_lib.resolve_mesh_shape(config.mesh_shape, len(devices))
   batch = config.batch_size // data
-  flops = model_flops(config, len(devices))
+  flops = compiled_step.host_step_flops(config, len(devices))
   start = time.monotonic()
   try:
     compiled = compiled_step.lowered_train_step(config, devices).compile()
@@ -318,6 +307,13 @@ def define_flags() -> None:
   )
 
 
+def _kernel_text(devices: Sequence[jax.Device]) -> str:
+  """'attention kernel cudnn (auto: ...)': what the step takes on `devices`."""
+  model = run_config.settings_of(FLAGS.config).model
+  resolved, why = model.with_kernel_for(devices[0].platform)
+  return f'attention kernel {resolved.attention_kernel} ({why})'
+
+
 def main(argv: List[str]) -> None:
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}')
@@ -336,12 +332,16 @@ def main(argv: List[str]) -> None:
       print(
           f'{target.name}: {len(devices)} x {devices[0].device_kind} '
           f'({target.topology}), usable {usable / GIB:.2f} GiB per device '
-          f'({target.memory_note()})',
+          f'({target.memory_note()}); {_kernel_text(devices)}',
           flush=True,
       )
   else:
     places = [('host', jax.devices(), None)]
-    print(f'host: {jax.device_count()} x {jax.devices()[0].device_kind}', flush=True)
+    print(
+        f'host: {jax.device_count()} x {jax.devices()[0].device_kind}; '
+        f'{_kernel_text(jax.devices())}',
+        flush=True,
+    )
   rows, searches = [], []
   for name, devices, usable in places:
     for mesh_shape in meshes:

@@ -87,6 +87,12 @@ CASES: Dict[str, Case] = {
         EVALUATE + ('--config.restore_step=7',),
         'config.restore_step=7: {run} keeps no checkpoint of step 7; its kept steps are 10, 20',
     ),
+    'evaluate/cudnn kernel on a CPU': case(
+        'evaluate',
+        EVALUATE + ('--config.model.attention_kernel=cudnn',),
+        "model.attention_kernel='cudnn' runs on NVIDIA GPUs, and this step is compiled for cpu; "
+        "use 'auto' or 'einsum'.",
+    ),
     'evaluate/restore_step negative': case(
         'evaluate',
         EVALUATE + ('--config.restore_step=-1',),

@@ -178,16 +178,19 @@ def test_tiny_model_compiles_for_a_v5e_slice_and_an_h100(plugins):
 
 
 @pytest.mark.long
-def test_cudnn_attention_compiles_for_an_h100(plugins):
+@pytest.mark.parametrize('attention', ['full', 'linformer'])
+def test_auto_takes_cudnn_in_a_step_compiled_for_an_h100(plugins, attention):
+  """The kernel follows the devices the step is compiled for, not this CPU host."""
   del plugins
   result = _mesh_memory(
       '--target=h100',
-      '--config.model.attention=full',
-      '--config.model.attention_kernel=cudnn',
+      f'--config.model.attention={attention}',
+      '--config.model.attention_kernel=auto',
       '--config.model.dtype=bfloat16',
       '--config.model.num_heads=2',
   )
   assert result.returncode == 0, result.stderr[-3000:]
+  assert 'attention kernel cudnn (auto: cuDNN fused attention on gpu)' in result.stdout
   assert _rows(result.stdout)['h100'][7] == 'yes'
 
 

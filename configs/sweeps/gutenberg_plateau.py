@@ -17,7 +17,10 @@ from every update of E and F (`projection_remove_common_update`); `local`
 E starting as the mean of its n / k adjacent tokens (the windows of
 projection='mean'); `local-centred` both, the default since
 docs/results_gutenberg.md, and with E's learning rate x 0.1
-(`local-centred-slow`) or pre-LN (`local-centred-preln`); `fairseq` E drawn Glorot uniform with gain
+(`local-centred-slow`), pre-LN (`local-centred-preln`), a warm-up of 25 or 200 steps
+instead of 100 (`local-centred-warm25`, `local-centred-warm200`) or a peak
+learning rate of 4e-3 or 1e-3 instead of 2e-3 (`local-centred-lr4`,
+`local-centred-lr1`); `fairseq` E drawn Glorot uniform with gain
 1/sqrt(2), whose slots keep a row's norm at every n, and `fairseq-centred`;
 `xavier` Glorot with gain 1; `preln` pre-LN; and the references, fixed
 `mean` slots and the Transformer. Every n takes 8,192 tokens per step, as
@@ -60,6 +63,26 @@ RECIPES = {
         'model.projection_init': 'local',
         'projection_remove_common_update': True,
         'model.pre_layer_norm': True,
+    },
+    'local-centred-warm25': {
+        'model.projection_init': 'local',
+        'projection_remove_common_update': True,
+        'warmup_steps': 25,
+    },
+    'local-centred-lr4': {
+        'model.projection_init': 'local',
+        'projection_remove_common_update': True,
+        'learning_rate': 4e-3,
+    },
+    'local-centred-warm200': {
+        'model.projection_init': 'local',
+        'projection_remove_common_update': True,
+        'warmup_steps': 200,
+    },
+    'local-centred-lr1': {
+        'model.projection_init': 'local',
+        'projection_remove_common_update': True,
+        'learning_rate': 1e-3,
     },
     'local': {'model.projection_init': 'local', 'projection_remove_common_update': False},
     'fairseq': {'model.projection_init': 'fairseq', 'projection_remove_common_update': False},

@@ -94,8 +94,59 @@ def attend(q: Array, k: Array, v: Array, key_mask: Optional[Array] = None) -> Ar
 
 # How `attend_with` computes softmax attention: this module's einsums, or
 # jax.nn.dot_product_attention with its XLA or cuDNN (flash attention, GPU)
-# implementation.
+# implementation. 'auto' is a choice, not a kernel: `kernel_for_platform`
+# turns it into one of the others for the devices a step is compiled for.
 ATTENTION_KERNELS = ('einsum', 'xla', 'cudnn')
+AUTO_KERNEL = 'auto'
+KERNEL_CHOICES = (AUTO_KERNEL,) + ATTENTION_KERNELS
+
+# What cuDNN's fused attention takes (jax.nn.dot_product_attention's checks).
+CUDNN_DTYPES = ('bfloat16', 'float16')
+CUDNN_MAX_HEAD_DIM = 128  # and a multiple of 8
+
+
+def cudnn_refusal(dtype: str, head_dim: int) -> Optional[str]:
+  """Why cuDNN's fused attention cannot take these inputs, or None if it can."""
+  if dtype not in CUDNN_DTYPES:
+    return f'cuDNN attention takes 16-bit inputs, not {dtype} (set model.dtype=bfloat16)'
+  if head_dim % 8 or head_dim > CUDNN_MAX_HEAD_DIM:
+    return (
+        f'cuDNN attention takes a head width that is a multiple of 8 and at most '
+        f'{CUDNN_MAX_HEAD_DIM}, not {head_dim}'
+    )
+  return None
+
+
+def kernel_for_platform(
+    requested: str, platform: str, *, dtype: str, head_dim: int
+) -> tuple[str, str]:
+  """(kernel, why) for a step compiled for devices of `platform`.
+
+  'auto' takes cuDNN's fused attention on GPUs where the dtype and head width
+  allow it, and the einsums elsewhere (CPUs, TPUs, float32 on a GPU). An
+  explicit kernel is kept; one the platform cannot run raises ValueError
+  naming what to set instead.
+  """
+  if requested not in KERNEL_CHOICES:
+    raise ValueError(f'attention kernel {requested!r} is unknown; use one of {KERNEL_CHOICES}.')
+  on_gpu = platform in ('gpu', 'cuda')
+  if requested == AUTO_KERNEL:
+    if not on_gpu:
+      return 'einsum', f'auto: einsum on {platform}'
+    refusal = cudnn_refusal(dtype, head_dim)
+    if refusal:
+      return 'einsum', f'auto: einsum on gpu, since {refusal}'
+    return 'cudnn', 'auto: cuDNN fused attention on gpu'
+  if requested == 'cudnn':
+    if not on_gpu:
+      raise ValueError(
+          f"model.attention_kernel='cudnn' runs on NVIDIA GPUs, and this step is compiled for "
+          f"{platform}; use 'auto' or 'einsum'."
+      )
+    refusal = cudnn_refusal(dtype, head_dim)
+    if refusal:
+      raise ValueError(f"model.attention_kernel='cudnn': {refusal}; or use 'auto'.")
+  return requested, 'as configured'
 
 
 def attend_with(
@@ -108,6 +159,10 @@ def attend_with(
   exists to save): each row's padding must come after its real tokens, as
   this project's data pipelines lay it out.
   """
+  if kernel == AUTO_KERNEL:  # a model built outside a run: by JAX's default backend
+    kernel, _ = kernel_for_platform(
+        kernel, jax.default_backend(), dtype=jnp.dtype(q.dtype).name, head_dim=q.shape[-1]
+    )
   if kernel == 'einsum':
     return attend(q, k, v, key_mask)
   if kernel not in ATTENTION_KERNELS:

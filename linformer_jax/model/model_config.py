@@ -23,7 +23,8 @@ from linformer_jax import registry
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import attention_kinds
 from linformer_jax.model import projections
-from linformer_jax.model.attention import ATTENTION_KERNELS
+from linformer_jax.model.attention import KERNEL_CHOICES
+from linformer_jax.model.attention import kernel_for_platform
 
 SHARING_MODES = ('none', 'headwise', 'kv', 'layerwise')
 # How a classifier summarises the sequence: the first token's vector, or the
@@ -75,7 +76,7 @@ class ModelConfig:
   block_len: int = 64
   query_blocks_per_step: int = 0
   inference_chunk: int = 0
-  attention_kernel: str = 'einsum'
+  attention_kernel: str = 'auto'
   remat: str = 'none'
   scan_layers: bool = False
   # The registered kinds' own settings that differ from their defaults, as
@@ -134,6 +135,18 @@ class ModelConfig:
   @property
   def head_dim(self) -> int:
     return self.hidden_dim // self.num_heads
+
+  def with_kernel_for(self, platform: str) -> Tuple['ModelConfig', str]:
+    """This config with `attention_kernel` resolved for devices of `platform`
+    ('auto' becomes a kernel), and why that kernel; a ConfigError if the
+    explicit kernel cannot run there."""
+    try:
+      kernel, why = kernel_for_platform(
+          self.attention_kernel, platform, dtype=self.dtype, head_dim=self.head_dim
+      )
+    except ValueError as error:
+      raise ConfigError(str(error)) from None
+    return dataclasses.replace(self, attention_kernel=kernel), why
 
   @property
   def compute_dtype(self):
@@ -195,10 +208,8 @@ class ModelConfig:
       raise _field_error(
           'layer_norm_epsilon', epsilon, 'use a value in (0, 1): 1e-5 (RoBERTa), 1e-12 (BERT)'
       )
-    if self.attention_kernel not in ATTENTION_KERNELS:
-      raise _field_error(
-          'attention_kernel', self.attention_kernel, f'use one of {ATTENTION_KERNELS}'
-      )
+    if self.attention_kernel not in KERNEL_CHOICES:
+      raise _field_error('attention_kernel', self.attention_kernel, f'use one of {KERNEL_CHOICES}')
     if self.pooling not in POOLING_TYPES:
       raise _field_error('pooling', self.pooling, f'use one of {POOLING_TYPES}')
     if not isinstance(self.causal, bool):

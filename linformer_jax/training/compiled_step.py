@@ -71,6 +71,19 @@ def device_memory_bytes(device: jax.Device) -> Tuple[int, str]:
   return int(available), 'host memory available per device'
 
 
+def peak_device_bytes() -> Optional[int]:
+  """The most memory any local accelerator has held since the process began
+  (its allocator's `peak_bytes_in_use`), or None on CPUs."""
+  peaks = [
+      int(stats['peak_bytes_in_use'])
+      for device in jax.local_devices()
+      if device.platform != 'cpu'
+      for stats in [device.memory_stats()]
+      if stats and 'peak_bytes_in_use' in stats
+  ]
+  return max(peaks) if peaks else None
+
+
 @dataclasses.dataclass(frozen=True)
 class StepCost:
   """What one device needs for one compiled train step."""
@@ -128,7 +141,9 @@ def compile_train_step(run: Any, dropout_key: jax.Array) -> Tuple[Any, StepCost]
   return compiled, StepCost(
       argument_bytes=memory['argument_bytes'],
       temporary_bytes=memory['temp_bytes'],
-      flops=step_flops(run.config, lowered),
+      flops=step_flops(
+          run.config, lowered, attention_kernel=run.parts.model_config.attention_kernel
+      ),
   )
 
 
@@ -164,6 +179,8 @@ def step_flops(
     config: ml_collections.ConfigDict,
     lowered: Any,
     devices: Optional[Sequence[jax.Device]] = None,
+    *,
+    attention_kernel: str = 'einsum',
 ) -> float:
   """FLOPs one device runs per step of the config's lowered train step.
 
@@ -172,14 +189,37 @@ def step_flops(
   loop's body once: the step's loop over micro-batches holds all of its work
   but the optimizer update, so the figure is scaled by grad_accum_steps; and
   scanned layers are analysed as the same step with a Python loop over them.
-  `devices` are those the step was lowered for (by default JAX's).
+  `devices` are those the step was lowered for (by default JAX's), and
+  `attention_kernel` the kernel it attends with. Where that analysis counts
+  nothing (XLA:GPU gives none for a lowered program) or cannot see inside the
+  attention (cuDNN's kernel is an opaque call), the step is counted on this
+  host's CPU instead (`host_step_flops`).
   """
+  device_count = len(devices) if devices is not None else jax.device_count()
+  if attention_kernel == 'cudnn':
+    return host_step_flops(config, device_count)
   if config.model.scan_layers:
     unscanned = config.copy_and_resolve_references()
     unscanned.model.scan_layers = False
     lowered = lowered_train_step(unscanned, devices)
-  device_count = len(devices) if devices is not None else jax.device_count()
-  return (cost_analysis(lowered)['flops'] or 0.0) * config.grad_accum_steps / device_count
+  flops = cost_analysis(lowered)['flops']
+  if not flops:
+    return host_step_flops(config, device_count)
+  return flops * config.grad_accum_steps / device_count
+
+
+def host_step_flops(config: ml_collections.ConfigDict, device_count: int) -> float:
+  """FLOPs per device of the config's step as the model defines it, counted on
+  this host's CPU: the same global batch on one CPU device, with the einsum
+  attention (the same products as a fused kernel), over `device_count`."""
+  host = config.copy_and_resolve_references()
+  host.mesh_shape = (1, 1)
+  host.model.scan_layers = False
+  if host.model.attention_kernel in ('cudnn', 'auto'):
+    host.model.attention_kernel = 'einsum'
+  cpu = jax.devices('cpu')[:1]
+  lowered = lowered_train_step(host, cpu)
+  return (cost_analysis(lowered)['flops'] or 0.0) * host.grad_accum_steps / device_count
 
 
 def check_fits(cost: StepCost, config: ml_collections.ConfigDict) -> None:

@@ -64,6 +64,8 @@ class RunParts:
     rules: logical axis name -> mesh axis (config.axis_rules).
     batch_sharding: batches split over the 'data' axis.
     fsdp: parameters and optimizer state also split over 'data' (config.fsdp).
+    kernel_reason: why the model attends with `model_config.attention_kernel`
+      ('auto: cuDNN fused attention on gpu', 'as configured').
   """
 
   config: ml_collections.ConfigDict
@@ -74,6 +76,7 @@ class RunParts:
   rules: Tuple[Tuple[str, Any], ...]
   batch_sharding: jax.sharding.NamedSharding
   fsdp: bool = False
+  kernel_reason: str = 'as configured'
 
   @property
   def model_config(self) -> ModelConfig:
@@ -239,9 +242,11 @@ def build_parts(
       the batches; nothing is compiled or written.
   """
   settings = run_config.settings_of(config)
-  model_config = settings.model
-  task = tasks.task_of(config)
   mesh = sharding_lib.create_mesh(config.mesh_shape, devices)
+  # 'auto' takes its kernel from the devices the step is compiled for, not the host.
+  model_config, kernel_reason = settings.model.with_kernel_for(mesh.devices.flat[0].platform)
+  settings = dataclasses.replace(settings, model=model_config)
+  task = tasks.task_of(config)
   rules = sharding_lib.axis_rules(config)
   sharding_lib.check_divisibility(
       model_config,
@@ -260,6 +265,7 @@ def build_parts(
       rules=rules,
       batch_sharding=sharding_lib.batch_sharding(mesh, rules),
       fsdp=config.fsdp,
+      kernel_reason=kernel_reason,
   )
 
 

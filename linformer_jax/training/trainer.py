@@ -46,6 +46,7 @@ from linformer_jax.training import training_run
 from linformer_jax.training import workdir_lock
 from linformer_jax.training.divergence import NonFiniteLossError
 from linformer_jax.training.metric_writers import MetricLogger
+from linformer_jax.units import size_text
 
 RESULTS_FILE = 'eval_results.json'
 
@@ -194,7 +195,8 @@ def _train_and_evaluate(
   parameter_count = int(sum(x.size for x in jax.tree_util.tree_leaves(run.state.params)))
   tokens_per_step = math.prod(task.batch_shapes(config)['inputs'][0])
   training_run.report(
-      f'{config.model.attention} model, {parameter_count:,} parameters; '
+      f'{config.model.attention} model, {parameter_count:,} parameters, attention kernel '
+      f'{run.parts.model_config.attention_kernel} ({run.parts.kernel_reason}); '
       f'{run.data.train_sequences:,} training and {run.data.eval_sequences:,} '
       f'{config.data.eval_split} sequences of {tokens_per_step // config.batch_size} tokens; '
       f'training steps {first_step + 1}..{config.total_steps}.'
@@ -316,6 +318,9 @@ def _train_and_evaluate(
       logger.close()
   if eval_metrics is None:
     eval_metrics = run.evaluate()
+  peak_bytes = compiled_step.peak_device_bytes()
+  if peak_bytes is not None:
+    training_run.report(f'peak device memory {size_text(peak_bytes)}.')
   results = {
       'step': int(run.state.step),
       'eval_split': config.data.eval_split,
@@ -324,6 +329,7 @@ def _train_and_evaluate(
       **task.reference_results(run.data),
       'parameters': parameter_count,
       'wall_time_s': time.time() - start_time,
+      **({'peak_device_bytes': peak_bytes} if peak_bytes is not None else {}),
   }
   _write_json(os.path.join(workdir, RESULTS_FILE), results)
   run.store.close()

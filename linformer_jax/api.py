@@ -11,7 +11,7 @@
 `load` and `build` give the same `Run`: the run's config, model, variables
 and tokenizer, and the passes a researcher reaches for (`logits`,
 `hidden_states`, `attention`). Both build through the training code's own path
-(`training.run_builder.build_parts`, `training.run_loading.load_for_inference`),
+(`training.run_builder.build_parts`, `training.run_loading.load_run`),
 and both import the config's `extensions` first, so a run of a projection or
 attention kind of your own loads as a built-in one does.
 
@@ -66,27 +66,12 @@ class LayerAttention(NamedTuple):
 
 
 @dataclasses.dataclass(eq=False)
-class Run:
-  """A model with its variables: a kept checkpoint (`load`) or a fresh draw (`build`).
-
-  Attributes:
-    config: the run's config (an ml_collections.ConfigDict), its extensions'
-      declared settings included.
-    parts: the run's task, model and mesh (`run_builder.RunParts`).
-    variables: the model's variables: 'params' and, for fixed projections,
-      'constants'.
-    tokenizer: the run's tokenizer; None for ListOps, and for a `build` whose
-      tokenizer is trained on data (only the byte tokenizer is known before).
-    step: the checkpoint's step; 0 for `build`.
-    workdir: the run's folder; None for `build`.
+class Run(run_loading.LoadedRun):
+  """A model with its variables: a kept checkpoint (`load`) or a fresh draw
+  (`build`), in the one shape every reader of a run gets
+  (`training.run_loading.LoadedRun`: config, parts, variables, tokenizer,
+  step, workdir, data), with the methods a researcher calls.
   """
-
-  config: ml_collections.ConfigDict
-  parts: run_builder.RunParts
-  variables: Dict[str, Any]
-  tokenizer: Optional[tokenizer_lib.Tokenizer]
-  step: int
-  workdir: Optional[str]
 
   @property
   def model(self) -> Any:
@@ -303,8 +288,8 @@ def load(workdir: str, step: Optional[int] = None) -> Run:
   """
   config = run_builder.saved_config(workdir)
   config.restore_step = 0
-  parts, step, variables, tokenizer = run_loading.load_for_inference(config, workdir, step or None)
-  return Run(config, parts, variables, tokenizer, step, workdir)
+  loaded = run_loading.load_run(config, workdir, step or None)
+  return Run(**{field.name: getattr(loaded, field.name) for field in dataclasses.fields(loaded)})
 
 
 def build(config: ml_collections.ConfigDict) -> Run:

@@ -169,7 +169,8 @@ def projection_report(
   Raises:
     ConfigError: no checkpoint (or no kept `step`), a workdir of another model.
   """
-  parts, step, variables, _ = run_loading.load_for_inference(config, workdir, step)
+  loaded = run_loading.load_run(config, workdir, step)
+  parts, step, variables = loaded.parts, loaded.step, loaded.variables
   model_config = parts.model_config
   lens = tuple(
       model_config.projected_len_for_layer(layer) for layer in range(model_config.num_layers)

@@ -299,7 +299,7 @@ def compute_spectrum(
   # P = softmax(Q K^T / sqrt(d)) is what the run computed only for the
   # built-in bidirectional kinds: never a P the model did not use.
   attention_capture.require_plain_softmax(model_config, 'spectrum')
-  loaded = run_loading.load_for_evaluation(config, workdir)
+  loaded = run_loading.load_run(config, workdir, with_data=True)
   model_config = loaded.parts.model_config
   step = make_spectrum_step(loaded.parts.model)
   curves, count = mean_curves(

@@ -208,7 +208,7 @@ def test_attention_pooling_starts_fresh_on_a_pretrained_encoder_and_is_saved(pre
   query = jax.device_get(trained.state.params['pool_query'])
   trained.store.close()
   assert np.any(query)
-  loaded = run_loading.load_for_evaluation(config, workdir)
+  loaded = run_loading.load_run(config, workdir, with_data=True)
   np.testing.assert_array_equal(jax.device_get(loaded.variables['params']['pool_query']), query)
 
 
@@ -275,9 +275,9 @@ def test_runs_fine_tuned_before_mean_pooling_became_the_default_load_unchanged(
   with pytest.raises(
       ConfigError, match="model.pooling='first', not 'mean'.*--config.model.pooling"
   ):
-    run_loading.load_for_evaluation(today, workdir)
+    run_loading.load_run(today, workdir, with_data=True)
   today.model.pooling = 'first'
-  loaded = run_loading.load_for_evaluation(today, workdir)
+  loaded = run_loading.load_run(today, workdir, with_data=True)
   after = model.apply(
       loaded.variables, batch['inputs'], batch['padding_mask'], segments=batch['segments']
   )

@@ -39,7 +39,7 @@ def test_a_causal_run_reports_next_token_loss_checked_in_float64(causal_run):
   assert results['task'] == 'causal_lm' and results['step'] == 20
   assert results['eval_perplexity'] == pytest.approx(math.exp(results['eval_loss']), rel=1e-6)
   assert results['unigram_perplexity'] > 1
-  loaded = run_loading.load_for_evaluation(config, workdir)
+  loaded = run_loading.load_run(config, workdir, with_data=True)
   loss = weight = 0.0
   for batch in loaded.data.eval_batches:
     logits = np.asarray(
@@ -62,7 +62,8 @@ def test_a_causal_run_reports_next_token_loss_checked_in_float64(causal_run):
 
 def test_greedy_generation_through_the_cache_follows_the_full_forward_argmax(causal_run):
   config, workdir, _ = causal_run
-  parts, _, variables, tokenizer = run_loading.load_for_inference(config, workdir)
+  loaded_run = run_loading.load_run(config, workdir)
+  parts, variables, tokenizer = loaded_run.parts, loaded_run.variables, loaded_run.tokenizer
   prompt = jnp.asarray([[tokenizer.bos_id] + tokenizer.encode('the')], jnp.int32)
   generated = np.asarray(
       generation.generate(

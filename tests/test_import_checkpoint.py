@@ -203,7 +203,7 @@ def test_the_imported_run_evaluates_and_starts_other_runs(imports, tmp_path):
   saved = text_data(from_workdir.get_config(str(workdir)), tmp_path / 'text')
   assert saved.model.to_dict() == config.model.to_dict()
 
-  loaded = run_loading.load_for_evaluation(saved, str(workdir))
+  loaded = run_loading.load_run(saved, str(workdir), with_data=True)
   assert loaded.step == 0 and isinstance(loaded.data.tokenizer, tokenizer_lib.HuggingFaceTokenizer)
   jax.tree_util.tree_map(np.testing.assert_array_equal, loaded.variables['params'], state.params)
   assert np.isfinite(loaded.evaluate()['loss'])

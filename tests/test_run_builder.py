@@ -118,7 +118,7 @@ def test_evaluation_only_loading_matches_the_run_and_builds_no_training_iterator
   config = tiny_config(total_steps=4, warmup_steps=2, eval_every=4, log_every=2, checkpoint_every=4)
   workdir = str(tmp_path)
   results = trainer.train_and_evaluate(config, workdir)
-  loaded = run_loading.load_for_evaluation(config, workdir)
+  loaded = run_loading.load_run(config, workdir, with_data=True)
   assert loaded.step == 4
   assert loaded.data.train_iterator is None
   assert sorted(loaded.variables) == ['params']
@@ -127,7 +127,7 @@ def test_evaluation_only_loading_matches_the_run_and_builds_no_training_iterator
 
 def test_evaluation_only_loading_of_a_folder_without_checkpoint_is_an_error(tmp_path):
   with pytest.raises(ConfigError, match='holds no checkpoint'):
-    run_loading.load_for_evaluation(tiny_config(), str(tmp_path))
+    run_loading.load_run(tiny_config(), str(tmp_path), with_data=True)
 
 
 def test_a_config_saved_before_the_newer_fields_builds_with_the_values_of_its_time(tmp_path):

@@ -221,7 +221,7 @@ def test_evaluation_refuses_another_tokenizer(stopped_run, tmp_path):
   corpus = stopped_run[0]
   workdir = with_other_tokenizer(stopped_run, tmp_path)
   with pytest.raises(ConfigError, match=f'{workdir}/tokenizer.model is not the tokenizer'):
-    run_loading.load_for_evaluation(masked_lm_config(corpus), str(workdir))
+    run_loading.load_run(masked_lm_config(corpus), str(workdir), with_data=True)
 
 
 @pytest.mark.slow

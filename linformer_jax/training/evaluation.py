@@ -30,7 +30,7 @@ def evaluate_run(config: ml_collections.ConfigDict, workdir: str, split: str) ->
   workdir = storage.location(workdir)
   config = ml_collections.ConfigDict(config.to_dict())
   config.data.eval_split = split
-  loaded = run_loading.load_for_evaluation(config, workdir)
+  loaded = run_loading.load_run(config, workdir, with_data=True)
   return {
       'step': loaded.step,
       'split': split,

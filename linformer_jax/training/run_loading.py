@@ -1,13 +1,12 @@
 """A run's kept checkpoint loaded without training it: for evaluation,
-inference and the analyses.
+inference, the analyses and `linformer_jax.load`.
 
-`load_for_evaluation(config, workdir)` restores only the model's variables of
-a run's newest checkpoint (or the kept step `config.restore_step` names), with
-the evaluation data: no optimizer, no training iterator; `load_for_inference`
-the same variables and the run's tokenizer, without data. Both build the run's
-parts with `run_builder`. Loading only reads the workdir: unlike training,
-which moves the steps after `config.restore_step` aside, it leaves every step
-kept.
+`load_run(config, workdir)` restores only the model's variables of a run's
+newest checkpoint (or a kept step), with the run's tokenizer and, if asked,
+its evaluation data: no optimizer, no training iterator. Every reader of a
+finished run gets the one shape, `LoadedRun`. Loading only reads the
+workdir: unlike training, which moves the steps after `config.restore_step`
+aside, it leaves every step kept.
 """
 
 import dataclasses
@@ -29,67 +28,55 @@ from linformer_jax.training import tasks
 _OTHER_RUN_ADVICE = 'the workdir holds a run with a different model config; use another --workdir'
 
 
-@dataclasses.dataclass
-class EvaluationRun:
-  """A run's newest checkpoint loaded for evaluation only.
+@dataclasses.dataclass(eq=False)
+class LoadedRun:
+  """A model with its variables: a run's kept checkpoint, or a fresh draw.
 
   Attributes:
-    parts: the run's parts.
-    step: the checkpoint's step.
-    variables: the model's restored variables (params and constants).
-    data: this process's data, without a training iterator.
-    eval_step: the jitted (variables, batch) -> loss sums.
+    config: the run's config.
+    parts: the run's task, model and mesh (`run_builder.RunParts`).
+    variables: the model's variables: 'params' and, for fixed projections,
+      'constants'.
+    tokenizer: the run's tokenizer; None for ListOps, whose symbols are their
+      own ids, and for a fresh draw whose tokenizer is trained on data.
+    step: the checkpoint's step; 0 for a fresh draw.
+    workdir: the run's folder; None for a fresh draw.
+    data: this process's evaluation data (no training iterator), where it
+      was loaded with `with_data=True`; else None.
   """
 
+  config: ml_collections.ConfigDict
   parts: run_builder.RunParts
-  step: int
   variables: Dict[str, Any]
-  data: Any
-  eval_step: Any
+  tokenizer: Optional[tokenizer_lib.Tokenizer]
+  step: int
+  workdir: Optional[str]
+  data: Any = None
 
   def evaluate(self) -> Dict[str, float]:
-    """The task's metrics over all evaluation batches."""
+    """The task's metrics over all evaluation batches of `data`."""
+    if self.data is None:
+      raise ValueError('This run was loaded without data; load it with with_data=True.')
+    eval_step = self.parts.jit_eval_step(self.parts.abstract_variables())
     return tasks.evaluate_batches(
-        self.parts.task,
-        self.eval_step,
-        self.variables,
-        self.data.eval_batches,
-        self.parts.device_batch,
+        self.parts.task, eval_step, self.variables, self.data.eval_batches, self.parts.device_batch
     )
 
 
-def load_for_evaluation(config: ml_collections.ConfigDict, workdir: str) -> EvaluationRun:
-  """The model variables of `workdir`'s newest checkpoint (or of its kept
-  step config.restore_step) and the evaluation data.
+def load_run(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    step: Optional[int] = None,
+    *,
+    with_data: bool = False,
+) -> LoadedRun:
+  """`workdir`'s newest checkpoint (or its kept `step`, else its kept
+  config.restore_step) with the run's tokenizer, checked against the
+  checkpoint's fingerprint, and with `with_data` the evaluation split of
+  config.data (`data.eval_split`).
 
-  Raises:
-    ConfigError: a bad config, no checkpoint (or no kept config.restore_step)
-      in workdir, or a workdir of another model or tokenizer.
-  """
-  parts = run_builder.build_parts(config)
-  step, data_state = _newest_step(config, workdir)
-  data = parts.build_data(workdir, train=False)
-  if isinstance(data_state, dict):
-    run_builder.check_same_tokenizer(data_state, data, workdir)
-  abstract = parts.abstract_variables()
-  variables = _restore_variables(workdir, abstract, step)
-  return EvaluationRun(
-      parts=parts,
-      step=step,
-      variables=variables,
-      data=data,
-      eval_step=parts.jit_eval_step(abstract),
-  )
-
-
-def load_for_inference(
-    config: ml_collections.ConfigDict, workdir: str, step: Optional[int] = None
-) -> Tuple[run_builder.RunParts, int, Dict[str, Any], Optional[tokenizer_lib.Tokenizer]]:
-  """(parts, step, variables, tokenizer) of `workdir`'s newest checkpoint (or
-  its kept `step`, else its kept config.restore_step), with no data read: the
-  tokenizer is the run's own (WORKDIR/tokenizer.model, or bytes), checked
-  against the checkpoint's fingerprint; None for ListOps, whose symbols are
-  their own ids.
+  The tokenizer is the run's own (WORKDIR/tokenizer.model, or bytes); without
+  data nothing else is read.
 
   Raises:
     ConfigError: a bad config, no checkpoint (or no kept step) or tokenizer
@@ -97,15 +84,21 @@ def load_for_inference(
   """
   parts = run_builder.build_parts(config)
   step, data_state = _newest_step(config, workdir, step)
-  tokenizer = None
-  if config.data.source != 'listops':
-    tokenizer = tokenizer_files.run_tokenizer(config.data, workdir)
-  if isinstance(data_state, dict):
+  data = None
+  if with_data:
+    data = parts.build_data(workdir, train=False)
+    tokenizer = getattr(data, 'tokenizer', None)
+    fingerprint = data
+  else:
+    tokenizer = None
+    if config.data.source != 'listops':
+      tokenizer = tokenizer_files.run_tokenizer(config.data, workdir)
     sha256 = tokenizer.sha256 if tokenizer else None
     fingerprint = types.SimpleNamespace(tokenizer=tokenizer, tokenizer_sha256=sha256)
+  if isinstance(data_state, dict):
     run_builder.check_same_tokenizer(data_state, fingerprint, workdir)
   variables = _restore_variables(workdir, parts.abstract_variables(), step)
-  return parts, step, variables, tokenizer
+  return LoadedRun(config, parts, variables, tokenizer, step, workdir, data)
 
 
 def _newest_step(

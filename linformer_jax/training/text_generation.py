@@ -60,7 +60,8 @@ def continue_prompt(
     generation.check_sampling(max_new_tokens, temperature, top_k)
   except ValueError as error:
     raise ConfigError(f'--{error}') from None
-  parts, step, variables, tokenizer = run_loading.load_for_inference(config, workdir)
+  loaded = run_loading.load_run(config, workdir)
+  parts, step, variables, tokenizer = loaded.parts, loaded.step, loaded.variables, loaded.tokenizer
   prompt_ids = [tokenizer.bos_id] + tokenizer.encode(prompt)
   try:
     tokens = generation.generate(

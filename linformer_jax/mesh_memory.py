@@ -30,6 +30,7 @@ analyses of the executable, per device:
 
 import dataclasses
 import re
+import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -82,6 +83,14 @@ class StepMemory:
   @property
   def total_bytes(self) -> int:
     return self.argument_bytes + self.temporary_bytes
+
+  def progress_text(self) -> str:
+    """'batch 32 per device: fits, 21.68 GiB, compiled in 41.2 s': one line per compile."""
+    verdict = 'fits' if self.fits else ('refused by XLA' if self.refused else 'does not fit')
+    return (
+        f'batch {self.per_device_batch} per device: {verdict}, {size_text(self.total_bytes)}, '
+        f'compiled in {self.compile_seconds:.1f} s'
+    )
 
   @property
   def compiler_flops_ratio(self) -> Optional[float]:
@@ -346,8 +355,10 @@ def main(argv: List[str]) -> None:
   for name, devices, usable in places:
     for mesh_shape in meshes:
 
-      def measure(batch, mesh_shape=mesh_shape, devices=devices, usable=usable):
-        return compile_step(FLAGS.config, mesh_shape, devices, usable, per_device_batch=batch)
+      def measure(batch, mesh_shape=mesh_shape, devices=devices, usable=usable, name=name):
+        memory = compile_step(FLAGS.config, mesh_shape, devices, usable, per_device_batch=batch)
+        print(f'{name} {mesh_shape}: {memory.progress_text()}', file=sys.stderr, flush=True)
+        return memory
 
       memory = measure(FLAGS.per_device_batch)
       rows.append({'target': name, 'mesh': mesh_shape, 'memory': memory})

@@ -1,8 +1,11 @@
 """The backend a run expects (config.platform), the first line naming the one
 it found, CPU-only XLA flags, and the accelerator requirement sets."""
 
+import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -37,6 +40,59 @@ def test_a_run_on_the_wrong_backend_stops_in_one_line_and_writes_nothing(tmp_pat
   assert "config.platform='gpu' but JAX found the cpu backend" in error
   assert 'requirements-gpu.txt' in error and '--config.platform=cpu' in error
   assert 'Traceback' not in result.stderr
+  assert not workdir.exists()
+
+
+def test_an_installed_cuda_plugin_that_cannot_start_names_the_driver(monkeypatch, tmp_path):
+  driver_problem = multihost.nvidia_driver_problem
+  monkeypatch.setattr(multihost, 'installed_gpu_plugin', lambda: 'jax-cuda12-plugin 0.10.2')
+  monkeypatch.setattr(multihost, 'nvidia_driver_problem', lambda: 'no NVIDIA driver was found')
+  with pytest.raises(ConfigError) as raised:
+    multihost.check_platform('gpu')
+  message = str(raised.value)
+  assert 'jax-cuda12-plugin 0.10.2 is installed but could not start' in message
+  assert 'no NVIDIA driver was found' in message and 'requirements-gpu' not in message
+  # The driver: missing, present (its version named), or a library with no module loaded.
+  missing = driver_problem(str(tmp_path / 'none'), lambda name: None)
+  assert missing.startswith('no NVIDIA driver was found (no libcuda.so')
+  version = tmp_path / 'version'
+  version.write_text('NVRM version: NVIDIA UNIX x86_64 Kernel Module  470.82.01\n')
+  old = driver_problem(str(version), lambda name: None)
+  assert 'Kernel Module  470.82.01' in old and 'CUDA 12 needs 525.60 or newer' in old
+  unloaded = driver_problem(str(tmp_path / 'none'), lambda name: 'libcuda.so.1')
+  assert unloaded.startswith('libcuda.so is found but no driver is loaded')
+
+
+@pytest.mark.slow
+def test_with_the_cuda_plugin_installed_and_no_driver_a_gpu_run_says_so(tmp_path):
+  """The plugin of `make xla-targets` on the path, on this host without a GPU."""
+  targets = REPO_ROOT / '.xla-targets'
+  if not (targets / '.installed').exists():
+    pytest.skip('make xla-targets installs the CUDA plugin')
+  if pathlib.Path('/proc/driver/nvidia/version').exists():
+    pytest.skip('this host has an NVIDIA driver')
+  workdir = tmp_path / 'run'
+  env = {**os.environ, 'PYTHONPATH': f'{targets}:{REPO_ROOT}'}
+  env.pop('JAX_PLATFORMS', None)
+  result = subprocess.run(
+      [
+          sys.executable,
+          '-m',
+          'linformer_jax.train',
+          '--config=configs/tiny.py',
+          f'--workdir={workdir}',
+          '--config.platform=gpu',
+      ],
+      cwd=REPO_ROOT,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=300,
+  )
+  assert result.returncode == 2, result.stderr[-2000:]
+  (error,) = [line for line in result.stderr.splitlines() if line.startswith('error:')]
+  assert 'jax-cuda12-plugin' in error and 'is installed but could not start' in error
+  assert 'no NVIDIA driver was found' in error
   assert not workdir.exists()
 
 

@@ -199,3 +199,12 @@ def test_unknown_target_is_one_line():
   assert result.returncode == 2
   assert result.stderr.strip().splitlines()[-1].startswith("error: --target='v7x-3'")
   assert 'Traceback' not in result.stderr
+
+
+def test_every_compile_of_a_search_is_one_progress_line():
+  fits = mesh_memory.StepMemory(32, GIB, 20 * GIB, 60 * GIB, True, 1e12, None, 41.25)
+  refused = mesh_memory.StepMemory(64, 0, 70 * GIB, 60 * GIB, False, 2e12, None, 3.0, refused=True)
+  too_big = mesh_memory.StepMemory(48, GIB, 62 * GIB, 60 * GIB, False, 2e12, None, 40.0)
+  assert fits.progress_text() == 'batch 32 per device: fits, 21.00 GiB, compiled in 41.2 s'
+  assert refused.progress_text().startswith('batch 64 per device: refused by XLA, 70.00 GiB')
+  assert too_big.progress_text().startswith('batch 48 per device: does not fit, 63.00 GiB')

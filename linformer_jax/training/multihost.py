@@ -11,8 +11,11 @@ coordinator by itself; elsewhere give it as flags or environment variables:
 A single process on one machine needs none of this and starts nothing.
 """
 
+import ctypes.util
+import importlib.metadata
 import os
-from typing import Optional
+import re
+from typing import Callable, Optional
 
 import jax
 
@@ -115,12 +118,55 @@ def check_platform(expected: str) -> str:
   backend = jax.default_backend()
   if expected and backend != expected:
     devices = ', '.join(sorted({device.device_kind for device in jax.devices()}))
+    plugin = installed_gpu_plugin() if expected == 'gpu' else None
+    if plugin:  # installed, and yet no GPU backend: the plugin could not start
+      raise ConfigError(
+          f'config.platform={expected!r} but JAX found the {backend} backend ({devices}): '
+          f'{plugin} is installed but could not start, since {nvidia_driver_problem()}; '
+          f"or set --config.platform={backend} (or '') to run on it."
+      )
     raise ConfigError(
         f'config.platform={expected!r} but JAX found the {backend} backend ({devices}): '
         f'install JAX for {expected} ({_INSTALL_HINTS[expected]}), or set '
         f"--config.platform={backend} (or '') to run on it."
     )
   return backend
+
+
+def installed_gpu_plugin() -> Optional[str]:
+  """'jax-cuda12-plugin 0.10.2' where JAX's CUDA plugin is installed, else None."""
+  for distribution in importlib.metadata.distributions():
+    name = (distribution.metadata['Name'] or '').lower().replace('_', '-')
+    if re.fullmatch(r'jax-cuda\d+-plugin', name):
+      return f'{name} {distribution.version}'
+  return None
+
+
+def nvidia_driver_problem(
+    proc_version: str = '/proc/driver/nvidia/version',
+    find_library: Callable[[str], Optional[str]] = ctypes.util.find_library,
+) -> str:
+  """Why a CUDA plugin may not start here, naming the driver: missing, or the
+  version to check against CUDA's needs."""
+  try:
+    with open(proc_version) as file:
+      version = file.readline().strip()
+  except OSError:
+    version = ''
+  if not version and not find_library('cuda'):
+    return (
+        f'no NVIDIA driver was found (no libcuda.so, no {proc_version}): install the '
+        'NVIDIA driver, or run on a machine with a GPU'
+    )
+  if version:
+    return (
+        f'the NVIDIA driver here is "{version}" ({proc_version}): CUDA 12 needs 525.60 or '
+        "newer and CUDA 13 580 or newer; update the driver, or read JAX's log above"
+    )
+  return (
+      'libcuda.so is found but no driver is loaded (no {proc_version}): load the NVIDIA '
+      "kernel module (nvidia-smi shows it), or read JAX's log above"
+  ).format(proc_version=proc_version)
 
 
 def device_summary() -> str:

@@ -1,7 +1,13 @@
 """The paper's pretraining setting: a RoBERTa-base sized Linformer, n=512, k=128.
 
-12 layers, 768 wide, 12 heads, layerwise sharing; for a GPU or TPU. Point it at
-a large corpus, e.g. a TFDS dataset the machine has prepared:
+12 layers, 768 wide, 12 heads, layerwise sharing; for a GPU or TPU. It reads
+the Project Gutenberg books of ../shared/data (validation and test books as
+configs/gutenberg.py), or any folder of plain-text books:
+
+  python -m linformer_jax.train --config configs/roberta_base.py --workdir runs/base \
+      --config.data.path=../shared/data/gutenberg
+
+or a large corpus, e.g. a TFDS dataset the machine has prepared:
 
   python -m linformer_jax.train --config configs/roberta_base.py --workdir runs/base \
       --config.data.source=tfds --config.data.tfds_name=wiki40b/en
@@ -24,6 +30,13 @@ def get_config():
   config.log_every = 100
   config.eval_every = 5000
   config.checkpoint_every = 5000
+  config.data.source = 'text_files'
+  config.data.path = '../shared/data/gutenberg'  # folder of .txt books
+  # Whole books held out, as configs/gutenberg.py (../shared/data/README.md).
+  config.data.split_files = {
+      'validation': ['pg345.txt', 'pg174.txt', 'pg42.txt'],
+      'test': ['pg768.txt', 'pg8374.txt', 'pg2496.txt'],
+  }
   config.data.vocab_size = 32000
   config.data.max_eval_batches = 100
   # A thread keeps 2 batches ready while the device runs a step; one core makes

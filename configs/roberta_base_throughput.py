@@ -15,9 +15,7 @@ from configs import roberta_base
 
 def get_config():
   config = roberta_base.get_config()
-  config.data.source = 'text_files'
-  config.data.path = '../shared/data/gutenberg'  # folder of .txt books
-  config.data.split_files = {'validation': ['pg345.txt']}  # Dracula, as configs/gutenberg.py
+  config.data.split_files = {'validation': ['pg345.txt']}  # Dracula: any folder holding it
   config.data.max_eval_batches = 2  # the final evaluation only checks the step runs
   config.batch_size = 64  # per step, on one device
   config.eval_batch_size = 64

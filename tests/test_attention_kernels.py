@@ -1,7 +1,9 @@
 """model.attention_kernel='auto': the kernel a step takes on the devices it is
 compiled for, and the one-line refusals of a kernel the devices cannot run."""
 
+import flax.linen as nn
 import jax
+from jax.experimental.pallas import tpu as pltpu
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -9,6 +11,8 @@ import pytest
 from configs import tiny
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import attention
+from linformer_jax.model import models
+from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.training import run_builder
 
 
@@ -16,7 +20,8 @@ from linformer_jax.training import run_builder
     'platform, dtype, head_dim, kernel',
     [
         ('cpu', 'bfloat16', 64, 'einsum'),
-        ('tpu', 'bfloat16', 64, 'einsum'),
+        ('tpu', 'bfloat16', 64, 'pallas'),
+        ('tpu', 'float32', 64, 'pallas'),
         ('gpu', 'bfloat16', 64, 'cudnn'),
         ('cuda', 'float16', 128, 'cudnn'),
         ('gpu', 'float32', 64, 'einsum'),  # cuDNN takes 16-bit inputs
@@ -25,11 +30,25 @@ from linformer_jax.training import run_builder
     ],
 )
 def test_auto_takes_cudnn_exactly_where_it_can_run(platform, dtype, head_dim, kernel):
-  chosen, why = attention.kernel_for_platform('auto', platform, dtype=dtype, head_dim=head_dim)
+  chosen, why = attention.kernel_for_platform(
+      'auto', platform, dtype=dtype, head_dim=head_dim, lengths=(512, 128)
+  )
   assert chosen == kernel
   assert why.startswith('auto: ')
   if platform.startswith('gpu') and kernel == 'einsum':
     assert 'since cuDNN attention takes' in why
+
+
+def test_auto_on_a_tpu_takes_the_einsums_for_lengths_the_kernel_cannot_tile():
+  chosen, why = attention.kernel_for_platform(
+      'auto', 'tpu', dtype='bfloat16', head_dim=64, lengths=(512, 64)
+  )
+  assert chosen == 'einsum'
+  assert why == 'auto: einsum on tpu, since the Pallas TPU kernel takes query and key lengths ' + (
+      'that are multiples of 128, not 64'
+  )
+  with pytest.raises(ValueError, match="'pallas': the Pallas TPU kernel .* not 64; or use 'auto'"):
+    attention.kernel_for_platform('pallas', 'tpu', dtype='bfloat16', head_dim=64, lengths=(64,))
 
 
 @pytest.mark.parametrize('kernel', ['einsum', 'xla'])
@@ -45,6 +64,8 @@ def test_cudnn_the_devices_cannot_run_is_refused_with_the_fix():
     attention.kernel_for_platform('cudnn', 'cpu', dtype='bfloat16', head_dim=64)
   with pytest.raises(ValueError, match="16-bit inputs, not float32 .*or use 'auto'"):
     attention.kernel_for_platform('cudnn', 'gpu', dtype='float32', head_dim=64)
+  with pytest.raises(ValueError, match="'pallas' runs on TPUs.*compiled for gpu"):
+    attention.kernel_for_platform('pallas', 'gpu', dtype='bfloat16', head_dim=64)
 
 
 def test_a_run_resolves_auto_by_its_mesh_and_names_the_choice():
@@ -64,3 +85,65 @@ def test_auto_outside_a_run_matches_einsum_on_this_host():
   mask = jnp.arange(8)[None, :] < jnp.array([[8], [5]])
   auto = attention.attend_with('auto', q, k, v, mask)
   np.testing.assert_array_equal(np.asarray(auto), np.asarray(attention.attend(q, k, v, mask)))
+
+
+def _reference(q, k, v, key_mask):
+  """Softmax attention in float64 NumPy, masked keys left out."""
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  logits = np.einsum('bqhd,bkhd->bhqk', q, k) / np.sqrt(q.shape[-1])
+  if key_mask is not None:
+    logits = np.where(np.asarray(key_mask)[:, None, None, :], logits, -np.inf)
+  weights = np.exp(logits - logits.max(-1, keepdims=True))
+  weights /= weights.sum(-1, keepdims=True)
+  return np.einsum('bhqk,bkhd->bqhd', weights, v)
+
+
+@pytest.mark.parametrize(
+    'q_length, kv_length, padded',
+    [(256, 128, False), (128, 128, True), (384, 384, True)],
+    ids=['linformer', 'transformer-padded', 'three-blocks'],
+)
+def test_the_pallas_tpu_kernel_matches_float64_in_interpret_mode(q_length, kv_length, padded):
+  """JAX's TPU flash attention kernel, interpreted on this CPU: outputs and
+  gradients against the float64 reference and the einsums."""
+  keys = jax.random.split(jax.random.PRNGKey(0), 4)
+  q = jax.random.normal(keys[0], (2, q_length, 2, 16))
+  k, v = (jax.random.normal(key, (2, kv_length, 2, 16)) for key in keys[1:3])
+  mask = jnp.arange(kv_length)[None, :] < jnp.array([[kv_length], [kv_length - 5]])
+  mask = mask if padded else None
+  with pltpu.force_tpu_interpret_mode():
+    out = attention.attend_with('pallas', q, k, v, mask)
+    grads = jax.grad(
+        lambda *x: jnp.sum(jnp.sin(attention.attend_with('pallas', *x, mask))), (0, 1, 2)
+    )(q, k, v)
+  np.testing.assert_allclose(np.asarray(out), _reference(q, k, v, mask), rtol=2e-5, atol=2e-5)
+  expected = jax.grad(lambda *x: jnp.sum(jnp.sin(attention.attend(*x, mask))), (0, 1, 2))(q, k, v)
+  for got, want in zip(grads, expected):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
+
+
+def test_a_model_on_the_pallas_kernel_keeps_padding_out():
+  """A tiny Linformer and Transformer in interpret mode: the einsums' logits,
+  and a padded example's real positions as alone."""
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 256), 1, 40)
+  mask = jnp.arange(256)[None, :] < jnp.array([[256], [128]])
+  small = dict(num_layers=1, num_heads=2, hidden_dim=16, mlp_dim=32, max_len=256, vocab_size=50)
+  for attention_name in ('full', 'linformer'):
+    einsum = ModelConfig(
+        **small, attention=attention_name, projected_len=128, attention_kernel='einsum'
+    )
+    pallas = ModelConfig(
+        **small, attention=attention_name, projected_len=128, attention_kernel='pallas'
+    )
+    model = models.MaskedLanguageModel(einsum)
+    variables = nn.meta.unbox(model.init(jax.random.PRNGKey(0), tokens))
+    reference = model.apply(variables, tokens, mask, deterministic=True)
+    with pltpu.force_tpu_interpret_mode():
+      logits = models.MaskedLanguageModel(pallas).apply(variables, tokens, mask, deterministic=True)
+      alone = models.MaskedLanguageModel(pallas).apply(
+          variables, tokens[1:, :128], mask[1:, :128], deterministic=True
+      )
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(reference), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(logits[1, :128]), np.asarray(alone[0]), rtol=1e-5, atol=1e-5
+    )

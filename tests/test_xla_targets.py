@@ -194,6 +194,21 @@ def test_auto_takes_cudnn_in_a_step_compiled_for_an_h100(plugins, attention):
   assert _rows(result.stdout)['h100'][7] == 'yes'
 
 
+@pytest.mark.long
+def test_auto_takes_the_pallas_kernel_in_a_step_compiled_for_a_v5e_chip(plugins):
+  """XLA:TPU compiles JAX's Pallas flash attention ahead of time from this host."""
+  del plugins
+  result = _mesh_memory(
+      '--target=v5e-1',
+      '--config.model.max_len=128',
+      '--config.model.projected_len=128',
+      '--config.model.dtype=bfloat16',
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert 'attention kernel pallas (auto: Pallas flash attention on tpu)' in result.stdout
+  assert _rows(result.stdout)['v5e-1'][7] == 'yes'
+
+
 def test_unknown_target_is_one_line():
   result = _mesh_memory('--target=v7x-3')
   assert result.returncode == 2

@@ -81,7 +81,7 @@ class BenchmarkSettings:
     inference_chunk: positions per chunk of the efficient Transformer's and
       Linformer's queries and MLP; 0 runs one pass.
     attention_kernel: the efficient Transformer's attention, one of
-      ATTENTION_KERNELS ('cudnn' needs an NVIDIA GPU and bfloat16).
+      ATTENTION_KERNELS ('cudnn' needs an NVIDIA GPU and bfloat16, 'pallas' a TPU).
     memory_budget_bytes: None times `batch` sequences; else each cell runs at
       the largest batch whose compiled temporary + argument + output bytes fit.
     max_batch: the largest batch the memory-budget search tries.
@@ -195,6 +195,11 @@ class BenchmarkSettings:
             f'--attention_kernel=cudnn needs an NVIDIA GPU, not {jax.default_backend()}; '
             'use --attention_kernel=xla.'
         )
+    if self.attention_kernel == 'pallas' and jax.default_backend() != 'tpu':
+      raise ConfigError(
+          f'--attention_kernel=pallas needs a TPU, not {jax.default_backend()}; '
+          'use --attention_kernel=xla.'
+      )
 
   @property
   def has_efficient_transformer(self) -> bool:

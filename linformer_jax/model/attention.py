@@ -28,10 +28,11 @@ and accumulate in float32 (`precision.einsum`); the softmax runs in float32;
 outputs come back in the input dtype.
 """
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from linformer_jax.model import precision
 
@@ -92,11 +93,12 @@ def attend(q: Array, k: Array, v: Array, key_mask: Optional[Array] = None) -> Ar
   return out.astype(q.dtype)
 
 
-# How `attend_with` computes softmax attention: this module's einsums, or
+# How `attend_with` computes softmax attention: this module's einsums,
 # jax.nn.dot_product_attention with its XLA or cuDNN (flash attention, GPU)
-# implementation. 'auto' is a choice, not a kernel: `kernel_for_platform`
-# turns it into one of the others for the devices a step is compiled for.
-ATTENTION_KERNELS = ('einsum', 'xla', 'cudnn')
+# implementation, or JAX's Pallas flash attention kernel for TPUs. 'auto' is a
+# choice, not a kernel: `kernel_for_platform` turns it into one of the others
+# for the devices a step is compiled for.
+ATTENTION_KERNELS = ('einsum', 'xla', 'cudnn', 'pallas')
 AUTO_KERNEL = 'auto'
 KERNEL_CHOICES = (AUTO_KERNEL,) + ATTENTION_KERNELS
 
@@ -117,13 +119,34 @@ def cudnn_refusal(dtype: str, head_dim: int) -> Optional[str]:
   return None
 
 
+PALLAS_BLOCK = 128  # the TPU kernel's lengths (queries and keys) are multiples of this
+
+
+def pallas_refusal(lengths: Sequence[int]) -> Optional[str]:
+  """Why the Pallas TPU kernel cannot take sequences of these lengths, or None."""
+  odd = sorted({length for length in lengths if length % PALLAS_BLOCK})
+  if odd:
+    return (
+        f'the Pallas TPU kernel takes query and key lengths that are multiples of '
+        f'{PALLAS_BLOCK}, not {", ".join(map(str, odd))}'
+    )
+  return None
+
+
 def kernel_for_platform(
-    requested: str, platform: str, *, dtype: str, head_dim: int
+    requested: str,
+    platform: str,
+    *,
+    dtype: str,
+    head_dim: int,
+    lengths: Sequence[int] = (),
 ) -> tuple[str, str]:
   """(kernel, why) for a step compiled for devices of `platform`.
 
   'auto' takes cuDNN's fused attention on GPUs where the dtype and head width
-  allow it, and the einsums elsewhere (CPUs, TPUs, float32 on a GPU). An
+  allow it, the Pallas flash attention kernel on TPUs, and the einsums
+  elsewhere (CPUs, float32 on a GPU). `lengths` are the query and key
+  lengths the model attends over (max_len, and k for a Linformer). An
   explicit kernel is kept; one the platform cannot run raises ValueError
   naming what to set instead.
   """
@@ -131,6 +154,11 @@ def kernel_for_platform(
     raise ValueError(f'attention kernel {requested!r} is unknown; use one of {KERNEL_CHOICES}.')
   on_gpu = platform in ('gpu', 'cuda')
   if requested == AUTO_KERNEL:
+    if platform == 'tpu':
+      refusal = pallas_refusal(lengths)
+      if refusal:
+        return 'einsum', f'auto: einsum on tpu, since {refusal}'
+      return 'pallas', 'auto: Pallas flash attention on tpu'
     if not on_gpu:
       return 'einsum', f'auto: einsum on {platform}'
     refusal = cudnn_refusal(dtype, head_dim)
@@ -146,6 +174,15 @@ def kernel_for_platform(
     refusal = cudnn_refusal(dtype, head_dim)
     if refusal:
       raise ValueError(f"model.attention_kernel='cudnn': {refusal}; or use 'auto'.")
+  if requested == 'pallas':
+    if platform != 'tpu':
+      raise ValueError(
+          f"model.attention_kernel='pallas' runs on TPUs, and this step is compiled for "
+          f"{platform}; use 'auto' or 'einsum'."
+      )
+    refusal = pallas_refusal(lengths)
+    if refusal:
+      raise ValueError(f"model.attention_kernel='pallas': {refusal}; or use 'auto'.")
   return requested, 'as configured'
 
 
@@ -165,6 +202,10 @@ def attend_with(
     )
   if kernel == 'einsum':
     return attend(q, k, v, key_mask)
+  if kernel == 'pallas':
+    if pallas_refusal((q.shape[1], k.shape[1])):  # a shorter input than the model's n
+      return attend(q, k, v, key_mask)
+    return tpu_flash_attention(q, k, v, key_mask)
   if kernel not in ATTENTION_KERNELS:
     raise ValueError(f'attention kernel {kernel!r} is unknown; use one of {ATTENTION_KERNELS}.')
   if kernel == 'cudnn' and key_mask is not None:
@@ -181,6 +222,56 @@ def attend_with(
   mask = None if key_mask is None else key_mask[:, None, None, :]
   out = jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=kernel)
   return out.astype(q.dtype)
+
+
+def _block(length: int) -> int:
+  """A block of the Pallas kernel along a sequence: the largest of 512, 256
+  and 128 that divides it, else the whole sequence."""
+  return next((block for block in (512, 256, 128) if length % block == 0), length)
+
+
+def tpu_flash_attention(q: Array, k: Array, v: Array, key_mask: Optional[Array] = None) -> Array:
+  """`attend` through JAX's Pallas flash attention kernel for TPUs: the
+  [q_length, kv_length] probabilities are never stored, forward or backward.
+
+  Query and key lengths are multiples of `PALLAS_BLOCK` (`pallas_refusal`).
+  A padding mask [batch, kv_length] goes in as segment ids: every query is in
+  segment 1 and a padded key in segment 0, so it gets no weight. On a CPU the
+  kernel runs under `pltpu.force_tpu_interpret_mode()` (the tests).
+  """
+  from jax.experimental.pallas.ops.tpu import flash_attention as pallas_flash
+
+  batch, q_length, _, head_dim = q.shape
+  kv_length = k.shape[1]
+  segment_ids = None
+  if key_mask is not None:
+    segment_ids = pallas_flash.SegmentIds(
+        q=jnp.ones((batch, q_length), jnp.int32), kv=key_mask.astype(jnp.int32)
+    )
+  block_q, block_k = _block(q_length), _block(kv_length)
+  blocks = pallas_flash.BlockSizes(
+      block_q=block_q,
+      block_k_major=block_k,
+      block_k=block_k,
+      block_b=1,
+      block_q_major_dkv=block_q,
+      block_k_major_dkv=block_k,
+      block_k_dkv=block_k,
+      block_q_dkv=block_q,
+      block_k_major_dq=block_k,
+      block_k_dq=block_k,
+      block_q_dq=block_q,
+  )
+  heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [batch, heads, length, head_dim]
+  out = pallas_flash.flash_attention(
+      heads_first(q),
+      heads_first(k.astype(q.dtype)),
+      heads_first(v.astype(q.dtype)),
+      segment_ids=segment_ids,
+      sm_scale=float(1.0 / np.sqrt(head_dim)),
+      block_sizes=blocks,
+  )
+  return heads_first(out).astype(q.dtype)
 
 
 def dot_product_attention(

@@ -136,13 +136,27 @@ class ModelConfig:
   def head_dim(self) -> int:
     return self.hidden_dim // self.num_heads
 
+  @property
+  def attended_lengths(self) -> Tuple[int, ...]:
+    """The query and key lengths the softmax attention sees: max_len, and the
+    compressed length k of every layer where keys are projected."""
+    if not self.attention_kind.uses_projection:
+      return (self.max_len,)
+    return (self.max_len,) + tuple(
+        self.projected_len_for_layer(layer) for layer in range(self.num_layers)
+    )
+
   def with_kernel_for(self, platform: str) -> Tuple['ModelConfig', str]:
     """This config with `attention_kernel` resolved for devices of `platform`
     ('auto' becomes a kernel), and why that kernel; a ConfigError if the
     explicit kernel cannot run there."""
     try:
       kernel, why = kernel_for_platform(
-          self.attention_kernel, platform, dtype=self.dtype, head_dim=self.head_dim
+          self.attention_kernel,
+          platform,
+          dtype=self.dtype,
+          head_dim=self.head_dim,
+          lengths=self.attended_lengths,
       )
     except ValueError as error:
       raise ConfigError(str(error)) from None

@@ -175,6 +175,11 @@ def planned_bytes(compiled: Any) -> Dict[str, int]:
   }
 
 
+# Attention kernels that are one opaque call to XLA's cost analysis, and run
+# on one kind of accelerator only: their steps are counted on the host.
+OPAQUE_KERNELS = ('cudnn', 'pallas')
+
+
 def step_flops(
     config: ml_collections.ConfigDict,
     lowered: Any,
@@ -192,11 +197,11 @@ def step_flops(
   `devices` are those the step was lowered for (by default JAX's), and
   `attention_kernel` the kernel it attends with. Where that analysis counts
   nothing (XLA:GPU gives none for a lowered program) or cannot see inside the
-  attention (cuDNN's kernel is an opaque call), the step is counted on this
+  attention (cuDNN's and the Pallas kernels are opaque calls), the step is counted on this
   host's CPU instead (`host_step_flops`).
   """
   device_count = len(devices) if devices is not None else jax.device_count()
-  if attention_kernel == 'cudnn':
+  if attention_kernel in OPAQUE_KERNELS:
     return host_step_flops(config, device_count)
   if config.model.scan_layers:
     unscanned = config.copy_and_resolve_references()
@@ -215,7 +220,7 @@ def host_step_flops(config: ml_collections.ConfigDict, device_count: int) -> flo
   host = config.copy_and_resolve_references()
   host.mesh_shape = (1, 1)
   host.model.scan_layers = False
-  if host.model.attention_kernel in ('cudnn', 'auto'):
+  if host.model.attention_kernel in OPAQUE_KERNELS + ('auto',):
     host.model.attention_kernel = 'einsum'
   cpu = jax.devices('cpu')[:1]
   lowered = lowered_train_step(host, cpu)

@@ -114,3 +114,22 @@ def test_scanned_layers_count_every_layers_flops(tmp_path):
     finally:
       run.store.close()
   assert costs[True].flops == pytest.approx(costs[False].flops, rel=1e-6)
+
+
+def test_an_opaque_kernel_step_is_counted_on_the_host_as_the_einsum_step():
+  """cuDNN's and the Pallas kernels are one call to XLA's cost analysis (and
+  XLA:GPU counts nothing for a lowered step): such a step's FLOPs are the same
+  step's with the einsum attention, counted on this host's CPU."""
+  config = tiny_config()
+  config.model.attention_kernel = 'einsum'
+  lowered = compiled_step.lowered_train_step(config)
+  einsum = compiled_step.step_flops(config, lowered)
+  assert einsum > 0
+  for kernel in compiled_step.OPAQUE_KERNELS:
+    assert compiled_step.step_flops(config, lowered, attention_kernel=kernel) == einsum
+  config.model.attention_kernel = 'auto'
+  assert compiled_step.host_step_flops(config, 2) == einsum / 2
+
+
+def test_peak_device_memory_is_none_on_a_cpu():
+  assert compiled_step.peak_device_bytes() is None

@@ -20,14 +20,14 @@ import jax
 import jax.numpy as jnp
 
 from linformer_jax import cli
+from linformer_jax import settings_flags
 from linformer_jax.analysis import flag_checks
 from linformer_jax.analysis import measuring
-from linformer_jax.analysis import settings_flags
 from linformer_jax.analysis.benchmark_settings import DTYPES
 from linformer_jax.analysis.measuring import time_ms
-from linformer_jax.analysis.settings_flags import setting
 from linformer_jax.analysis.tables import markdown_table
 from linformer_jax.model import attention
+from linformer_jax.settings_flags import setting
 from linformer_jax.training import compiled_step
 from linformer_jax.units import MIB
 

@@ -74,8 +74,8 @@ import numpy as np
 import optax
 
 from linformer_jax import cli
+from linformer_jax import settings_flags
 from linformer_jax.analysis import benchmark_report
-from linformer_jax.analysis import settings_flags
 from linformer_jax.analysis.benchmark_budget import ForwardPass
 from linformer_jax.analysis.benchmark_budget import compile_within_budget
 from linformer_jax.analysis.benchmark_report import EFFICIENT_TRANSFORMER

@@ -45,21 +45,21 @@ import jax.numpy as jnp
 import numpy as np
 
 from linformer_jax import cli
+from linformer_jax import settings_flags
 from linformer_jax.analysis import benchmark_settings
 from linformer_jax.analysis import flag_checks
 from linformer_jax.analysis import measuring
-from linformer_jax.analysis import settings_flags
 from linformer_jax.analysis.benchmark_report import memory_bytes
 from linformer_jax.analysis.causal_benchmark_report import COLUMNS
 from linformer_jax.analysis.causal_benchmark_report import cell_name
 from linformer_jax.analysis.causal_benchmark_report import write_outputs
-from linformer_jax.analysis.settings_flags import setting
 from linformer_jax.model import generation
 from linformer_jax.model import models
 from linformer_jax.model import projections
 from linformer_jax.model.layers import CACHE
 from linformer_jax.model.model_config import SHARING_MODES
 from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.settings_flags import setting
 from linformer_jax.training import compiled_step
 from linformer_jax.units import GIB
 

@@ -34,9 +34,9 @@ import ml_collections
 from ml_collections import config_flags
 
 from linformer_jax import cli
+from linformer_jax import settings_flags
 from linformer_jax.analysis import data_benchmark_report as report
 from linformer_jax.analysis import loader_throughput
-from linformer_jax.analysis import settings_flags
 from linformer_jax.analysis.data_benchmark_corpus import corpus_overrides
 from linformer_jax.analysis.data_benchmark_corpus import generate_corpus
 from linformer_jax.analysis.data_benchmark_report import FIRST_RUN_STEPS
@@ -44,11 +44,11 @@ from linformer_jax.analysis.data_benchmark_report import config_arguments
 from linformer_jax.analysis.data_benchmark_report import flag_value
 from linformer_jax.analysis.process_memory import Measurement
 from linformer_jax.analysis.process_memory import run_measured
-from linformer_jax.analysis.settings_flags import setting
 from linformer_jax.data import prepare
 from linformer_jax.data import shards
 from linformer_jax.data import tokenizer_files
 from linformer_jax.errors import ConfigError
+from linformer_jax.settings_flags import setting
 from linformer_jax.training import run_config
 from linformer_jax.units import GIB
 from linformer_jax.units import MIB

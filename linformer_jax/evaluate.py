@@ -13,29 +13,40 @@ lists the kept ones. Evaluating never moves a checkpoint
 its results printed, then one error line saying they were not saved.
 """
 
+import dataclasses
 import json
 
 from absl import flags
 
 from linformer_jax import cli
+from linformer_jax import settings_flags
+from linformer_jax.settings_flags import setting
 from linformer_jax.training import evaluation
 
 FLAGS = flags.FLAGS
 
 
+@dataclasses.dataclass(frozen=True)
+class EvaluateSettings:
+  """The command's own settings, each its flag; the run's are --config.FIELD."""
+
+  split: str = setting('validation', "Split to evaluate: 'validation', 'test' or 'train'.")
+
+
 def define_flags() -> None:
   """The command's flags: defined when it runs, so that importing it defines none."""
-  flags.DEFINE_string('split', 'validation', "Split to evaluate: 'validation', 'test' or 'train'.")
+  settings_flags.define_flags(EvaluateSettings)
   cli.define_config_flags(reads_run=True)
 
 
 def main(argv):
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
+  settings = settings_flags.from_flags(EvaluateSettings)
   cli.start_processes()
-  results = evaluation.evaluate_run(FLAGS.config, FLAGS.workdir, flags.FLAGS.split)
+  results = evaluation.evaluate_run(FLAGS.config, FLAGS.workdir, settings.split)
   print(json.dumps(results, indent=2, sort_keys=True), flush=True)
-  path = evaluation.results_path(FLAGS.config, FLAGS.workdir, flags.FLAGS.split)
+  path = evaluation.results_path(FLAGS.config, FLAGS.workdir, settings.split)
   with cli.saving_printed_results(path):
     evaluation.write_results(path, results)
 

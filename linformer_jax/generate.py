@@ -12,37 +12,48 @@ the step that wrote it. Bad sampling settings and a step that is not kept
 end in one error line (the kept steps listed) before anything is sampled.
 """
 
+import dataclasses
 import sys
 
 from absl import flags
 
 from linformer_jax import cli
+from linformer_jax import settings_flags
+from linformer_jax.settings_flags import setting
 from linformer_jax.training import text_generation
 
 FLAGS = flags.FLAGS
 
 
+@dataclasses.dataclass(frozen=True)
+class SamplingSettings:
+  """The command's own settings, each its flag; the run's are --config.FIELD."""
+
+  prompt: str = setting('', 'Text to continue (may be empty: start from <s>).')
+  max_new_tokens: int = setting(40, 'Tokens to generate.')
+  temperature: float = setting(1.0, 'Sampling temperature; 0 is greedy.')
+  top_k: int = setting(0, 'Sample among the k most likely tokens (0: all).')
+  seed: int = setting(0, 'Sampling seed.')
+
+
 def define_flags() -> None:
   """The command's flags: defined when it runs, so that importing it defines none."""
-  flags.DEFINE_string('prompt', '', 'Text to continue (may be empty: start from <s>).')
-  flags.DEFINE_integer('max_new_tokens', 40, 'Tokens to generate.')
-  flags.DEFINE_float('temperature', 1.0, 'Sampling temperature; 0 is greedy.')
-  flags.DEFINE_integer('top_k', 0, 'Sample among the k most likely tokens (0: all).')
-  flags.DEFINE_integer('seed', 0, 'Sampling seed.')
+  settings_flags.define_flags(SamplingSettings)
   cli.define_config_flags(reads_run=True)
 
 
 def main(argv):
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
+  settings = settings_flags.from_flags(SamplingSettings)
   continuation = text_generation.continue_prompt(
       FLAGS.config,
       FLAGS.workdir,
-      flags.FLAGS.prompt,
-      flags.FLAGS.max_new_tokens,
-      temperature=flags.FLAGS.temperature,
-      top_k=flags.FLAGS.top_k,
-      seed=flags.FLAGS.seed,
+      settings.prompt,
+      settings.max_new_tokens,
+      temperature=settings.temperature,
+      top_k=settings.top_k,
+      seed=settings.seed,
   )
   print(f'sampled by step {continuation.step} of {FLAGS.workdir}', file=sys.stderr, flush=True)
   print(continuation.text, flush=True)

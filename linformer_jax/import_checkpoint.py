@@ -11,27 +11,39 @@ commands that use the run (docs/checkpoint_import.md). A folder that cannot
 be imported ends with a one-line error and exit code 2, nothing written.
 """
 
+import dataclasses
+
 from absl import flags
 
 from linformer_jax import cli
+from linformer_jax import settings_flags
+from linformer_jax.settings_flags import setting
 from linformer_jax.training import hf_import
 
 FLAGS = flags.FLAGS
 
 
+@dataclasses.dataclass(frozen=True)
+class ImportSettings:
+  """The command's own settings, each its flag; the run's are --config.FIELD."""
+
+  source: str = setting(
+      help_text='The checkpoint: a Hugging Face folder, or a hub name (needs network).',
+      flag='from',
+  )
+
+
 def define_flags() -> None:
   """The command's flags: defined when it runs, so that importing it defines none."""
-  flags.DEFINE_string(
-      'from', None, 'The checkpoint: a Hugging Face folder, or a hub name (needs network).'
-  )
+  settings_flags.define_flags(ImportSettings)
   cli.define_config_flags()
-  flags.mark_flag_as_required('from')
 
 
 def main(argv):
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
-  _, summary = hf_import.import_checkpoint(flags.FLAGS['from'].value, FLAGS.workdir, FLAGS.config)
+  settings = settings_flags.from_flags(ImportSettings)
+  _, summary = hf_import.import_checkpoint(settings.source, FLAGS.workdir, FLAGS.config)
   for line in hf_import.describe(summary, FLAGS.workdir):
     print(line, flush=True)
 

@@ -39,8 +39,10 @@ import jax
 import ml_collections
 
 from linformer_jax import cli
+from linformer_jax import settings_flags
 from linformer_jax.analysis import xla_targets
 from linformer_jax.analysis.tables import markdown_table
+from linformer_jax.settings_flags import setting
 from linformer_jax.training import compiled_step
 from linformer_jax.training import run_config
 from linformer_jax.training import sharding as sharding_lib
@@ -288,9 +290,9 @@ def describe_rows(rows: List[Dict[str, object]]) -> str:
 FLAGS = flags.FLAGS
 
 
-def _mesh_shapes() -> List[tuple]:
+def _mesh_shapes(settings: 'MeshMemorySettings') -> List[tuple]:
   shapes = []
-  for text in FLAGS.meshes:
+  for text in settings.meshes:
     try:
       shapes.append(tuple(int(size) for size in text.split(',')))
     except ValueError:
@@ -300,20 +302,29 @@ def _mesh_shapes() -> List[tuple]:
   return shapes
 
 
+@dataclasses.dataclass(frozen=True)
+class MeshMemorySettings:
+  """The command's own settings, each its flag; the run's are --config.FIELD."""
+
+  meshes: Sequence[str] = setting(('-1,1',), 'Mesh shapes DATA,MODEL.', repeated=True)
+  target: Sequence[str] = setting(
+      (),
+      f'Compile for these accelerators instead of this host: {xla_targets.EXAMPLES}.',
+      repeated=True,
+  )
+  per_device_batch: int = setting(
+      0, "Sequences per data shard (0: the config's batch_size over the mesh)."
+  )
+  max_batch: bool = setting(
+      False, 'Also find the largest batch per device that fits (needs --target).'
+  )
+
+
 def define_flags() -> None:
   """The command's flags: defined when it runs, so that importing it defines none."""
   cli.define_config_flags()
   flags.FLAGS.set_default('workdir', '')  # nothing is written; --workdir is not needed
-  flags.DEFINE_multi_string('meshes', ['-1,1'], 'Mesh shapes DATA,MODEL.')
-  flags.DEFINE_multi_string(
-      'target', [], f'Compile for these accelerators instead of this host: {xla_targets.EXAMPLES}.'
-  )
-  flags.DEFINE_integer(
-      'per_device_batch', 0, "Sequences per data shard (0: the config's batch_size over the mesh)."
-  )
-  flags.DEFINE_bool(
-      'max_batch', False, 'Also find the largest batch per device that fits (needs --target).'
-  )
+  settings_flags.define_flags(MeshMemorySettings)
 
 
 def _kernel_text(devices: Sequence[jax.Device]) -> str:
@@ -326,12 +337,13 @@ def _kernel_text(devices: Sequence[jax.Device]) -> str:
 def main(argv: List[str]) -> None:
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}')
-  if FLAGS.per_device_batch < 0:
-    cli.fail(f'--per_device_batch={FLAGS.per_device_batch} must be 0 or more')
-  if FLAGS.max_batch and not FLAGS.target:
+  settings = settings_flags.from_flags(MeshMemorySettings)
+  if settings.per_device_batch < 0:
+    cli.fail(f'--per_device_batch={settings.per_device_batch} must be 0 or more')
+  if settings.max_batch and not settings.target:
     cli.fail('--max_batch needs a --target with a fixed memory size (this host has none)')
-  meshes = _mesh_shapes()
-  targets = [xla_targets.parse_target(name) for name in FLAGS.target]  # checked first
+  meshes = _mesh_shapes(settings)
+  targets = [xla_targets.parse_target(name) for name in settings.target]  # checked first
   if targets:
     xla_targets.enable_plugins('linformer_jax.mesh_memory')
     places = []
@@ -360,9 +372,9 @@ def main(argv: List[str]) -> None:
         print(f'{name} {mesh_shape}: {memory.progress_text()}', file=sys.stderr, flush=True)
         return memory
 
-      memory = measure(FLAGS.per_device_batch)
+      memory = measure(settings.per_device_batch)
       rows.append({'target': name, 'mesh': mesh_shape, 'memory': memory})
-      if FLAGS.max_batch:
+      if settings.max_batch:
         found = largest_batch(measure, memory)
         per_sequence = found['bytes_per_sequence']
         searches.append(

@@ -48,14 +48,14 @@ import numpy as np
 import optax
 
 from linformer_jax import cli
+from linformer_jax import settings_flags
 from linformer_jax import storage
-from linformer_jax.analysis import settings_flags
-from linformer_jax.analysis.settings_flags import setting
 from linformer_jax.checkpoints import partial_restore
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import attention_capture
 from linformer_jax.model import layers
 from linformer_jax.model import models
+from linformer_jax.settings_flags import setting
 from linformer_jax.training import run_builder
 
 

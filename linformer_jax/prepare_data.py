@@ -18,33 +18,44 @@ killed preparation resumes after its last finished shard. Bad input ends with
 a one-line error and exit code 2.
 """
 
+import dataclasses
 import json
 
 from absl import flags
 
 from linformer_jax import cli
+from linformer_jax import settings_flags
 from linformer_jax.data import masked_lm
+from linformer_jax.settings_flags import setting
 
 FLAGS = flags.FLAGS
 
 
+@dataclasses.dataclass(frozen=True)
+class PrepareSettings:
+  """The command's own settings, each its flag; the run's are --config.FIELD."""
+
+  part_index: int = setting(0, "This host's part of the splits.")
+  part_count: int = setting(1, 'How many hosts prepare the splits.')
+  tokenizer_only: bool = setting(False, 'Only train (or check) the tokenizer.')
+
+
 def define_flags() -> None:
   """The command's flags: defined when it runs, so that importing it defines none."""
-  flags.DEFINE_integer('part_index', 0, "This host's part of the splits.")
-  flags.DEFINE_integer('part_count', 1, 'How many hosts prepare the splits.')
-  flags.DEFINE_boolean('tokenizer_only', False, 'Only train (or check) the tokenizer.')
+  settings_flags.define_flags(PrepareSettings)
   cli.define_config_flags()
 
 
 def main(argv):
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
+  settings = settings_flags.from_flags(PrepareSettings)
   summary = masked_lm.prepare_splits(
       FLAGS.config,
       FLAGS.workdir,
-      part_index=flags.FLAGS.part_index,
-      part_count=flags.FLAGS.part_count,
-      tokenizer_only=flags.FLAGS.tokenizer_only,
+      part_index=settings.part_index,
+      part_count=settings.part_count,
+      tokenizer_only=settings.tokenizer_only,
   )
   print(json.dumps(summary, indent=2, sort_keys=True), flush=True)
 

@@ -56,12 +56,14 @@ import ml_collections
 import numpy as np
 
 from linformer_jax import cli
+from linformer_jax import settings_flags
 from linformer_jax import storage
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import projections
 from linformer_jax.model.layers import PROJECTION_NAMES
 from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.model.projections import linear
+from linformer_jax.settings_flags import setting
 from linformer_jax.training import run_loading
 
 
@@ -223,23 +225,30 @@ def summary_lines(report: Mapping[str, Any]) -> List[str]:
   return lines
 
 
+@dataclasses.dataclass(frozen=True)
+class StatsSettings:
+  """The command's own settings, each its flag; the run's are --config.FIELD."""
+
+  step: int = setting(0, 'A kept step to read instead of the newest (0).')
+
+
 def define_flags() -> None:
   """The command's flags: defined when it runs, so that importing it defines none."""
   cli.define_config_flags(reads_run=True)
-  flags.DEFINE_integer('step', 0, 'A kept step to read instead of the newest (0).')
+  settings_flags.define_flags(StatsSettings)
 
 
 def main(argv):
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
-  parsed = flags.FLAGS
-  if parsed.step < 0:
-    cli.fail(f'--step={parsed.step} is not allowed: use a kept step, or 0 for the newest.')
+  parsed, settings = flags.FLAGS, settings_flags.from_flags(StatsSettings)
+  if settings.step < 0:
+    cli.fail(f'--step={settings.step} is not allowed: use a kept step, or 0 for the newest.')
   workdir = storage.location(parsed.workdir)
-  report = projection_report(parsed.config, workdir, parsed.step or None)
+  report = projection_report(parsed.config, workdir, settings.step or None)
   for line in summary_lines(report):
     print(line, flush=True)
-  asked = parsed.step or parsed.config.restore_step
+  asked = settings.step or parsed.config.restore_step
   name = f'projection_stats_{asked}.json' if asked else 'projection_stats.json'
   path = os.path.join(workdir, name)
   with cli.saving_printed_results(path):

@@ -46,8 +46,8 @@ import numpy as np
 import optax
 
 from linformer_jax import cli
+from linformer_jax import settings_flags
 from linformer_jax.analysis import measuring
-from linformer_jax.analysis import settings_flags
 from linformer_jax.analysis.benchmark_budget import ForwardPass
 from linformer_jax.analysis.benchmark_settings import VOCAB_SIZE
 from linformer_jax.analysis.measuring import random_variables

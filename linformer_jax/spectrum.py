@@ -33,6 +33,7 @@ and exit code 2 before anything is computed; an --out it cannot write, after
 the summary is printed.
 """
 
+import dataclasses
 import json
 import os
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -43,11 +44,13 @@ import ml_collections
 import numpy as np
 
 from linformer_jax import cli
+from linformer_jax import settings_flags
 from linformer_jax import storage
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import attention_capture
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.settings_flags import setting
 from linformer_jax.training import run_loading
 
 SPECTRUM_FILE = 'spectrum.json'
@@ -341,28 +344,34 @@ def write_outputs(report: Mapping[str, Any], out_dir: str) -> List[str]:
   return paths
 
 
-def define_flags() -> None:
-  """The command's flags; defined only when run, so importing stays side-free."""
-  cli.define_config_flags(reads_run=True)
-  flags.DEFINE_string('out', '', 'Output folder (default WORKDIR/spectrum).')
-  flags.DEFINE_integer('num_sequences', 64, 'Evaluation sequences to average over.')
-  flags.DEFINE_integer(
-      'index',
+@dataclasses.dataclass(frozen=True)
+class SpectrumSettings:
+  """The command's own settings, each its flag; the run's are --config.FIELD."""
+
+  out: str = setting('', 'Output folder (default WORKDIR/spectrum).')
+  num_sequences: int = setting(64, 'Evaluation sequences to average over.')
+  index: int = setting(
       128,
-      '1-based singular value index to report (the '
-      'paper: 128 of 512); clamped to the rank bound of P.',
+      '1-based singular value index to report (the paper: 128 of 512); clamped to the rank '
+      'bound of P.',
   )
+
+
+def define_flags() -> None:
+  """The command's flags: defined when it runs, so that importing it defines none."""
+  cli.define_config_flags(reads_run=True)
+  settings_flags.define_flags(SpectrumSettings)
 
 
 def main(argv):
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
-  parsed = flags.FLAGS
-  if parsed.out:
-    storage.check_folder(parsed.out, '--out', writable=False)
-  out = parsed.out or os.path.join(parsed.workdir, 'spectrum')
+  parsed, settings = flags.FLAGS, settings_flags.from_flags(SpectrumSettings)
+  if settings.out:
+    storage.check_folder(settings.out, '--out', writable=False)
+  out = settings.out or os.path.join(parsed.workdir, 'spectrum')
   report = compute_spectrum(
-      parsed.config, parsed.workdir, num_sequences=parsed.num_sequences, index=parsed.index
+      parsed.config, parsed.workdir, num_sequences=settings.num_sequences, index=settings.index
   )
   print(f'{title(report)}: normalised cumulative singular values of P', flush=True)
   for line in summary_lines(report):

@@ -34,10 +34,10 @@ import os
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from absl import flags
 import ml_collections
 
 from linformer_jax import cli
+from linformer_jax import settings_flags
 from linformer_jax import storage
 from linformer_jax.analysis.sweep_report import REPORT_FILE
 from linformer_jax.analysis.sweep_report import describe
@@ -48,6 +48,7 @@ from linformer_jax.analysis.sweep_report import write_report
 from linformer_jax.errors import ConfigError
 from linformer_jax.extensions import import_extensions
 from linformer_jax.registry import add_declared_settings
+from linformer_jax.settings_flags import setting
 from linformer_jax.training import run_config
 from linformer_jax.training import trainer
 from linformer_jax.training import training_run
@@ -340,27 +341,37 @@ def run_sweep(
 __all__ = ['Sweep', 'Variant', 'main']
 
 
-def define_flags() -> None:
-  flags.DEFINE_string('sweep', None, 'Sweep file, e.g. configs/sweeps/projected_len.py.')
-  flags.DEFINE_string('workdir', None, 'Directory of the sweep; variant NAME runs in WORKDIR/NAME.')
-  flags.DEFINE_list('only', [], 'Comma-separated names of the variants to run (default: all).')
-  flags.DEFINE_multi_string(
-      'set', [], 'KEY=VALUE override for every variant, e.g. --set=total_steps=50; repeatable.'
+@dataclasses.dataclass(frozen=True)
+class SweepSettings:
+  """The command's settings, each its flag."""
+
+  sweep: str = setting(help_text='Sweep file, e.g. configs/sweeps/projected_len.py.')
+  workdir: str = setting(help_text='Directory of the sweep; variant NAME runs in WORKDIR/NAME.')
+  only: Sequence[str] = setting((), 'Comma-separated names of the variants to run (default: all).')
+  sets: Sequence[str] = setting(
+      (),
+      'KEY=VALUE override for every variant, e.g. --set=total_steps=50; repeatable.',
+      flag='set',
+      repeated=True,
   )
-  flags.mark_flags_as_required(['sweep', 'workdir'])
+
+
+def define_flags() -> None:
+  """The command's flags: defined when it runs, so that importing it defines none."""
+  settings_flags.define_flags(SweepSettings)
 
 
 def main(argv):
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}; pass overrides as --set=KEY=VALUE')
-  settings = flags.FLAGS
+  settings = settings_flags.from_flags(SweepSettings)
   if storage.is_object_store(storage.location(settings.workdir)):
     raise ConfigError(
         f'--workdir={settings.workdir}: a sweep writes its report and figure to a local '
         'folder; give a local --workdir (each variant can still be trained alone on gs://).'
     )
   sweep = load_sweep(settings.sweep)
-  run_sweep(sweep, settings.workdir, only=settings.only, sets=settings.set)
+  run_sweep(sweep, settings.workdir, only=list(settings.only), sets=list(settings.sets))
   print(report_table(sweep, settings.workdir), flush=True)
   print(
       f'Report in {os.path.join(settings.workdir, REPORT_FILE)}, figure in '

@@ -19,9 +19,9 @@ ALLOWED = {
 }
 # Modules below every layer: error types, the registries of named parts, the
 # importing of the files config.extensions names (so that their parts register;
-# the training layer imports a run's), the path layer (local folders and gs://)
-# and the units of memory.
-BASE_MODULES = ('errors', 'registry', 'extensions', 'storage', 'units')
+# the training layer imports a run's), the path layer (local folders and gs://),
+# the units of memory and settings dataclasses whose fields are flags.
+BASE_MODULES = ('errors', 'registry', 'extensions', 'storage', 'units', 'settings_flags')
 # The Python API (api.py: linformer_jax.load and build) sits on the training
 # layer, beside analysis: the commands may import it, no layer does.
 API_ALLOWED = {'training', 'checkpoints', 'model', 'data'}
@@ -99,14 +99,9 @@ def test_commands_are_top_level_modules_that_nothing_imports():
 
 
 # The commands whose own flags are the fields of a settings dataclass.
-SETTINGS_COMMANDS = (
-    'benchmark',
-    'causal_benchmark',
-    'data_benchmark',
-    'attention_benchmark',
-    'pytorch_comparison',
-    'pooling_probe',
-)
+# The commands with settings of their own (train and matmul_dtypes take the
+# run config's alone): each declares them once, as a settings dataclass.
+SETTINGS_COMMANDS = tuple(c for c in COMMANDS if c not in ('train', 'matmul_dtypes'))
 
 
 def called_names(path):
@@ -158,7 +153,7 @@ def test_importing_the_commands_defines_no_flag():
 
 
 @pytest.mark.parametrize('command', SETTINGS_COMMANDS)
-def test_benchmark_commands_take_their_flags_from_their_settings_only(command):
+def test_commands_take_their_flags_from_their_settings_only(command):
   calls = called_names(PACKAGE / f'{command}.py')
   assert 'settings_flags.define_flags' in calls and 'settings_flags.from_flags' in calls
   by_hand = sorted(

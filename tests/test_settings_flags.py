@@ -11,9 +11,9 @@ from linformer_jax import benchmark
 from linformer_jax import causal_benchmark
 from linformer_jax import data_benchmark
 from linformer_jax import pytorch_comparison
-from linformer_jax.analysis import settings_flags
-from linformer_jax.analysis.settings_flags import setting
+from linformer_jax import settings_flags
 from linformer_jax.errors import ConfigError
+from linformer_jax.settings_flags import setting
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,10 +18,10 @@ from linformer_jax.analysis import flag_checks
 from linformer_jax.analysis.benchmark_report import EFFICIENT_TRANSFORMER
 from linformer_jax.analysis.benchmark_report import LINFORMER
 from linformer_jax.analysis.benchmark_report import TRANSFORMER
-from linformer_jax.analysis.settings_flags import setting
 from linformer_jax.errors import ConfigError
 from linformer_jax.model.attention import ATTENTION_KERNELS
 from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.settings_flags import setting
 from linformer_jax.units import GIB
 
 # Small enough that the embedding and its lookup do not dominate the encoder.

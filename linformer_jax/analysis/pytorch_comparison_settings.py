@@ -7,9 +7,9 @@ from typing import Optional, Sequence
 
 from linformer_jax.analysis import flag_checks
 from linformer_jax.analysis.benchmark_settings import VOCAB_SIZE
-from linformer_jax.analysis.settings_flags import setting
 from linformer_jax.errors import ConfigError
 from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.settings_flags import setting
 
 MODES = ('forward', 'train')
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from linformer_jax.data.sources import text_files
 from linformer_jax.errors import ConfigError
+from linformer_jax.settings_flags import setting
 
 SPLITS = ('train', 'validation', 'test')
 FILE_OF_SPLIT = {'train': 'train.tsv', 'validation': 'dev.tsv', 'test': 'test.tsv'}
@@ -32,11 +33,13 @@ _BLANK_LINE = re.compile(r'\n\s*\n')
 
 @dataclasses.dataclass(frozen=True)
 class PassageSettings:
-  min_words: int = 8  # a passage is whole sentences of at least this many words
-  max_words: int = 40  # and is cut after this many
-  train_share: float = 0.7  # of each book's passages, in reading order
-  validation_share: float = 0.15  # the next passages; the rest are the test split
-  seed: int = 0  # which passages balance the books
+  min_words: int = setting(8, 'A passage is whole sentences of at least this many words.')
+  max_words: int = setting(40, 'A passage is cut after this many words.')
+  train_share: float = setting(0.7, "Share of each book's passages to train, in reading order.")
+  validation_share: float = setting(
+      0.15, 'The next share: validation; the rest are the test split.'
+  )
+  seed: int = setting(0, 'Seed of the choice of passages that balances the books.')
 
   def check(self) -> None:
     if not 1 <= self.min_words <= self.max_words:

@@ -1,6 +1,8 @@
-"""Benchmark settings declared once: dataclass fields that carry their flags.
+"""Command settings declared once: dataclass fields that carry their flags.
 
-A settings dataclass of a benchmark names each setting once, as a field made
+Every command's own flags are declared this way (the run config's
+`--config.X` fields are the run's, `configs/`). A settings dataclass names
+each setting once, as a field made
 with `setting(default, help_text)`. That field is the library's setting (its
 name, type and default) and the command's absl flag at the same time:
 
@@ -13,7 +15,8 @@ name, type and default) and the command's absl flag at the same time:
   settings = from_flags(Settings)  # in its main: the parsed values, validated
 
 The flag's kind follows the field's type: int, float, bool, str (an enum with
-`choices`), and a sequence of ints or strings as a comma-separated list. The
+`choices`), and a sequence of ints or strings as a comma-separated list, or
+with `repeated=True` a flag given once per string (`--set=a=1 --set=b=2`). The
 dataclass's own checks (`__post_init__`) then raise a ConfigError naming the
 flag, which the command prints as one line. A flag may differ from its field
 in name and unit (`--memory_limit_gb` fills `memory_limit_bytes`), told by
@@ -48,6 +51,7 @@ class _FlagSpec:
   from_flag: Optional[Callable[[Any], Any]]
   choices: Optional[Sequence[str]]
   required: bool
+  repeated: bool = False
 
 
 def setting(
@@ -60,6 +64,7 @@ def setting(
     from_flag: Optional[Callable[[Any], Any]] = None,
     choices: Optional[Sequence[str]] = None,
     required: bool = False,
+    repeated: bool = False,
 ) -> Any:
   """A dataclass field that is also a command-line flag.
 
@@ -76,8 +81,9 @@ def setting(
       with None too); without it a None flag leaves the field's default.
     choices: the allowed strings of a str setting (an enum flag).
     required: the flag must be given even though the field has a default.
+    repeated: a sequence of strings given as one flag per string.
   """
-  spec = _FlagSpec(help_text, flag, flag_default, from_flag, choices, required)
+  spec = _FlagSpec(help_text, flag, flag_default, from_flag, choices, required, repeated)
   return dataclasses.field(default=default, default_factory=default_factory, metadata={_FLAG: spec})
 
 
@@ -119,7 +125,11 @@ def define_flags(settings_type: type, flag_values: flags.FlagValues = flags.FLAG
     else:
       default = None
     common = dict(name=name, default=default, help=spec.help_text, flag_values=flag_values)
-    if _item_type(field_type) is not None:
+    if spec.repeated:
+      if default is not None:
+        common['default'] = list(default)
+      flags.DEFINE_multi_string(**common)
+    elif _item_type(field_type) is not None:
       if default is not None:
         common['default'] = [str(item) for item in default]
       flags.DEFINE_list(**common)
@@ -162,7 +172,9 @@ def from_flags(
   for field, spec, field_type in _flag_fields(settings_type):
     name = flag_name(field)
     value = flag_values[name].value
-    if value is not None and _item_type(field_type) is int:
+    if spec.repeated and value is not None:
+      value = tuple(value)
+    elif value is not None and _item_type(field_type) is int:
       value = int_list(name, value)
     if spec.from_flag is not None:
       value = spec.from_flag(value)

@@ -23,7 +23,8 @@ learning rate of 4e-3 or 1e-3 instead of 2e-3 (`local-centred-lr4`,
 `local-centred-lr1`); `fairseq` E drawn Glorot uniform with gain
 1/sqrt(2), whose slots keep a row's norm at every n, and `fairseq-centred`;
 `xavier` Glorot with gain 1; `preln` pre-LN; and the references, fixed
-`mean` slots and the Transformer. Every n takes 8,192 tokens per step, as
+`mean` slots and the Transformer (with the 200-step warm-up too,
+`transformer-warm200`). Every n takes 8,192 tokens per step, as
 configs/sweeps/gutenberg_seq_len.py.
 
 The table of a recipe runs the whole 500 steps of configs/gutenberg.py, at
@@ -98,6 +99,7 @@ RECIPES = {
     },
     'mean': {'model.projection': 'mean'},
     'transformer': {'model.attention': 'full'},
+    'transformer-warm200': {'model.attention': 'full', 'warmup_steps': 200},
 }
 
 

@@ -2,19 +2,14 @@
 
   python -m linformer_jax.attention_benchmark --seq_lens=512,1024,2048,4096,8192
 
-At every sequence length n both pure attention functions of `model.attention`
-are jitted on random inputs [batch, n, heads, head_dim]; Linformer's projection
-E = F is a random [n, k] matrix with k = min(projected_len, n). Each records
-XLA's compiled temporary bytes (exact and repeatable) and the median time of
-the forward call over `repeats` runs after a warm-up (`measuring.time_ms`).
-Both run side by side in one process, so their ratio holds even on a noisy
-machine; it prints one table. The whole model's benchmark is
-`linformer_jax.benchmark`. Bad flags end with a one-line error and exit code 2.
+It prints one table; docs/benchmarks.md describes it. Linformer's projection
+E = F is a random [n, k] matrix with k = min(--projected_len, n). The whole
+model's benchmark is `linformer_jax.benchmark`.
 """
 
 import dataclasses
 import statistics
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +19,6 @@ from linformer_jax import settings_flags
 from linformer_jax.analysis import flag_checks
 from linformer_jax.analysis import measuring
 from linformer_jax.analysis.benchmark_settings import DTYPES
-from linformer_jax.analysis.measuring import time_ms
 from linformer_jax.analysis.tables import markdown_table
 from linformer_jax.model import attention
 from linformer_jax.settings_flags import setting
@@ -36,18 +30,9 @@ _POSITIVE_SETTINGS = ('projected_len', 'batch', 'heads', 'head_dim', 'repeats')
 
 @dataclasses.dataclass(frozen=True)
 class AttentionBenchmarkSettings:
-  """What to measure; invalid values raise a ConfigError naming the flag.
+  """What to measure; each field is the command's flag of its name.
 
-  Each field is also the command's flag of its name (`settings_flags`).
-
-  Attributes:
-    seq_lens: sequence lengths n.
-    projected_len: Linformer's projected length k (at most n).
-    batch: sequences per call.
-    heads: attention heads.
-    head_dim: features per head.
-    dtype: dtype of the queries, keys and values, one of DTYPES.
-    repeats: timed runs per call, after one warm-up run.
+  Invalid values raise a ConfigError naming the flag.
   """
 
   seq_lens: Sequence[int] = setting((512, 1024, 2048, 4096, 8192), 'Sequence lengths n to measure.')
@@ -67,12 +52,12 @@ class AttentionBenchmarkSettings:
     flag_checks.require(self.dtype in DTYPES, 'dtype', self.dtype, f'use one of {DTYPES}')
 
 
-def measure(fn: Callable[..., Any], args: Sequence[Any], repeats: int) -> Dict[str, float]:
-  """Compiles fn for args; its median forward time (ms) and temporary bytes."""
+def measure(fn: Callable[..., Any], args: Sequence[Any], repeats: int) -> Tuple[float, float]:
+  """Compiles fn for args; its median forward time (ms) and temporary MiB."""
   compiled = jax.jit(fn).lower(*args).compile()
   temp_bytes = compiled_step.planned_bytes(compiled)['temp_bytes']
-  times = time_ms(lambda: compiled(*args), repeats)
-  return {'time_ms': statistics.median(times), 'temp_bytes': float(temp_bytes)}
+  times = measuring.time_ms(lambda: compiled(*args), repeats)
+  return statistics.median(times), temp_bytes / MIB
 
 
 def run(settings: AttentionBenchmarkSettings) -> List[Dict[str, float]]:
@@ -85,18 +70,13 @@ def run(settings: AttentionBenchmarkSettings) -> List[Dict[str, float]]:
     q, k, v = (jax.random.normal(key, shape, dtype) for key in keys[:3])
     projected_len = min(settings.projected_len, n)
     e = jax.random.normal(keys[3], (n, projected_len), dtype) / projected_len**0.5
-    full = measure(attention.dot_product_attention, (q, k, v), settings.repeats)
-    linformer = measure(attention.linformer_attention, (q, k, v, e, e), settings.repeats)
-    rows.append(
-        {
-            'n': n,
-            'k': projected_len,
-            'full_ms': full['time_ms'],
-            'linformer_ms': linformer['time_ms'],
-            'full_temp_mib': full['temp_bytes'] / MIB,
-            'linformer_temp_mib': linformer['temp_bytes'] / MIB,
-        }
-    )
+    row = {'n': n, 'k': projected_len}
+    for name, fn, args in (
+        ('full', attention.dot_product_attention, (q, k, v)),
+        ('linformer', attention.linformer_attention, (q, k, v, e, e)),
+    ):
+      row[f'{name}_ms'], row[f'{name}_temp_mib'] = measure(fn, args, settings.repeats)
+    rows.append(row)
   return rows
 
 
@@ -112,15 +92,9 @@ def describe_run(settings: AttentionBenchmarkSettings) -> str:
 def format_table(rows: List[Dict[str, float]]) -> str:
   """The rows as a markdown table with Linformer's speed-up and memory saving."""
   header = (
-      'n',
-      'k',
-      'full ms',
-      'linformer ms',
-      'speed-up',
-      'full temp MiB',
-      'linformer temp MiB',
-      'memory saving',
-  )
+      'n | k | full ms | linformer ms | speed-up | full temp MiB | linformer temp MiB | '
+      'memory saving'
+  ).split(' | ')
   cells = [
       (
           r['n'],

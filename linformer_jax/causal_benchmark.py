@@ -4,32 +4,21 @@
       --contexts=1024,2048,4096,8192,16384,32768 --seq_lens=1024,2048,4096,8192,16384 \
       --block_len=128 --slots=16 --linformer_query_blocks=0,4 --repeats=10
 
-Both models are the
-`CausalLanguageModel` of one `ModelConfig` (causal=True, random parameters),
-attention 'full' or 'linformer' (blocks of b = block_len tokens, each
+Both models are the `CausalLanguageModel` of one `ModelConfig` (causal=True, random
+parameters), attention 'full' or 'linformer' (blocks of b = block_len tokens, each
 compressed into r = slots summaries). Two measurements:
 
-  generation  one jitted decode step at position C - 2 of a model with
-              max_len = C: what generating a token at context C costs. The Transformer's
-              static-shape KV cache [batch, C, heads, head_dim] per layer is
-              attended over all C positions (masked past the current one), so
-              its cost per token grows linearly in C. The Linformer attends
-              over b + (C / b) * r slots, growing r / b as fast: nearly flat in
-              C while (C / b) * r is small against the work of the weights (the
-              goal: flat within 25%, reported, not asserted). Position C - 2
-              does not end a block; the block's last token also compresses the
-              block into its r slots, once per b tokens.
-  forward     a full causal forward pass (logits) over n tokens; the Linformer
-              once per query_blocks_per_step in linformer_query_blocks.
+  generation  one jitted decode step at position C - 2 (not a block's last token, which
+              also compresses the block) of a model with max_len = C. The Transformer
+              attends over its KV cache of all C positions, growing linearly in C; the
+              Linformer over b + (C / b) * r slots, nearly flat in C while (C / b) * r
+              is small (the goal: flat within 25%, reported, not asserted).
+  forward     a full causal forward pass (logits) over n tokens.
 
-Each cell records the median, min and max of `repeats` calls after a warm-up,
-tokens per second, XLA's compiled memory analysis (exact and repeatable), XLA's
-FLOP count and the cache's bytes. The decode step donates its cache, which XLA
-updates in place (alias_bytes = the cache), and returns it with the position
-unchanged, so every timed call decodes the same token; its time includes
-Python's dispatch of the parameters and cache. A Linformer cell whose length b
-does not divide is skipped with a note, and so is the timing of a cell whose
-temporary + argument bytes exceed the memory limit or that runs out of memory.
+The decode step donates its cache, which XLA updates in place (alias_bytes = the
+cache); its time includes Python's dispatch of the parameters and cache. The command
+writes results.csv, table.md, generation.png and forward.png into --out. Results and
+what they show: docs/causal_lm.md.
 """
 
 import dataclasses
@@ -70,13 +59,8 @@ _POSITIVE = ('num_layers', 'hidden_dim', 'num_heads', 'mlp_dim', 'batch', 'repea
 class CausalBenchmarkSettings:
   """What to measure; invalid values raise a ConfigError naming the flag.
 
-  An empty contexts or seq_lens skips that measurement. The model fields are as
-  in `benchmark.BenchmarkSettings`; block_len (b), slots (r), sharing and
-  projection configure the Linformer, linformer_query_blocks its
-  query_blocks_per_step values in the forward pass (0: all blocks at once);
-  out is the folder the command writes the report into. Each field is also
-  the command's flag of its name (`settings_flags`), but memory_limit_bytes,
-  given in GiB as --memory_limit_gb.
+  Each field is also the command's flag of its name (`settings_flags`), but
+  memory_limit_bytes, given in GiB as --memory_limit_gb.
   """
 
   contexts: Sequence[int] = setting(
@@ -129,25 +113,20 @@ class CausalBenchmarkSettings:
     flag_checks.require_model_dims(self, _POSITIVE)
     advice = f'use 1 <= slots <= --block_len={self.block_len}'
     flag_checks.require(1 <= self.slots <= self.block_len, 'slots', self.slots, advice)
-    windowed = (
-        self.projection in projections.REGISTRY and projections.kind(self.projection).windowed
-    )
+    known = self.projection in projections.REGISTRY
+    windowed = known and projections.kind(self.projection).windowed
     ok = not windowed or self.block_len % self.slots == 0
     advice = f'--projection={self.projection} needs it to divide --block_len={self.block_len}'
     flag_checks.require(ok, 'slots', self.slots, advice)
-    flag_checks.require(
-        self.sharing in SHARING_MODES, 'sharing', self.sharing, f'use {SHARING_MODES}'
-    )
+    advice = f'use {SHARING_MODES}'
+    flag_checks.require(self.sharing in SHARING_MODES, 'sharing', self.sharing, advice)
     advice = f'use {projections.REGISTRY.names()}'
-    flag_checks.require(
-        self.projection in projections.REGISTRY, 'projection', self.projection, advice
-    )
+    flag_checks.require(known, 'projection', self.projection, advice)
+    advice = f'no Linformer cell is left: --block_len={self.block_len} divides none of them'
     for name in ('contexts', 'seq_lens'):
       lengths = getattr(self, name)
-      advice = f'no Linformer cell is left: --block_len={self.block_len} divides none of them'
-      flag_checks.require(
-          not lengths or min(n % self.block_len for n in lengths) == 0, name, lengths, advice
-      )
+      ok = not lengths or min(n % self.block_len for n in lengths) == 0
+      flag_checks.require(ok, name, lengths, advice)
     limit_gb = self.memory_limit_bytes / GIB
     flag_checks.require(
         self.memory_limit_bytes > 0, 'memory_limit_gb', limit_gb, 'use a positive size'
@@ -185,11 +164,6 @@ def decode_token(model: nn.Module, variables: Any, cache: Any, tokens: jax.Array
   that position left unchanged, so that every timed call decodes the same token."""
   logits, updated = model.apply({**variables, 'cache': cache}, tokens, decode=True, mutable=[CACHE])
   return logits, {**updated['cache'], 'position': cache['position']}
-
-
-def forward_logits(model: nn.Module, variables: Any, tokens: jax.Array) -> jax.Array:
-  """Logits [batch, n, vocab] of a full causal forward pass."""
-  return model.apply(variables, tokens, deterministic=True)
 
 
 def _abstract_params(model: nn.Module, tokens: jax.ShapeDtypeStruct, **kwargs) -> Any:
@@ -292,7 +266,7 @@ def forward_cell(settings: CausalBenchmarkSettings, attention: str, seq_len: int
   model = models.CausalLanguageModel(settings.model_config(attention, seq_len, query_blocks))
   tokens = jax.ShapeDtypeStruct((settings.batch, seq_len), jnp.int32)
   params = _abstract_params(model, tokens)
-  step = jax.jit(functools.partial(forward_logits, model))
+  step = jax.jit(lambda variables, tokens: model.apply(variables, tokens, deterministic=True))
 
   def make_args():
     ids = np.random.default_rng(seq_len).integers(
@@ -333,8 +307,7 @@ def main(argv):
     cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --FLAG=VALUE (see --help)')
   settings = settings_flags.from_flags(CausalBenchmarkSettings)
   rows = run_all(settings, progress=_print_progress)
-  header = describe_run(settings)
-  print(write_outputs(rows, settings.out, header))
+  print(write_outputs(rows, settings.out, describe_run(settings)))
 
 
 if __name__ == '__main__':

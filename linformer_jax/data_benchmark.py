@@ -3,21 +3,13 @@
   python -m linformer_jax.data_benchmark --out runs/data_benchmark --sizes_mb=256,1024 \
       --seq_len=512
 
-For each corpus size:
-
-  corpus    OUT/corpus_<size>MB/: ~1 MiB .txt files of the embedded corpus's
-            documents, whole, in a seeded order per file, and validation.txt.
-  prepare   `prepare_data` with 1 worker and with all cores (sharing one
-            tokenizer): input MiB/s and the peak summed RSS of its processes.
-  loader    `packed_batches.create_train_iterator` on the shards, for each loader
-            setting (grain workers, read threads, prefetch), repeated:
-            sequences/s, tokens/s, tokens/s per core and the cores it used
-            (`loader_throughput`).
-  train     `train` for 2 steps from nothing, then resumed to 4 steps: seconds
-            from the resumed process's start to its `step 3/4` line.
-
-Results go to OUT/json (merged with earlier runs of the same
-settings) and OUT/md; logs to OUT/work_<size>MB/logs.
+For each size it writes a corpus (OUT/corpus_<size>MB, reused while its settings
+match) and runs --stages: prepare (`prepare_data` with 1 worker and with all cores,
+sharing one tokenizer), loader (`loader_throughput` on the shards, per
+--loader_settings) and train (`train` for 2 steps from nothing, then resumed to 4:
+seconds to its `step 3/4` line). Results go to OUT/data_benchmark.json (merged with
+earlier runs of the same settings) and OUT/data_benchmark.md, logs to
+OUT/work_<size>MB/logs. The measures and results: docs/benchmarks.md, docs/data.md.
 """
 
 import copy
@@ -36,12 +28,10 @@ from ml_collections import config_flags
 from linformer_jax import cli
 from linformer_jax import settings_flags
 from linformer_jax.analysis import data_benchmark_report as report
+from linformer_jax.analysis import flag_checks
 from linformer_jax.analysis import loader_throughput
 from linformer_jax.analysis.data_benchmark_corpus import corpus_overrides
 from linformer_jax.analysis.data_benchmark_corpus import generate_corpus
-from linformer_jax.analysis.data_benchmark_report import FIRST_RUN_STEPS
-from linformer_jax.analysis.data_benchmark_report import config_arguments
-from linformer_jax.analysis.data_benchmark_report import flag_value
 from linformer_jax.analysis.process_memory import Measurement
 from linformer_jax.analysis.process_memory import run_measured
 from linformer_jax.data import prepare
@@ -54,8 +44,8 @@ from linformer_jax.units import GIB
 from linformer_jax.units import MIB
 
 STAGES = ('prepare', 'loader', 'train')
-RESULTS_JSON = 'json'
-RESULTS_MD = 'md'
+RESULTS_JSON = 'data_benchmark.json'
+RESULTS_MD = 'data_benchmark.md'
 RESUMED_RUN_STEPS = 4
 
 
@@ -63,10 +53,10 @@ RESUMED_RUN_STEPS = 4
 class Settings:
   """What to measure; invalid values raise a ConfigError naming the flag.
 
-  Each field made with `setting` is also the command's flag of its name, its
-  help text the field's description (`settings_flags`). The others come from
-  --config: config_path, the config file every command runs with; config, that
-  file with config_overrides, the dotted fields the user overrode, applied.
+  Each field made with `setting` is also the command's flag of its name
+  (`settings_flags`); the others come from --config: config_path, the config
+  file the commands run with, and config, that file with config_overrides (the
+  dotted fields the user overrode) applied.
   """
 
   config_path: str
@@ -88,44 +78,44 @@ class Settings:
   loader_repeats: int = setting(1, 'Timings of each loader setting; the table gives the best.')
 
   def __post_init__(self):
-    object.__setattr__(self, 'sizes_mb', tuple(self.sizes_mb))
-    object.__setattr__(self, 'stages', tuple(self.stages))
+    for name in ('sizes_mb', 'stages', 'loader_settings'):
+      object.__setattr__(self, name, tuple(getattr(self, name)))
     object.__setattr__(self, 'seq_len', self.seq_len or self.config.model.max_len)
     # The commands run in the repository root.
     object.__setattr__(self, 'config_path', os.path.abspath(self.config_path))
     if not self.out:
       raise ConfigError('--out is empty; name a folder for the corpora and results.')
-    if not self.sizes_mb or min(self.sizes_mb) < 1:
-      raise ConfigError(
-          f'--sizes_mb={",".join(map(str, self.sizes_mb))} is not allowed: give positive '
-          'sizes in MiB, e.g. 256,1024.'
-      )
-    if not self.stages or set(self.stages) - set(STAGES):
-      raise ConfigError(
-          f'--stages={",".join(self.stages)} is not allowed: use some of {",".join(STAGES)}.'
-      )
-    if self.seq_len < 3:
-      raise ConfigError(f'--seq_len={self.seq_len} is not allowed: use an int >= 3.')
-    object.__setattr__(self, 'loader_settings', tuple(self.loader_settings))
+    sizes, stages = self.sizes_mb, self.stages
+    advice = 'give positive sizes in MiB, e.g. 256,1024'
+    flag_checks.require(sizes and min(sizes) >= 1, 'sizes_mb', sizes, advice)
+    advice = f'use some of {",".join(STAGES)}'
+    flag_checks.require(stages and not set(stages) - set(STAGES), 'stages', stages, advice)
+    flag_checks.require(self.seq_len >= 3, 'seq_len', self.seq_len, 'use an int >= 3')
     for text in self.loader_settings:
       loader_throughput.LoaderSetting.parse(text)
     for name in ('loader_batch_size', 'loader_warmup_batches', 'loader_seconds', 'loader_repeats'):
-      if not getattr(self, name) > 0:
-        raise ConfigError(f'--{name}={getattr(self, name)} is not allowed: use a positive value.')
+      value = getattr(self, name)
+      flag_checks.require(value > 0, name, value, 'use a positive value')
     # Now, not after an hour of preparation: the model must take seq_len, and so on.
     run_config.settings_of(apply_overrides(self.config, self.train_overrides('', '', 2)))
+
+  def data_overrides(self, corpus_folder: str, prepared_dir: str, workers: int) -> Dict[str, Any]:
+    """Config overrides that prepare the corpus into prepared_dir with `workers`."""
+    return {
+        **self.config_overrides,
+        **corpus_overrides(corpus_folder, self.seq_len),
+        'data.prepared_dir': prepared_dir,
+        'data.prepare_workers': workers,
+    }
 
   def train_overrides(self, corpus_folder: str, workdir: str, total_steps: int) -> Dict[str, Any]:
     """Config overrides of the end-to-end training runs."""
     return {
-        **self.config_overrides,
-        **corpus_overrides(corpus_folder, self.seq_len),
-        'data.prepared_dir': os.path.join(workdir, 'prepared'),
-        'data.prepare_workers': 0,
+        **self.data_overrides(corpus_folder, os.path.join(workdir, 'prepared'), 0),
         'data.max_eval_batches': 1,
         'total_steps': total_steps,
-        'warmup_steps': min(self.config.warmup_steps, FIRST_RUN_STEPS),
-        'eval_every': FIRST_RUN_STEPS,
+        'warmup_steps': min(self.config.warmup_steps, report.FIRST_RUN_STEPS),
+        'eval_every': report.FIRST_RUN_STEPS,
         'log_every': 1,
     }
 
@@ -135,7 +125,7 @@ class Settings:
     for name in ('out', 'sizes_mb', 'stages', 'config'):
       del described[name]
     described.update(tokenizer=self.config.data.tokenizer, vocab_size=self.config.data.vocab_size)
-    return json.loads(json.dumps(described, sort_keys=True, default=flag_value))
+    return json.loads(json.dumps(described, sort_keys=True, default=report.flag_value))
 
 
 def apply_overrides(
@@ -162,12 +152,8 @@ class SizeBenchmark:
     self.input_bytes = self.corpus['train_bytes'] + self.corpus['validation_bytes']
 
   def _prepared_overrides(self, name: str, workers: int = 0) -> Dict[str, Any]:
-    return {
-        **self.settings.config_overrides,
-        **corpus_overrides(str(self.corpus_folder), self.settings.seq_len),
-        'data.prepared_dir': str(self.work / f'prepared_n{self.settings.seq_len}_{name}'),
-        'data.prepare_workers': workers,
-    }
+    prepared_dir = self.work / f'prepared_n{self.settings.seq_len}_{name}'
+    return self.settings.data_overrides(str(self.corpus_folder), str(prepared_dir), workers)
 
   def _prepare_data(self, name: str, workers: int, *flags: str, log: str = '') -> Measurement:
     """Runs `prepare_data` into the prepared folder `name` (untouched with
@@ -175,7 +161,7 @@ class SizeBenchmark:
     overrides = self._prepared_overrides(name, workers)
     return run_measured(
         ['-m', 'linformer_jax.prepare_data', f'--workdir={self.tokenizer_dir}']
-        + config_arguments(self.settings.config_path, overrides)
+        + report.config_arguments(self.settings.config_path, overrides)
         + list(flags),
         self.work / 'logs' / f'{log or "prepare_" + name}.log',
     )
@@ -250,14 +236,9 @@ class SizeBenchmark:
           f'{summary["median_cores_used"]:.2f} cores'
       )
     first = next(iter(summaries.values()))
-    return {
-        **{
-            measure: first[f'best_{measure}']
-            for measure in ('sequences_per_s', 'tokens_per_s', 'tokens_per_core_s')
-        },
-        'cores_used': first['median_cores_used'],
-        'settings': summaries,
-    }
+    measures = ('sequences_per_s', 'tokens_per_s', 'tokens_per_core_s')
+    best = {measure: first[f'best_{measure}'] for measure in measures}
+    return {**best, 'cores_used': first['median_cores_used'], 'settings': summaries}
 
   def train(self) -> Dict[str, Any]:
     """A run of 2 steps from nothing, then the same workdir resumed to 4 steps."""
@@ -265,14 +246,14 @@ class SizeBenchmark:
     shutil.rmtree(workdir, ignore_errors=True)
     results = {}
     for name, steps, step in (
-        ('first', FIRST_RUN_STEPS, 1),
-        ('resumed', RESUMED_RUN_STEPS, FIRST_RUN_STEPS + 1),
+        ('first', report.FIRST_RUN_STEPS, 1),
+        ('resumed', RESUMED_RUN_STEPS, report.FIRST_RUN_STEPS + 1),
     ):
       overrides = self.settings.train_overrides(str(self.corpus_folder), str(workdir), steps)
       log = self.work / 'logs' / f'train_{name}.log'
       measured = run_measured(
           ['-m', 'linformer_jax.train', f'--workdir={workdir}']
-          + config_arguments(self.settings.config_path, overrides),
+          + report.config_arguments(self.settings.config_path, overrides),
           log,
           marker=rf'^step {step}/{steps}\b',
       )

@@ -4,18 +4,12 @@
       --config.model.num_layers=2 --config.model.max_len=4096 \
       --config.model.projected_len=256 --config.batch_size=8
 
-It lowers (never compiles or runs) the real train step from abstract inputs,
-prints the FLOPs of its matrix products by operand and result dtype, and reads
-them from every
-`stablehlo.dot_general` of the StableHLO text: its operand and result types
-and its FLOPs, 2 x (result elements) x (contracted elements). A function the
-step calls several times (a private `func.func` reached by `call`) counts once
-per call. A loop body counts once: the train step's loop over micro-batches
-holds the whole model, so the shares are those of one micro-batch.
-
-Under `model.dtype='bfloat16'` the products should take bfloat16 operands; the
-share of FLOPs that does not is the share that runs at a slower rate on an
-accelerator's matrix units.
+It lowers (never compiles or runs) the train step and prints the FLOPs of every
+`stablehlo.dot_general`, 2 x (result elements) x (contracted elements), by operand
+and result dtype. A loop body counts once: the step's loop over micro-batches holds
+the whole model, so the shares are those of one micro-batch. Under
+`model.dtype='bfloat16'` every product should take bfloat16 operands
+(docs/training.md).
 """
 
 import collections
@@ -28,6 +22,7 @@ from absl import flags
 import ml_collections
 
 from linformer_jax import cli
+from linformer_jax.analysis.tables import markdown_table
 from linformer_jax.training import compiled_step
 
 # (lhs element type, rhs element type, result element type), as StableHLO
@@ -111,9 +106,6 @@ def train_step_matmul_dtypes(config: ml_collections.ConfigDict) -> MatmulDtypes:
   return MatmulDtypes(dot_flops(compiled_step.lowered_train_step(config).as_text()))
 
 
-FLAGS = flags.FLAGS
-
-
 def define_flags() -> None:
   """The command's flags: defined when it runs, so that importing it defines none."""
   cli.define_config_flags()
@@ -123,7 +115,7 @@ def define_flags() -> None:
 def main(argv: List[str]) -> None:
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}')
-  config = FLAGS.config
+  config = flags.FLAGS.config
   counted = train_step_matmul_dtypes(config)
   model = config.model
   print(
@@ -131,10 +123,11 @@ def main(argv: List[str]) -> None:
       f'n={model.max_len}, k={model.projected_len}, batch {config.batch_size}: '
       f'{counted.total / 1e9:,.1f} GFLOP of matrix products per step'
   )
-  print('| lhs | rhs | result | GFLOP | share |')
-  print('|---|---|---|---|---|')
-  for (lhs, rhs, out), flops in sorted(counted.flops.items(), key=lambda item: -item[1]):
-    print(f'| {lhs} | {rhs} | {out} | {flops / 1e9:,.2f} | {flops / counted.total:.2%} |')
+  rows = [
+      (lhs, rhs, out, f'{flops / 1e9:,.2f}', f'{flops / counted.total:.2%}')
+      for (lhs, rhs, out), flops in sorted(counted.flops.items(), key=lambda item: -item[1])
+  ]
+  print(markdown_table(('lhs', 'rhs', 'result', 'GFLOP', 'share'), rows))
   print(f'bf16 operands: {counted.share_with_operands("bf16"):.2%} of the FLOPs', flush=True)
 
 

@@ -9,26 +9,15 @@
       --target=h100 --target=v5e-8 --per_device_batch=8 --max_batch \
       --config.model.max_len=4096 --config.model.projected_len=256
 
-It compiles (never runs) the train step from abstract inputs for each mesh
-over this host's devices, or over the devices of an accelerator this host does
-not have (--target, `analysis/xla_targets.py`: a TPU slice such as 'v5e-8',
-'v6e-4', 'v4-32', 'v5p-64', or H100s, 'h100', 'h100x8'), and prints XLA's
-analyses of the executable, per device:
-
-- memory per device: the arguments (parameters, optimizer state and the batch
-  share) and the temporaries; against the device's usable memory, whether the
-  step fits. XLA:TPU refuses to compile a step whose temporaries exceed HBM,
-  naming what it needed; that is reported as not fitting, with the need;
-- FLOPs per device: the model's (XLA's cost analysis of the step lowered on
-  this host's CPU, recomputation chosen by `model.remat` included) and, on
-  TPU with unscanned layers, the compiled program's, whose ratio to the
-  model's grows with the rematerialisation XLA:TPU adds on its own to fit HBM;
-- the largest per-device batch that fits (`largest_batch`): memory grows
-  linearly with the batch, so two compiles give the slope, a third checks
-  the batch it predicts and a fourth the next one up.
+It compiles (never runs) the train step for each mesh over this host's devices or
+a target's (`analysis/xla_targets.py`) and prints XLA's analyses per device: the
+arguments and temporaries against the usable memory, the model's FLOPs and, on
+TPU with unscanned layers, the compiled program's. docs/scaling.md describes the
+table, docs/benchmarks.md the search of --max_batch (`largest_batch`).
 """
 
 import dataclasses
+import functools
 import re
 import sys
 import time
@@ -80,7 +69,7 @@ class StepMemory:
   model_flops: float
   compiled_flops: Optional[float]
   compile_seconds: float
-  refused: bool = False  # XLA:TPU refused to compile it for lack of memory
+  refused: bool = False
 
   @property
   def total_bytes(self) -> int:
@@ -100,18 +89,6 @@ class StepMemory:
     if not self.compiled_flops or not self.model_flops or not self.fits:
       return None
     return self.compiled_flops / self.model_flops
-
-
-def _with_batch(
-    config: ml_collections.ConfigDict, mesh_shape: Sequence[int], per_device_batch: int, devices
-):
-  config = config.copy_and_resolve_references()
-  config.mesh_shape = tuple(mesh_shape)
-  if per_device_batch:
-    data, _ = sharding_lib.resolve_mesh_shape(mesh_shape, len(devices))
-    config.batch_size = per_device_batch * data
-    config.grad_accum_steps = 1
-  return config
 
 
 def _bytes(match: Optional[re.Match]) -> int:
@@ -143,8 +120,12 @@ def compile_step(
   """Compiles the step of `config` on a mesh of `devices` (default: this
   host's) with `per_device_batch` rows per data shard (0: config.batch_size)."""
   devices = list(devices) if devices is not None else jax.devices()
-  config = _with_batch(config, mesh_shape, per_device_batch, devices)
+  config = config.copy_and_resolve_references()
+  config.mesh_shape = tuple(mesh_shape)
   data, _ = sharding_lib.resolve_mesh_shape(config.mesh_shape, len(devices))
+  if per_device_batch:
+    config.batch_size = per_device_batch * data
+    config.grad_accum_steps = 1
   batch = config.batch_size // data
   flops = compiled_step.host_step_flops(config, len(devices))
   start = time.monotonic()
@@ -161,9 +142,8 @@ def compile_step(
   memory = compiled_step.planned_bytes(compiled)
   arguments, temporaries = memory['argument_bytes'], memory['temp_bytes']
   compiled_flops = None
-  # XLA's cost analysis counts a loop's body once: the micro-batch loop holds
-  # all of a step's work but the update (scaled as compiled_step.step_flops
-  # does); a scan over layers has no such fix, so its count is left out.
+  # XLA's cost analysis counts a loop's body once: the micro-batch loop holds all
+  # of a step's work but the update; a scan over layers has no such fix.
   if devices[0].platform == 'tpu' and not config.model.scan_layers:
     flops_per_micro_batch = compiled_step.cost_analysis(compiled)['flops'] or 0.0
     compiled_flops = flops_per_micro_batch * config.grad_accum_steps or None
@@ -186,9 +166,8 @@ def largest_batch(
   Returns:
     'batch' (0 if one sequence does not fit), 'exact' (False where the
     compiles ran out before the next batch up failed: 'batch' is then a
-    floor), 'bytes_per_sequence' (the
-    slope; None if it could not be measured), 'total_bytes' at that batch and
-    'compiles'.
+    floor), 'bytes_per_sequence' (the slope; None if it could not be
+    measured), 'total_bytes' at that batch and 'compiles'.
   """
   results = {first.per_device_batch: first}
 
@@ -197,17 +176,20 @@ def largest_batch(
       results[batch] = measure(batch)
     return results[batch]
 
+  def found(batch: int, exact: bool, slope: Optional[float]) -> Dict[str, Optional[float]]:
+    return {
+        'batch': batch,
+        'exact': exact,
+        'bytes_per_sequence': slope,
+        'total_bytes': at(batch).total_bytes if batch else None,
+        'compiles': len(results),
+    }
+
   batch = first.per_device_batch
   while not at(batch).fits and batch > 1:
     batch = max(batch // 2, 1)
   if not at(batch).fits:
-    return {
-        'batch': 0,
-        'exact': True,
-        'bytes_per_sequence': None,
-        'total_bytes': None,
-        'compiles': len(results),
-    }
+    return found(0, True, None)
   base, doubled = at(batch), at(2 * batch)
   # A step XLA refused reports its temporaries only; its arguments are about the base's.
   doubled_total = doubled.total_bytes + (0 if doubled.argument_bytes else base.argument_bytes)
@@ -228,20 +210,7 @@ def largest_batch(
       probe = low + 1 if low == predicted else 2 * low
     else:
       probe = (low + high) // 2
-  return {
-      'batch': low,
-      'exact': high == low + 1,  # False: the compiles ran out first, `batch` is a floor
-      'bytes_per_sequence': slope if slope > 0 else None,
-      'total_bytes': at(low).total_bytes,
-      'compiles': len(results),
-  }
-
-
-def target_devices(target: xla_targets.Target) -> Tuple[List[jax.Device], int]:
-  """The devices of a target and the usable memory of each, in bytes
-  (`xla_targets.enable_plugins` must have run)."""
-  devices = xla_targets.target_devices(target)
-  return devices, target.usable_bytes_per_device(xla_targets.devices_per_chip(devices))
+  return found(low, high == low + 1, slope if slope > 0 else None)
 
 
 def _gflop(flops: float) -> str:
@@ -287,19 +256,18 @@ def describe_rows(rows: List[Dict[str, object]]) -> str:
   return markdown_table(header, cells)
 
 
+def _largest_batch_text(found: Dict[str, Optional[float]]) -> str:
+  """'largest batch per device that fits: 30 (2.10 GiB); 300 MiB per sequence; 5 compiles'."""
+  per_sequence = found['bytes_per_sequence']
+  return (
+      f'largest batch per device that fits: {"" if found["exact"] else "at least "}{found["batch"]}'
+      + (f' ({found["total_bytes"] / GIB:.2f} GiB)' if found['batch'] else '')
+      + (f'; {per_sequence / MIB:,.0f} MiB per sequence' if per_sequence else '')
+      + f'; {found["compiles"]} compiles'
+  )
+
+
 FLAGS = flags.FLAGS
-
-
-def _mesh_shapes(settings: 'MeshMemorySettings') -> List[tuple]:
-  shapes = []
-  for text in settings.meshes:
-    try:
-      shapes.append(tuple(int(size) for size in text.split(',')))
-    except ValueError:
-      cli.fail(f'--meshes={text!r} is not DATA,MODEL (two ints)')
-    if len(shapes[-1]) != 2:
-      cli.fail(f'--meshes={text!r} is not DATA,MODEL (two ints)')
-  return shapes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -327,11 +295,54 @@ def define_flags() -> None:
   settings_flags.define_flags(MeshMemorySettings)
 
 
+def _mesh_shapes(settings: MeshMemorySettings) -> List[tuple]:
+  shapes = []
+  for text in settings.meshes:
+    try:
+      shape = tuple(int(size) for size in text.split(','))
+    except ValueError:
+      shape = ()
+    if len(shape) != 2:
+      cli.fail(f'--meshes={text!r} is not DATA,MODEL (two ints)')
+    shapes.append(shape)
+  return shapes
+
+
 def _kernel_text(devices: Sequence[jax.Device]) -> str:
   """'attention kernel cudnn (auto: ...)': what the step takes on `devices`."""
   model = run_config.settings_of(FLAGS.config).model
   resolved, why = model.with_kernel_for(devices[0].platform)
   return f'attention kernel {resolved.attention_kernel} ({why})'
+
+
+def _places(target_names: Sequence[str]) -> List[Tuple[str, List[jax.Device], Optional[int]]]:
+  """(name, devices, usable bytes per device) of each target, or of this host
+  without targets; prints a line on each."""
+  if not target_names:
+    devices = jax.devices()
+    print(f'host: {len(devices)} x {devices[0].device_kind}; {_kernel_text(devices)}', flush=True)
+    return [('host', devices, None)]
+  targets = [xla_targets.parse_target(name) for name in target_names]  # before the restart
+  xla_targets.enable_plugins('linformer_jax.mesh_memory')
+  places = []
+  for target in targets:
+    devices = xla_targets.target_devices(target)
+    usable = target.usable_bytes_per_device(xla_targets.devices_per_chip(devices))
+    print(
+        f'{target.name}: {len(devices)} x {devices[0].device_kind} '
+        f'({target.topology}), usable {usable / GIB:.2f} GiB per device '
+        f'({target.memory_note()}); {_kernel_text(devices)}',
+        flush=True,
+    )
+    places.append((target.name, devices, usable))
+  return places
+
+
+def _measure(name: str, mesh_shape, devices, usable: Optional[int], batch: int) -> StepMemory:
+  """One compile, with its progress line on stderr."""
+  memory = compile_step(FLAGS.config, mesh_shape, devices, usable, per_device_batch=batch)
+  print(f'{name} {mesh_shape}: {memory.progress_text()}', file=sys.stderr, flush=True)
+  return memory
 
 
 def main(argv: List[str]) -> None:
@@ -343,48 +354,15 @@ def main(argv: List[str]) -> None:
   if settings.max_batch and not settings.target:
     cli.fail('--max_batch needs a --target with a fixed memory size (this host has none)')
   meshes = _mesh_shapes(settings)
-  targets = [xla_targets.parse_target(name) for name in settings.target]  # checked first
-  if targets:
-    xla_targets.enable_plugins('linformer_jax.mesh_memory')
-    places = []
-    for target in targets:
-      devices, usable = target_devices(target)
-      places.append((target.name, devices, usable))
-      print(
-          f'{target.name}: {len(devices)} x {devices[0].device_kind} '
-          f'({target.topology}), usable {usable / GIB:.2f} GiB per device '
-          f'({target.memory_note()}); {_kernel_text(devices)}',
-          flush=True,
-      )
-  else:
-    places = [('host', jax.devices(), None)]
-    print(
-        f'host: {jax.device_count()} x {jax.devices()[0].device_kind}; '
-        f'{_kernel_text(jax.devices())}',
-        flush=True,
-    )
-  rows, searches = [], []
-  for name, devices, usable in places:
+  rows = []
+  for name, devices, usable in _places(settings.target):
     for mesh_shape in meshes:
-
-      def measure(batch, mesh_shape=mesh_shape, devices=devices, usable=usable, name=name):
-        memory = compile_step(FLAGS.config, mesh_shape, devices, usable, per_device_batch=batch)
-        print(f'{name} {mesh_shape}: {memory.progress_text()}', file=sys.stderr, flush=True)
-        return memory
-
+      measure = functools.partial(_measure, name, mesh_shape, devices, usable)
       memory = measure(settings.per_device_batch)
       rows.append({'target': name, 'mesh': mesh_shape, 'memory': memory})
       if settings.max_batch:
         found = largest_batch(measure, memory)
-        per_sequence = found['bytes_per_sequence']
-        searches.append(
-            f'{name} {mesh_shape}: largest batch per device that fits: '
-            f'{"" if found["exact"] else "at least "}{found["batch"]}'
-            + (f' ({found["total_bytes"] / GIB:.2f} GiB)' if found['batch'] else '')
-            + (f'; {per_sequence / MIB:,.0f} MiB per sequence' if per_sequence else '')
-            + f'; {found["compiles"]} compiles'
-        )
-        print(searches[-1], flush=True)
+        print(f'{name} {mesh_shape}: {_largest_batch_text(found)}', flush=True)
   print(describe_rows(rows))
 
 

@@ -6,33 +6,16 @@
       --config.init_from=runs/gutenberg_transformer --config.model.attention=full \
       --workdir runs/probe_transformer
 
-For the encoder of a pretraining run (`config.init_from`) and a classification
-dataset, it reads every layer's output on training and evaluation examples and
-reports, per layer:
-
-* **linear probes**: the evaluation accuracy of a logistic regression (L2,
-  standardised features) trained on the frozen `<s>` vector (`first`) and on
-  the mean of the real tokens' vectors (`mean`);
-* **the `<s>` query's attention**: its entropy H over what it attends to (the
-  real tokens for full attention; the k compressed slots for Linformer), as
-  exp(H), the effective number of keys, and the share of the largest weight,
-  averaged over heads and examples;
-* **the `<s>` output's token weights**: how much of each real token's value
-  vector the `<s>` output holds (P itself for full attention; P F for a
-  Linformer's matrix projection F), as their sum and the share of their mass
-  that is negative. A mean has weights 1/length: sum 1, none negative;
-* **how many real tokens each compressed slot mixes** (Linformer with a matrix
-  F): the participation ratio (sum_j F[j, i]^2)^2 / sum_j F[j, i]^4 of slot
-  i's weights over the real positions j, averaged over slots, heads and
-  examples. A slot that copies one token has 1; one that averages L tokens
-  equally has L; a column of Gaussian noise has about L / 3.
-
-If `first` probes fall behind `mean` probes for Linformer but not for the
-Transformer, and the Linformer `<s>` spreads its attention over its slots,
-first-token pooling loses what mean pooling keeps.
-
-It writes WORKDIR/probe.json (and the tokenizer the data needs) and prints one
-line per layer. Bad input ends with a one-line error and exit code 2.
+For the frozen encoder of a pretraining run (`config.init_from`) on a
+classification dataset, it reports per layer: the evaluation accuracy of linear
+probes on the `<s>` vector (`first`) and on the mean of the real tokens' vectors
+(`mean`); the entropy H of the `<s>` query's attention, exp(H) (its effective
+number of keys) and its largest weight; the sum and negative share of each real
+token's weight in the `<s>` output (P, or P F for a Linformer's matrix F; a mean
+has weights that sum to 1, none negative); and how many real tokens each slot of
+F mixes, a participation ratio. It writes WORKDIR/probe.json (and the tokenizer
+the data needs) and prints one line per layer. docs/results_parity.md describes
+the measures and what they found.
 """
 
 import dataclasses
@@ -86,14 +69,12 @@ def _value_matrices(encoder: Any, config) -> List[Any]:
   kind = config.projection_kind
   if not config.attention_kind.uses_projection or not (kind.has_weights and kind.weight_ndim == 2):
     return [None] * config.num_layers
-  matrices = []
-  for layer in range(config.num_layers):
-    path = (f'layers_{layer}', 'attention')
-    node = encoder
-    for name in ('shared_projection',) if config.sharing == 'layerwise' else path + ('projection',):
-      node = node[name]
-    matrices.append(node['__call__'][0][1])
-  return matrices
+  if config.sharing == 'layerwise':
+    return [encoder['shared_projection']['__call__'][0][1]] * config.num_layers
+  return [
+      encoder[f'layers_{layer}']['attention']['projection']['__call__'][0][1]
+      for layer in range(config.num_layers)
+  ]
 
 
 def token_weights(p_first: np.ndarray, value_matrix: Optional[Any], mask: np.ndarray) -> np.ndarray:
@@ -156,15 +137,7 @@ def _encoder_step(config):
   return jax.jit(step)
 
 
-_PER_LAYER = (
-    'first',
-    'mean',
-    'entropy',
-    'largest',
-    'weight_sum',
-    'negative_share',
-    'slot_positions',
-)
+_PER_LAYER = tuple(field.name for field in dataclasses.fields(Features) if field.name != 'labels')
 
 
 def _pooled_features(step, variables, batches, config) -> Features:
@@ -243,12 +216,7 @@ def _take(iterator, count: int) -> List[Dict[str, np.ndarray]]:
 
 @dataclasses.dataclass(frozen=True)
 class ProbeSettings:
-  """The probe's own settings, beside the config; each is also the command's
-  flag of its name (`settings_flags`).
-
-  Attributes:
-    train_batches: training batches the probes are fitted on.
-  """
+  """The command's own settings, each its flag; the run's are --config.FIELD."""
 
   train_batches: int = setting(64, 'Training batches the probes are fitted on.')
 
@@ -332,17 +300,14 @@ def summary_lines(report: Dict[str, Any]) -> List[str]:
   """One line per layer: the probes and the <s> attention."""
   lines = []
   for row in report['layers']:
+    slots = row.get('real_tokens_per_slot')
     lines.append(
         f"layer {row['layer']}: probe first {row['probe_first']:.3f}, mean {row['probe_mean']:.3f}"
         f"; <s> attention entropy {row['s_entropy_nats']:.2f} nats "
         f"({row['s_effective_keys']:.1f} effective keys, largest weight "
         f"{row['s_largest_weight']:.2f}); its token weights sum to "
         f"{row['s_token_weight_sum']:.3f}, {row['s_negative_token_weight_share']:.0%} negative"
-        + (
-            ''
-            if row.get('real_tokens_per_slot') is None
-            else f"; each slot mixes {row['real_tokens_per_slot']:.1f} real tokens"
-        )
+        + ('' if slots is None else f'; each slot mixes {slots:.1f} real tokens')
     )
   return lines
 

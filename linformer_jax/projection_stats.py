@@ -4,44 +4,30 @@
       --workdir runs/parity/pretrain_linformer_init_local \
       --config.model.projection_init=local
 
-It loads the newest checkpoint, or the kept one of --step (else of
---config.restore_step), with the run's own config. For each learned [n, k]
-matrix of the checkpoint (each head's own for per-head weights), and for
-fresh draws of every `config.model.projection_init` at the same n and k, it
-reports per slot (column), averaged over the k slots:
+For each learned [n, k] matrix of the run's checkpoint (each head's own for
+per-head weights), and for fresh draws of every `config.model.projection_init`
+at the same n and k, it reports per slot (column), averaged over the k slots:
 
   participation   (sum w^2)^2 / sum w^4 over the n positions: how many
-                  positions the slot mixes (the window, n/k, for a 'local'
-                  slot; about n/3 for Gaussian entries)
+                  positions the slot mixes (n/k for 'local', about n/3 for
+                  Gaussian entries)
   own_window      the share of the slot's squared weight inside its own
-                  window of n/k adjacent positions, the window of
-                  projection='mean' (1 for 'local')
+                  window of n/k adjacent positions (1 for 'local')
   norm            the slot's L2 norm
   negative        the share of its weights below zero
-  slot_sum        the signed sum of the slot's weights (1 for 'local': a
-                  mean; about 0 for the random draws)
+  slot_sum        the signed sum of the slot's weights (1 for 'local')
   effective_rank  exp of the entropy of the matrix's normalised squared
                   singular values (k for orthogonal slots)
 
-and, against the same matrix at the run's step 0 (drawn again from
-`config.seed`, as the trainer draws it), how training moved it:
+and, against the same matrix at the run's step 0 (drawn again from `config.seed`):
 
   drift           ||E - E0|| / ||E0|| (Frobenius norms)
   common_share    the share of ||E - E0||^2 in one vector added to every
-                  slot alike (per position, the mean of the change over the
-                  k slots): 1 when every slot moved the same way
+                  slot alike: 1 when every slot moved the same way
   drift_slot_sum  the signed sum of the change, per slot (averaged)
 
-A matrix that still holds its initialisation's values after training learned
-little; one whose own_window share fell from 1 lost its locality. While
-attention is uniform (the unigram plateau at the start of pretraining) every
-slot gets the same gradient, so a change with common_share near 1 is what
-that phase wrote (docs/results_parity.md).
-
-It prints the statistics and writes them to WORKDIR/projection_stats.json
-(projection_stats_STEP.json for a step asked). A workdir without a checkpoint,
-or without the kept --step, ends with a one-line error and exit code 2, and so
-does a workdir it cannot write, after the statistics are printed.
+It prints them and writes WORKDIR/projection_stats.json (projection_stats_STEP.json
+for a step asked); docs/results_parity.md reads them.
 """
 
 import dataclasses
@@ -103,9 +89,15 @@ def drift_stats(trained: np.ndarray, initial: np.ndarray) -> Dict[str, float]:
   }
 
 
-def _mean_stats(matrices: List[np.ndarray], window: int) -> Dict[str, float]:
-  stats = [matrix_stats(m, window) for m in matrices]
+def _mean(stats: List[Dict[str, float]]) -> Dict[str, float]:
+  """Each statistic's mean over the matrices."""
   return {name: float(np.mean([s[name] for s in stats])) for name in stats[0]}
+
+
+def _projected_lens(model_config: ModelConfig) -> List[int]:
+  """The k of the run's layers, each once, ascending."""
+  layers = range(model_config.num_layers)
+  return sorted({model_config.projected_len_for_layer(layer) for layer in layers})
 
 
 def learned_matrices(
@@ -119,7 +111,7 @@ def learned_matrices(
     ConfigError: the kind learns weights but gives no effective E.
   """
   kind = projections.kind(model_config.projection)
-  lens = {model_config.projected_len_for_layer(layer) for layer in range(model_config.num_layers)}
+  lens = _projected_lens(model_config)
   per_head = model_config.sharing == 'none'
   weight_ndim = kind.weight_ndim + per_head
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
@@ -131,7 +123,7 @@ def learned_matrices(
     weights = leaf.reshape(-1, *leaf.shape[leaf.ndim - weight_ndim :])
     matrices = []
     for weight in weights:
-      projected_len = next(iter(lens)) if len(lens) == 1 else weight.shape[-1]
+      projected_len = lens[0] if len(lens) == 1 else weight.shape[-1]
       matrix = kind.effective_matrix(
           jnp.asarray(weight), max_len=model_config.max_len, projected_len=projected_len
       )
@@ -174,17 +166,14 @@ def projection_report(
   loaded = run_loading.load_run(config, workdir, step)
   parts, step, variables = loaded.parts, loaded.step, loaded.variables
   model_config = parts.model_config
-  lens = tuple(
-      model_config.projected_len_for_layer(layer) for layer in range(model_config.num_layers)
-  )
+  lens = _projected_lens(model_config)
   start = dict(learned_matrices(parts.initial_variables(config.seed)['params'], model_config))
   matrices = {}
   for path, found in learned_matrices(variables['params'], model_config):
     window = model_config.compressed_span // found[0].shape[-1]
-    drift = [drift_stats(trained, initial) for trained, initial in zip(found, start[path])]
     matrices[path] = {
-        **_mean_stats(found, window),
-        **{name: float(np.mean([d[name] for d in drift])) for name in drift[0]},
+        **_mean([matrix_stats(matrix, window) for matrix in found]),
+        **_mean([drift_stats(trained, initial) for trained, initial in zip(found, start[path])]),
     }
   return {
       'step': step,
@@ -192,11 +181,11 @@ def projection_report(
       'projection': model_config.projection,
       'projection_init': model_config.projection_init,
       'max_len': model_config.max_len,
-      'projected_len': sorted(set(lens)),
+      'projected_len': lens,
       'learned': matrices,
       'initial': {
           str(k): stats
-          for k in sorted(set(lens))
+          for k in lens
           if (stats := initial_stats(model_config, k))  # none for a kind of its own
       },
   }

@@ -4,32 +4,16 @@
       --seq_lens=512,1024,2048,4096,8192 --projected_len=256 --num_layers=2 \
       --hidden_dim=768 --num_heads=12 --batch=1 --repeats=5
 
-The baseline a PyTorch user would pick is lucidrains' `linformer` (0.2.3):
-pre-LayerNorm layers, each with its own E and F ([n, k], shared by the heads),
-an MLP 4 times as wide with GELU. Ours is configured to match it
-(`ComparisonSettings.model_config`: sharing='headwise', pre_layer_norm=True, no
-dropout) and both are timed at the same size in two modes:
-
-  forward  one inference pass of the encoder: ours from token ids
-           (`models.Encoder`, jitted, deterministic), theirs from random
-           embeddings (`linformer.Linformer` under torch.inference_mode());
-  train    one training step: forward, cross-entropy on every token, backward
-           and an AdamW update: ours `models.MaskedLanguageModel` with
-           `optax.adamw`, jitted with the parameters and optimizer state
-           donated; theirs `linformer.LinformerLM` with torch.optim.AdamW.
-
-Each (n, mode) is timed `repeats` times after one warm-up run; the median
-counts, as tokens (batch * n) per second. torch is not a dependency of this
-project: the PyTorch side is `experiments/pytorch_linformer_baseline.py`, run
-as a subprocess by the interpreter of its own environment (`make
-torch-baseline` makes `.venv-torch`), which prints one JSON line per (n, mode).
-The two sides run one after the other for each n (JAX, then PyTorch), so a
-machine whose speed drifts during the run slows both alike.
-
-The architectures differ in small ways, none of which changes the cost's
-order: our q/k/v projections have biases, our encoder ends with a LayerNorm,
-our MLM head adds a dense layer and a LayerNorm before the (tied) output
-layer, and our forward pass includes the token and position embeddings.
+Our model is configured to match lucidrains' `linformer` 0.2.3
+(`ComparisonSettings.model_config`) and both are timed at the same size: a
+forward pass (ours `models.Encoder` from token ids, including the embeddings)
+and a training step (ours `models.MaskedLanguageModel` with `optax.adamw`,
+parameters and optimizer state donated). The PyTorch side is
+`experiments/pytorch_linformer_baseline.py` (its docstring says what it times),
+run by the interpreter of --torch_python, printing one JSON line per (n, mode).
+The two sides run one after the other for each n, so a machine whose speed
+drifts during the run slows both alike. Setup, the models' differences and
+results: docs/benchmarks.md.
 """
 
 import json
@@ -50,9 +34,9 @@ from linformer_jax import settings_flags
 from linformer_jax.analysis import measuring
 from linformer_jax.analysis.benchmark_budget import ForwardPass
 from linformer_jax.analysis.benchmark_settings import VOCAB_SIZE
-from linformer_jax.analysis.measuring import random_variables
-from linformer_jax.analysis.measuring import time_ms
+from linformer_jax.analysis.pytorch_comparison_report import MEASURES
 from linformer_jax.analysis.pytorch_comparison_report import write_report
+from linformer_jax.analysis.pytorch_comparison_settings import INTEGER_SETTINGS
 from linformer_jax.analysis.pytorch_comparison_settings import MODES
 from linformer_jax.analysis.pytorch_comparison_settings import ComparisonSettings
 from linformer_jax.errors import ConfigError
@@ -67,6 +51,8 @@ TORCH_SCRIPT = (
 )
 # Lines of the PyTorch script's stderr quoted when it fails.
 STDERR_TAIL_LINES = 15
+# The exit code of a PyTorch baseline that failed while running.
+BASELINE_FAILED_EXIT_CODE = 1
 
 
 class TorchBaselineError(RuntimeError):
@@ -79,14 +65,14 @@ _jitted_train_step = jax.jit(measuring.mlm_train_step, static_argnums=(0, 1), do
 def _forward_times(config: ModelConfig, tokens: jax.Array, repeats: int) -> List[float]:
   forward = ForwardPass(config)
   compiled = forward.compile(tokens.shape[0])
-  variables = random_variables(forward.abstract_variables, seed=0)
-  return time_ms(lambda: compiled(variables, tokens), repeats)
+  variables = measuring.random_variables(forward.abstract_variables, seed=0)
+  return measuring.time_ms(lambda: compiled(variables, tokens), repeats)
 
 
 def _train_step_times(config: ModelConfig, tokens: jax.Array, repeats: int) -> List[float]:
   model = models.MaskedLanguageModel(config)
   optimizer = optax.adamw(LEARNING_RATE)
-  params = random_variables(
+  params = measuring.random_variables(
       jax.eval_shape(model.init, jax.random.PRNGKey(0), tokens)['params'], seed=1
   )
   # The step donates its inputs, so every call feeds it the previous outputs.
@@ -97,15 +83,12 @@ def _train_step_times(config: ModelConfig, tokens: jax.Array, repeats: int) -> L
     state['params'], state['opt_state'], _ = outputs
     return outputs
 
-  return time_ms(step, repeats)
+  return measuring.time_ms(step, repeats)
 
 
 def measure_jax(settings: ComparisonSettings, seq_len: int, mode: str) -> Dict[str, Any]:
-  """Times our model at one n in one mode (see the module docstring).
-
-  Returns:
-    seq_len, mode, time_ms (median), time_min_ms and tokens_per_s.
-  """
+  """Times our model at one n in one mode: seq_len, mode, time_ms (median),
+  time_min_ms and tokens_per_s, as the PyTorch script's rows give them."""
   if mode not in MODES:
     raise ValueError(f'Unknown mode {mode!r}; use one of {MODES}.')
   tokens = jnp.asarray(
@@ -121,11 +104,6 @@ def measure_jax(settings: ComparisonSettings, seq_len: int, mode: str) -> Dict[s
       'time_min_ms': min(times),
       'tokens_per_s': tokens.size / (median_ms * 1e-3),
   }
-
-
-def torch_device_for(backend: str) -> str:
-  """The PyTorch device matching JAX's backend: 'cuda' on a GPU, else 'cpu'."""
-  return 'cuda' if backend == 'gpu' else 'cpu'
 
 
 def check_torch_python(torch_python: str) -> None:
@@ -149,17 +127,8 @@ def run_torch_baseline(
     device: str = 'cpu',
     script: os.PathLike = TORCH_SCRIPT,
 ) -> List[Dict[str, Any]]:
-  """Runs the PyTorch script at `seq_lens` and returns its rows.
-
-  Args:
-    settings: the model size, batch, repeats, modes and threads.
-    seq_lens: the sequence lengths to time.
-    torch_python: the interpreter that has torch and linformer.
-    device: 'cpu' or 'cuda'.
-    script: the script to run; tests pass a stand-in.
-
-  Returns:
-    One dict per (n, mode), as the script printed it (see its docstring).
+  """The rows the PyTorch script (tests pass a stand-in) prints at `seq_lens` on
+  `device` ('cpu' or 'cuda'), one dict per (n, mode).
 
   Raises:
     ConfigError: `torch_python` is not an interpreter.
@@ -171,13 +140,7 @@ def run_torch_baseline(
       torch_python,
       str(script),
       f'--seq_lens={",".join(map(str, seq_lens))}',
-      f'--projected_len={settings.projected_len}',
-      f'--num_layers={settings.num_layers}',
-      f'--hidden_dim={settings.hidden_dim}',
-      f'--num_heads={settings.num_heads}',
-      f'--batch={settings.batch}',
-      f'--repeats={settings.repeats}',
-      f'--threads={settings.threads}',
+      *(f'--{name}={getattr(settings, name)}' for name in INTEGER_SETTINGS),
       f'--modes={",".join(settings.modes)}',
       f'--device={device}',
   ]
@@ -217,20 +180,11 @@ def compare(
     progress: Optional[Callable[[Dict[str, Any]], None]] = None,
     script: os.PathLike = TORCH_SCRIPT,
 ) -> List[Dict[str, Any]]:
-  """Times both sides at every measured n, JAX then PyTorch; one row per (n, mode).
-
-  Args:
-    settings: what to measure.
-    torch_python: the interpreter that has torch and linformer.
-    progress: called with each row as it is finished.
-    script: the PyTorch script; tests pass a stand-in.
-
-  Returns:
-    Rows keyed by COLUMNS; ratio is JAX tokens/s over PyTorch tokens/s.
-  """
+  """Times both sides at every measured n, JAX then PyTorch; one row per (n, mode),
+  keyed by COLUMNS, passed to `progress` as it is finished. ratio is JAX tokens/s
+  over PyTorch tokens/s; `script` is the PyTorch script (tests pass a stand-in)."""
   check_torch_python(torch_python)
-  device = jax.devices()[0]
-  torch_device = torch_device_for(jax.default_backend())
+  torch_device = 'cuda' if jax.default_backend() == 'gpu' else 'cpu'
   rows = []
   for seq_len in settings.measured_seq_lens:
     ours = {mode: measure_jax(settings, seq_len, mode) for mode in settings.modes}
@@ -240,33 +194,25 @@ def compare(
     }
     for mode in settings.modes:
       jax_row, torch_row = ours[mode], theirs[mode]
-      row = {
-          'seq_len': seq_len,
-          'projected_len': settings.projected_len,
-          'mode': mode,
-          'batch': settings.batch,
-          'jax_time_ms': jax_row['time_ms'],
-          'jax_time_min_ms': jax_row['time_min_ms'],
-          'jax_tokens_per_s': jax_row['tokens_per_s'],
-          'torch_time_ms': torch_row['time_ms'],
-          'torch_time_min_ms': torch_row['time_min_ms'],
-          'torch_tokens_per_s': torch_row['tokens_per_s'],
-          'ratio': _ratio(jax_row['tokens_per_s'], torch_row['tokens_per_s']),
-          'jax_version': jax.__version__,
-          'jax_device': f'{device.device_kind} ({jax.default_backend()})',
-          'torch_version': torch_row.get('torch_version', ''),
-          'linformer_version': torch_row.get('linformer_version', ''),
-          'torch_device': torch_row.get('device', torch_device),
-          'threads': torch_row.get('threads', settings.threads),
-      }
+      row = dict(
+          seq_len=seq_len,
+          projected_len=settings.projected_len,
+          mode=mode,
+          batch=settings.batch,
+          **{f'jax_{measure}': jax_row[measure] for measure in MEASURES},
+          **{f'torch_{measure}': torch_row[measure] for measure in MEASURES},
+          ratio=_ratio(jax_row['tokens_per_s'], torch_row['tokens_per_s']),
+          jax_version=jax.__version__,
+          jax_device=measuring.describe_device(),
+          torch_version=torch_row.get('torch_version', ''),
+          linformer_version=torch_row.get('linformer_version', ''),
+          torch_device=torch_row.get('device', torch_device),
+          threads=torch_row.get('threads', settings.threads),
+      )
       rows.append(row)
       if progress:
         progress(row)
   return rows
-
-
-# The exit code of a PyTorch baseline that failed while running.
-BASELINE_FAILED_EXIT_CODE = 1
 
 
 def describe_run(settings: ComparisonSettings, rows: Sequence[Dict[str, Any]]) -> str:

@@ -4,33 +4,16 @@
       --workdir runs/default --out runs/default/spectrum \
       --num_sequences=64 --index=128
 
-It loads the newest checkpoint of a trained masked-LM run (or the kept step
---config.restore_step names) and, for every layer and head, computes the
-context-mapping matrix
+For every layer and head of a trained masked-LM run's checkpoint, it averages
+over evaluation sequences the normalised cumulative singular values cumsum(s) /
+sum(s) of P = softmax(Q K^T / sqrt(d)): n x n for full attention, n x k for
+Linformer (over the keys the model compresses). It writes spectrum.json (per
+layer and head the curve and its value at --index), cumulative_singular_values.png
+and heatmap.png to --out, and prints one line per layer (docs/results_gutenberg.md).
 
-  P = softmax(Q K^T / sqrt(d))
-
-on evaluation sequences: n x n for full attention, n x k for Linformer, whose
-keys are first compressed to k positions the way the model compresses them. It
-takes P's singular values s and reports the normalised cumulative singular
-values cumsum(s) / sum(s), averaged over the sequences. A curve that reaches
-nearly 1 at a small index means P is close to low rank, the observation that
-motivates Linformer (in the paper, for n = 512, the value at index 128).
-
-Padded positions are left out: their rows (queries) and columns (keys) of P are
-zero, which only adds zero singular values, so each sequence's curve is that of
-its n_real x n_real matrix (n_real x k for Linformer), staying at 1 from index
-n_real on.
-
-Writes to --out (default WORKDIR/spectrum):
-  spectrum.json                    per layer and head the averaged curve and its
-                                   value at --index, with the run's facts
-  cumulative_singular_values.png   every head faint, each layer's mean bold
-  heatmap.png                      layers x heads, the value at --index
-and prints one summary line per layer. A workdir without a checkpoint (or
-without the kept step) and an --out that is a file end with a one-line error
-and exit code 2 before anything is computed; an --out it cannot write, after
-the summary is printed.
+Padded positions are left out: their rows and columns of P only add zero singular
+values, so a sequence's curve is that of its n_real x n_real (n_real x k) matrix,
+at 1 from index n_real on.
 """
 
 import dataclasses
@@ -79,11 +62,7 @@ def normalised_cumulative_singular_values(p: np.ndarray) -> np.ndarray:
 
 
 def value_at_index(curve: np.ndarray, index: int) -> Tuple[float, int]:
-  """The curve's value at a 1-based index clamped to its length (P's rank bound).
-
-  Returns:
-    (value, the index used).
-  """
+  """(value, index used) at a 1-based index clamped to the curve's length (P's rank bound)."""
   used = max(1, min(int(index), curve.shape[-1]))
   return float(curve[..., used - 1]), used
 
@@ -105,15 +84,9 @@ def mean_curves(
     num_sequences: int,
     to_device=lambda batch: batch,
 ) -> Tuple[List[np.ndarray], int]:
-  """Normalised cumulative singular values averaged over sequences.
-
-  Args:
-    step: from `make_spectrum_step`.
-    variables: the model's variables.
-    batches: dicts with 'inputs' [batch, n] and 'padding_mask' [batch, n];
-      rows without a real token are skipped.
-    num_sequences: stop after this many sequences.
-    to_device: places a batch for the step.
+  """Normalised cumulative singular values averaged over the first `num_sequences`
+  rows with a real token of `batches` (dicts of 'inputs' and 'padding_mask', [batch, n]),
+  computed by `step` (`make_spectrum_step`) on each batch as `to_device` places it.
 
   Returns:
     Per layer the mean curves [heads, min(n, keys)], and the number of
@@ -122,29 +95,20 @@ def mean_curves(
   sums: Optional[List[np.ndarray]] = None
   count = 0
   for batch in batches:
-    rows = [
-        row for row in range(batch['padding_mask'].shape[0]) if batch['padding_mask'][row].any()
-    ][: num_sequences - count]
-    if not rows:
+    mask = batch['padding_mask']
+    rows = np.flatnonzero(np.asarray(mask).any(-1))[: num_sequences - count]
+    if not rows.size:
       continue
-    per_layer = jax.device_get(
-        step(
-            variables,
-            **to_device({'inputs': batch['inputs'], 'padding_mask': batch['padding_mask']}),
-        )
-    )
+    placed = to_device({'inputs': batch['inputs'], 'padding_mask': mask})
+    per_layer = jax.device_get(step(variables, **placed))
     if sums is None:
       sums = [0.0] * len(per_layer)
     for layer, (q, keys, key_mask) in enumerate(per_layer):
+      # One sequence at a time: P is [heads, n, n], 800 MB for a batch of 32 at n = 512, 12 heads.
       for row in rows:
-        # One sequence at a time: P is [heads, n, n], 800 MB for a batch of 32
-        # at n = 512 with 12 heads.
-        p = attention_capture.attention_matrix(
-            q[row : row + 1],
-            keys[row : row + 1],
-            None if key_mask is None else key_mask[row : row + 1],
-            batch['padding_mask'][row : row + 1],
-        )[0]
+        one = slice(row, row + 1)
+        key_mask_one = None if key_mask is None else key_mask[one]
+        p = attention_capture.attention_matrix(q[one], keys[one], key_mask_one, mask[one])[0]
         sums[layer] = sums[layer] + normalised_cumulative_singular_values(p)
     count += len(rows)
     if count >= num_sequences:
@@ -163,14 +127,9 @@ def _rounded(values: np.ndarray) -> List[float]:
 def spectrum_report(
     curves: Sequence[np.ndarray], *, index: int, facts: Mapping[str, Any]
 ) -> Dict[str, Any]:
-  """The content of spectrum.json from per-layer mean curves [heads, length].
-
-  Args:
-    curves: per layer, the mean curves of its heads.
-    index: the requested 1-based singular value index (the paper's 128),
-      clamped per layer to the curve length, the bound on P's rank.
-    facts: the run's facts (attention, n, k, ...) stored alongside.
-  """
+  """The content of spectrum.json: per layer its heads' mean `curves` [heads, length] and
+  their value at the 1-based `index` (the paper's 128), clamped per layer to the curve
+  length, the bound on P's rank; with the run's `facts` (attention, n, k, ...)."""
   layers = []
   notes = []
   for layer, head_curves in enumerate(curves):
@@ -213,29 +172,29 @@ def summary_lines(report: Mapping[str, Any]) -> List[str]:
   return lines + [f'note: {note}' for note in report['notes']]
 
 
-def _pyplot():
-  import matplotlib  # pylint: disable=g-import-not-at-top
+def _figure(figsize: Tuple[float, float]):
+  """A figure and its axes on a bare Agg canvas: no pyplot, so no global backend or state."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
 
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-
-  return plt
+  figure = Figure(figsize=figsize)
+  FigureCanvasAgg(figure)
+  return figure, figure.add_subplot()
 
 
 def title(report: Mapping[str, Any]) -> str:
-  kind = (
-      'Transformer (full attention)'
-      if report['attention'] == 'full'
-      else f"Linformer (k={report['k']})"
-  )
+  kind = f"Linformer (k={report['k']})"
+  if report['attention'] == 'full':
+    kind = 'Transformer (full attention)'
   return f"{kind}, n={report['n']}, step {report['step']}, {report['num_sequences']} sequences"
 
 
 def plot_curves(report: Mapping[str, Any], path: str) -> None:
   """Every head's curve faint and each layer's mean bold, with the index marked."""
-  plt = _pyplot()
-  figure, axis = plt.subplots(figsize=(7, 4.5))
-  colors = plt.get_cmap('viridis')(np.linspace(0.0, 0.9, len(report['layers'])))
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  figure, axis = _figure((7, 4.5))
+  colors = matplotlib.colormaps['viridis'](np.linspace(0.0, 0.9, len(report['layers'])))
   for layer, color in zip(report['layers'], colors):
     x = np.arange(1, layer['rank_bound'] + 1)
     for head in layer['heads']:
@@ -249,17 +208,15 @@ def plot_curves(report: Mapping[str, Any], path: str) -> None:
   axis.legend(fontsize=8, loc='lower right')
   figure.tight_layout()
   figure.savefig(path, dpi=120)
-  plt.close(figure)
 
 
 def plot_heatmap(report: Mapping[str, Any], path: str) -> None:
   """Layers x heads, each cell the cumulative singular value at the index."""
-  plt = _pyplot()
   values = np.array(
       [[head['value_at_index'] for head in layer['heads']] for layer in report['layers']]
   )
   layers, heads = values.shape
-  figure, axis = plt.subplots(figsize=(max(5.5, 2.0 + 0.7 * heads), max(3.5, 1.5 + 0.5 * layers)))
+  figure, axis = _figure((max(5.5, 2.0 + 0.7 * heads), max(3.5, 1.5 + 0.5 * layers)))
   image = axis.imshow(values, cmap='viridis', aspect='auto')
   if values.size <= 200:
     middle = (values.min() + values.max()) / 2
@@ -282,7 +239,6 @@ def plot_heatmap(report: Mapping[str, Any], path: str) -> None:
   figure.colorbar(image, ax=axis)
   figure.tight_layout()
   figure.savefig(path, dpi=120)
-  plt.close(figure)
 
 
 def compute_spectrum(

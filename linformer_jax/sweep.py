@@ -4,23 +4,12 @@
       --workdir runs/sweeps/projected_len [--only=k16,transformer] \
       [--set=total_steps=50 --set=warmup_steps=5]
 
-A sweep file is a Python file whose `get_sweep()` returns a `Sweep` (import
-`Sweep` and `Variant` from this module): a base config and an ordered list of
-named `Variant`s, each a dict of dotted overrides such as
-`{'model.projected_len': 64}`. Every variant trains in WORKDIR/<name> with
-`trainer.train_and_evaluate`. A variant whose eval_results.json already reaches
-its total_steps is skipped and an interrupted one resumes from its checkpoint,
-so rerunning the command picks up where it stopped. `--set` overrides apply to
-every variant (after the sweep's own), with each value parsed as the type of the
-base config's field.
-
-At the end (also when stopped by an error) it writes WORKDIR/results.md, a
-table with one row per variant (and mean ± std over seeds for variants that
-differ only in `seed`), and a figure of the evaluation metric against steps
-for all variants (`sweep_report`): perplexity.png for pretraining (log scale;
-the paper's Figure 3), accuracy.png for classification.
-Bad input (an unknown key, a bad value, an unknown variant) ends with a
-one-line error and exit code 2 before anything is trained.
+A sweep file's `get_sweep()` returns a `Sweep` (import `Sweep` and `Variant`
+from this module): a base config and named `Variant`s of dotted overrides.
+Each variant trains in WORKDIR/<name>; a finished one is skipped and an
+interrupted one resumes. The report (`sweep_report`) is written at the end,
+also when an error stops the sweep. Bad input ends with a one-line error and
+exit code 2 before anything is trained (docs/training.md, "Sweeps").
 """
 
 import ast

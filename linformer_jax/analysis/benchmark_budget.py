@@ -1,15 +1,9 @@
 """One cell's compiled forward pass: its memory, its cost, the paper's max-batch method.
 
-`ForwardPass` compiles a benchmark cell's encoder for any batch; XLA's memory
-and cost analyses of it are read by `compiled_step.planned_bytes` and
-`ForwardPass.cost`.
-
-The Linformer paper compares models at the largest batch each fits in a fixed
-amount of memory. `compile_within_budget` finds that batch from XLA's compiled
-memory analysis alone (temporary + argument + output bytes), so the search
-compiles but never runs: no device memory is touched, and the answer is exact
-and repeatable. `bytes_per_sequence` is what one more sequence costs at that
-batch: the compiled bytes less the parameters, over the batch.
+`ForwardPass` compiles a benchmark cell's encoder for any batch.
+`compile_within_budget` finds the largest batch whose compiled memory fits a
+budget by compiling only, so no device memory is touched and the answer is
+exact and repeatable (docs/benchmarks.md, "at the largest batch that fits").
 """
 
 import dataclasses
@@ -23,18 +17,15 @@ import numpy as np
 from linformer_jax.model import inference_chunks
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
-from linformer_jax.training.compiled_step import cost_analysis
-from linformer_jax.training.compiled_step import is_out_of_memory
-from linformer_jax.training.compiled_step import planned_bytes
+from linformer_jax.training import compiled_step
 from linformer_jax.units import GIB
 
 
 class ForwardPass:
   """One cell's encoder as a jitted deterministic forward pass, compiled per batch.
 
-  Attributes:
-    config: the encoder's hyper-parameters; max_len is the sequence length n.
-    abstract_variables: the shapes and dtypes of its variables (no arrays).
+  config.max_len is the sequence length n; abstract_variables holds the shapes
+  and dtypes of its variables (no arrays).
   """
 
   def __init__(self, config: ModelConfig):
@@ -58,16 +49,16 @@ class ForwardPass:
   def cost(self, compiled, batch: int) -> Dict[str, Optional[float]]:
     """XLA's FLOPs and bytes accessed of the pass `compiled` at `batch`.
 
-    XLA's cost analysis counts a loop's body once, not once per trip, so a
-    pass run in inference chunks (a `jax.lax.map`) takes its FLOPs from the
-    same encoder compiled as one pass (the same arithmetic, less the last
-    chunk's padding) and reports no bytes accessed, which chunking changes.
+    XLA counts a loop's body once, so a pass run in inference chunks takes its
+    FLOPs from the same encoder compiled as one pass (the same arithmetic, less
+    the last chunk's padding) and reports no bytes accessed, which chunking
+    changes.
     """
     config = self.config
     if inference_chunks.inference_chunk(config, config.max_len, deterministic=True) is None:
-      return cost_analysis(compiled)
+      return compiled_step.cost_analysis(compiled)
     one_pass = ForwardPass(dataclasses.replace(config, inference_chunk=0)).compile(batch)
-    return {'flops': cost_analysis(one_pass)['flops'], 'bytes_accessed': None}
+    return {'flops': compiled_step.cost_analysis(one_pass)['flops'], 'bytes_accessed': None}
 
 
 def budgeted_bytes(planned: Dict[str, int]) -> int:
@@ -81,11 +72,6 @@ def parameter_bytes(variables: Any) -> int:
       int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize
       for leaf in jax.tree_util.tree_leaves(variables)
   )
-
-
-def bytes_per_sequence(planned: Dict[str, int], parameters: int, batch: int) -> float:
-  """Budgeted bytes less the parameters' bytes, per sequence of the batch."""
-  return (budgeted_bytes(planned) - parameters) / batch
 
 
 def largest_fitting_batch(fits: Callable[[int], bool], max_batch: int) -> Optional[int]:
@@ -113,80 +99,50 @@ def largest_fitting_batch(fits: Callable[[int], bool], max_batch: int) -> Option
   return fitting
 
 
-def search_budget_batch(
-    compile_at: Callable[[int], Any], budget_bytes: float, max_batch: int
-) -> Tuple[Optional[int], Any]:
-  """The largest batch whose compiled forward pass fits `budget_bytes`.
-
-  Args:
-    compile_at: batch -> the compiled forward pass at that batch, or None
-      where compiling it ran out of memory (which counts as not fitting).
-    budget_bytes: the most temporary + argument + output bytes allowed.
-    max_batch: the largest batch tried.
-
-  Returns:
-    (batch, compiled): the batch found and its executable; (None, batch 1's
-    executable or None) when batch 1 does not fit.
-  """
-  kept = {'batch_one': None, 'largest_fitting': None}
-
-  def fits(batch: int) -> bool:
-    compiled = compile_at(batch)
-    if batch == 1:
-      kept['batch_one'] = compiled
-    if compiled is None or budgeted_bytes(planned_bytes(compiled)) > budget_bytes:
-      return False
-    # Each batch that fits is larger than the last that did: the last kept is
-    # the answer's.
-    kept['largest_fitting'] = compiled
-    return True
-
-  batch = largest_fitting_batch(fits, max_batch)
-  return batch, kept['batch_one' if batch is None else 'largest_fitting']
-
-
 def compile_within_budget(
     forward: ForwardPass, budget_bytes: float, max_batch: int
 ) -> Tuple[Any, Dict[str, Any]]:
   """The pass compiled at the largest batch within the budget, and the row's fields.
 
-  Args:
-    forward: the cell's forward pass.
-    budget_bytes: the most temporary + argument + output bytes allowed.
-    max_batch: the largest batch tried.
-
-  Returns:
-    (compiled, fields): the executable at the batch found, and the fields of
-    a benchmark row it sets: batch, budget_batch, the compiled bytes,
-    bytes_per_sequence and a note where the search was capped. Where batch 1
-    does not fit, compiled is None and the fields hold batch 1's bytes (if
-    it compiled) and a note saying why the cell is skipped.
+  The budget counts `budgeted_bytes`; batches up to max_batch are tried. The
+  fields are batch, budget_batch, the compiled bytes, bytes_per_sequence (the
+  compiled bytes less the parameters', over the batch) and a note where the
+  search was capped. Where batch 1 does not fit, the pass is None and the
+  fields hold batch 1's bytes (if it compiled) and a note saying why the cell
+  is skipped.
   """
+  kept = {}
 
-  def compile_at(batch: int):
+  def fits(batch: int) -> bool:
     try:
-      return forward.compile(batch)
+      compiled = forward.compile(batch)
     except Exception as error:  # pylint: disable=broad-except
-      if not is_out_of_memory(error):
+      if not compiled_step.is_out_of_memory(error):
         raise
-      return None
+      compiled = None  # Out of memory compiling: the batch does not fit.
+    if batch == 1:
+      kept['batch_one'] = compiled
+    if compiled is None or budgeted_bytes(compiled_step.planned_bytes(compiled)) > budget_bytes:
+      return False
+    kept['largest_fitting'] = compiled  # Each batch that fits is larger than the last.
+    return True
 
-  batch, compiled = search_budget_batch(compile_at, budget_bytes, max_batch)
+  batch = largest_fitting_batch(fits, max_batch)
   budget = f'budget {budget_bytes / GIB:.2f} GiB'
   if batch is None:
-    if compiled is None:
+    if kept['batch_one'] is None:
       return None, {'batch': 1, 'note': 'cell skipped: batch 1 ran out of memory compiling'}
-    planned = planned_bytes(compiled)
+    planned = compiled_step.planned_bytes(kept['batch_one'])
     needs = f'{budgeted_bytes(planned) / GIB:.2f} GiB (temp + arguments + outputs)'
     return None, {'batch': 1, **planned, 'note': f'cell skipped: batch 1 needs {needs} > {budget}'}
-  planned = planned_bytes(compiled)
+  compiled = kept['largest_fitting']
+  planned = compiled_step.planned_bytes(compiled)
+  parameters = parameter_bytes(forward.abstract_variables)
   fields = {
       'batch': batch,
       'budget_batch': batch,
       **planned,
-      'bytes_per_sequence': bytes_per_sequence(
-          planned, parameter_bytes(forward.abstract_variables), batch
-      ),
+      'bytes_per_sequence': (budgeted_bytes(planned) - parameters) / batch,
   }
   if batch == max_batch:
     fields['note'] = f'{budget} not reached: the batch is capped at --max_batch={max_batch}'

@@ -1,14 +1,10 @@
 """Output of the whole-model benchmark: results.csv, table.md and the plots.
 
 The rows come from `linformer_jax.benchmark`, one per (model, n, k), keyed by
-COLUMNS. table.md names the method (a fixed batch, or the paper's largest
-batch within a memory budget), then follows the Linformer paper's Table 3
-(rows n, columns k, cells 'speed-up / memory saving' of Linformer over the
-Transformer at the same n), once against the paper's Transformer and, where
-the grid has one, again against the memory-efficient Transformer. Then come
-the measured numbers behind the ratios and a summary of the matrix-multiply
-rate, the utilisation at n=4096 and the skipped cells. time_per_token.png and
-memory.png plot time per token and memory against n.
+COLUMNS. table.md states the method, then the paper's Table 3 against each
+Transformer of the grid, the measured numbers behind the ratios and a summary
+(the matmul rate, the utilisation at n=4096, the skipped cells); the plots
+show time per token and memory against n. See docs/benchmarks.md.
 """
 
 import os
@@ -17,6 +13,8 @@ from typing import Any, Callable, Dict, List, Optional
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from linformer_jax.analysis.tables import MISSING
+from linformer_jax.analysis.tables import markdown_table
 from linformer_jax.analysis.tables import number_text
 from linformer_jax.analysis.tables import ratio_text
 from linformer_jax.analysis.tables import write_csv
@@ -49,8 +47,7 @@ COLUMNS = (
     'attention_kernel',
 )
 # The models of the grid: the paper's Transformer (one pass, our einsums), the
-# memory-efficient Transformer a user would pick (chunked queries and MLP
-# and/or a fused attention kernel), and Linformer.
+# memory-efficient one a user would pick (docs/benchmarks.md), and Linformer.
 TRANSFORMER = 'transformer'
 EFFICIENT_TRANSFORMER = 'transformer-efficient'
 LINFORMER = 'linformer'
@@ -86,48 +83,38 @@ def _find(rows, model: str, seq_len: int, projected_len: int = 0):
   return None
 
 
+def _ratios(linformer: Dict[str, Any], full: Optional[Dict[str, Any]], by_budget: bool) -> str:
+  """Linformer's 'speed-up / memory saving' over the baseline `full` (None if missing)."""
+  speed_up = ratio_text(linformer['tokens_per_s'], full and full['tokens_per_s'])
+  if by_budget:
+    saving = ratio_text(full and full['bytes_per_sequence'], linformer['bytes_per_sequence'])
+    return f'{speed_up} / {saving}'
+  saving = ratio_text(full and memory_bytes(full), memory_bytes(linformer))
+  activation_saving = ratio_text(full and full['temp_bytes'], linformer['temp_bytes'])
+  return f'{speed_up} / {saving} ({activation_saving})'
+
+
 def format_table(
     rows: List[Dict[str, Any]], baseline: str = TRANSFORMER, by_budget: bool = False
 ) -> str:
   """Table 3's layout: rows n, columns k, cells 'speed-up / memory saving'.
 
-  The speed-up is Linformer's tokens per second over the baseline's (the
-  ratio of times at a fixed batch). At a fixed batch the memory saving counts
-  temporaries + arguments (parameters included) and the bracketed ratio the
-  temporaries alone, the part that grows with the batch, so it is the saving a
-  large batch approaches. `by_budget` (each cell at its own largest batch
-  within a memory budget) compares bytes per sequence instead.
-
-  Args:
-    rows: the benchmark's rows.
-    baseline: the Transformer compared against, TRANSFORMER or
-      EFFICIENT_TRANSFORMER.
-    by_budget: whether the rows were measured at their memory-budget batches.
+  Linformer against `baseline` (TRANSFORMER or EFFICIENT_TRANSFORMER), with
+  the ratios `describe_method` states: at a fixed batch, compiled temporary +
+  argument bytes and, in brackets, the temporaries alone (the part that grows
+  with the batch); `by_budget` (rows at their memory-budget batches), bytes
+  per sequence.
   """
-  seq_lens = sorted({row['seq_len'] for row in rows})
   projected_lens = sorted({row['projected_len'] for row in rows if row['model'] == LINFORMER})
-  lines = [
-      '| n | ' + ' | '.join(f'k = {k}' for k in projected_lens) + ' |',
-      '|---|' + '---|' * len(projected_lens),
-  ]
-  for seq_len in seq_lens:
+  table_rows = []
+  for seq_len in sorted({row['seq_len'] for row in rows}):
     full = _find(rows, baseline, seq_len)
-    cells = []
+    cells = [seq_len]
     for projected_len in projected_lens:
       linformer = _find(rows, LINFORMER, seq_len, projected_len)
-      if linformer is None:
-        cells.append('–')
-        continue
-      speed_up = ratio_text(linformer['tokens_per_s'], full and full['tokens_per_s'])
-      if by_budget:
-        saving = ratio_text(full and full['bytes_per_sequence'], linformer['bytes_per_sequence'])
-        cells.append(f'{speed_up} / {saving}')
-        continue
-      saving = ratio_text(full and memory_bytes(full), memory_bytes(linformer))
-      activation_saving = ratio_text(full and full['temp_bytes'], linformer['temp_bytes'])
-      cells.append(f'{speed_up} / {saving} ({activation_saving})')
-    lines.append(f'| {seq_len} | ' + ' | '.join(cells) + ' |')
-  return '\n'.join(lines)
+      cells.append(MISSING if linformer is None else _ratios(linformer, full, by_budget))
+    table_rows.append(cells)
+  return markdown_table(['n'] + [f'k = {k}' for k in projected_lens], table_rows)
 
 
 def format_details(rows: List[Dict[str, Any]], by_budget: bool = False) -> str:
@@ -233,23 +220,19 @@ def describe_method(rows: List[Dict[str, Any]], memory_budget_bytes: Optional[fl
 
 def format_tables(rows: List[Dict[str, Any]], memory_budget_bytes: Optional[float]) -> List[str]:
   """The method, then Table 3 against each Transformer in the rows, each under a caption."""
-  by_budget = memory_budget_bytes is not None
-  parts = [
-      describe_method(rows, memory_budget_bytes),
-      "Linformer over the Transformer (one pass, einsum attention: the paper's "
-      'baseline) at the same n, speed-up / memory saving:',
-      format_table(rows, TRANSFORMER, by_budget),
-  ]
+  baselines = {TRANSFORMER: "Transformer (one pass, einsum attention: the paper's baseline)"}
   efficient = next((row for row in rows if row['model'] == EFFICIENT_TRANSFORMER), None)
   if efficient:
     chunk = efficient['inference_chunk']
-    parts += [
-        'Linformer over the memory-efficient Transformer ('
-        + (f'inference chunk {chunk}' if chunk else 'one pass')
-        + f", attention kernel {efficient['attention_kernel']}) at the same n, "
-        'speed-up / memory saving:',
-        format_table(rows, EFFICIENT_TRANSFORMER, by_budget),
-    ]
+    execution = f'inference chunk {chunk}' if chunk else 'one pass'
+    kernel = efficient['attention_kernel']
+    baselines[EFFICIENT_TRANSFORMER] = (
+        f'memory-efficient Transformer ({execution}, attention kernel {kernel})'
+    )
+  parts = [describe_method(rows, memory_budget_bytes)]
+  for baseline, name in baselines.items():
+    caption = f'Linformer over the {name} at the same n, speed-up / memory saving:'
+    parts += [caption, format_table(rows, baseline, memory_budget_bytes is not None)]
   return parts
 
 
@@ -260,15 +243,11 @@ def write_outputs(
     header: str = '',
     memory_budget_bytes: Optional[float] = None,
 ) -> str:
-  """Writes results.csv, table.md and the two plots; returns table.md's text.
+  """Writes results.csv, table.md and the two plots into out_dir; returns table.md's text.
 
-  Args:
-    rows: the benchmark's rows, keyed by COLUMNS.
-    out_dir: the folder written to (made if missing).
-    matmul_gflops: the machine's matrix-multiply rate, for the summary.
-    header: a first line for table.md, e.g. the device and settings.
-    memory_budget_bytes: the budget the rows' batches were found for, None
-      when they ran at a fixed batch.
+  `header` is table.md's first line, e.g. the device and settings;
+  memory_budget_bytes is the budget the rows' batches were found for, None
+  when they ran at a fixed batch.
   """
   by_budget = memory_budget_bytes is not None
   os.makedirs(out_dir, exist_ok=True)

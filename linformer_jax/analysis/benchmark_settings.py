@@ -1,10 +1,7 @@
-"""What the whole-model benchmark measures: its settings, one definition each.
+"""The settings of `python -m linformer_jax.benchmark`, whose flags they are.
 
-`BenchmarkSettings` holds the grid, the model's size, the batch or memory
-budget and the output folder of `python -m linformer_jax.benchmark`; each
-field is also the command's flag (`settings_flags`), and every invalid value
-raises a ConfigError naming the flag. How the cells are measured is
-`linformer_jax.benchmark`.
+How the cells are measured is `linformer_jax.benchmark`; docs/benchmarks.md
+describes the command.
 """
 
 import dataclasses
@@ -29,10 +26,11 @@ VOCAB_SIZE = 1000
 DTYPES = ('float32', 'bfloat16')
 # Share of the device's (or host's) memory a cell may plan to use by default.
 DEFAULT_MEMORY_FRACTION = 0.8
-# A budget run's peak resident memory over its budget: 12.0 GiB at 8 GiB on
-# XLA:CPU (the process, the runtime, the inputs and outputs beside the compiled
-# bytes, allocator caching), docs/benchmarks.md "XLA:CPU's library fusions".
+# A budget run's peak resident memory over its budget (docs/benchmarks.md,
+# "XLA:CPU's library fusions": 12.0 GiB at 8 GiB).
 BUDGET_RUNTIME_FACTOR = 1.5
+# The attention kernels that run on one backend only: its name and the device.
+_KERNEL_DEVICES = {'cudnn': ('gpu', 'an NVIDIA GPU'), 'pallas': ('tpu', 'a TPU')}
 # The settings that must be positive integers (each is the flag of its name).
 _POSITIVE_SETTINGS = (
     'num_layers',
@@ -59,33 +57,9 @@ def memory_budget_of_flag(budget_gb: Optional[float]) -> Optional[float]:
 class BenchmarkSettings:
   """What to measure; invalid values raise a ConfigError naming the flag.
 
-  Each field is also the command's flag of its name (`settings_flags`), but
-  memory_limit_bytes (--memory_limit_gb) and memory_budget_bytes
-  (--memory_budget_gb), which the flags give in GiB.
-
-  Attributes:
-    seq_lens: sequence lengths n.
-    projected_lens: Linformer's projected lengths k; only k < n are measured.
-    num_layers: encoder layers.
-    hidden_dim: model width.
-    num_heads: attention heads; must divide hidden_dim.
-    mlp_dim: hidden width of the feed-forward blocks.
-    batch: sequences per forward pass.
-    repeats: timed runs per cell, after one warm-up run.
-    dtype: compute dtype, 'float32' or 'bfloat16'.
-    train_throughput: also time a training step per cell.
-    matmul_sizes: sides of the square matrix products timed for the
-      matrix-multiply rate.
-    memory_limit_bytes: at a fixed batch, cells planning more temporary +
-      argument bytes are skipped.
-    inference_chunk: positions per chunk of the efficient Transformer's and
-      Linformer's queries and MLP; 0 runs one pass.
-    attention_kernel: the efficient Transformer's attention, one of
-      ATTENTION_KERNELS ('cudnn' needs an NVIDIA GPU and bfloat16, 'pallas' a TPU).
-    memory_budget_bytes: None times `batch` sequences; else each cell runs at
-      the largest batch whose compiled temporary + argument + output bytes fit.
-    max_batch: the largest batch the memory-budget search tries.
-    out: the folder the command writes the report into.
+  Each field is the command's flag of its name, but memory_limit_bytes and
+  memory_budget_bytes, which --memory_limit_gb and --memory_budget_gb give in
+  GiB. num_heads must divide hidden_dim; attention_kernel 'pallas' needs a TPU.
   """
 
   seq_lens: Sequence[int] = setting(tuple(2**p for p in range(9, 17)), 'Sequence lengths n.')
@@ -139,11 +113,10 @@ class BenchmarkSettings:
   )
 
   def __post_init__(self):
-    object.__setattr__(self, 'seq_lens', tuple(self.seq_lens))
-    object.__setattr__(self, 'projected_lens', tuple(self.projected_lens))
-    object.__setattr__(self, 'matmul_sizes', tuple(self.matmul_sizes))
-    for name in ('seq_lens', 'projected_lens'):
-      flag_checks.require_lengths(name, getattr(self, name))
+    for name in ('seq_lens', 'projected_lens', 'matmul_sizes'):
+      object.__setattr__(self, name, tuple(getattr(self, name)))
+    flag_checks.require_lengths('seq_lens', self.seq_lens)
+    flag_checks.require_lengths('projected_lens', self.projected_lens)
     flag_checks.require_model_dims(self, _POSITIVE_SETTINGS)
     advice = 'give positive matrix sides, e.g. 1024,2048,4096'
     ok = bool(self.matmul_sizes) and min(self.matmul_sizes) >= 1
@@ -158,12 +131,11 @@ class BenchmarkSettings:
       raise ConfigError('--memory_limit_gb must be positive.')
     self._validate_efficient_transformer()
     budget = self.memory_budget_bytes
-    if budget is not None and not budget > 0:
-      raise ConfigError(
-          f'--memory_budget_gb={budget / GIB:g} is not allowed: give a positive '
-          'number of GiB, e.g. 16, or leave it unset to time a fixed --batch.'
-      )
-    if budget is not None and budget * BUDGET_RUNTIME_FACTOR > self.memory_limit_bytes:
+    if budget is None:
+      return
+    advice = 'give a positive number of GiB, e.g. 16, or leave it unset to time a fixed --batch'
+    flag_checks.require(budget > 0, 'memory_budget_gb', f'{budget / GIB:g}', advice)
+    if budget * BUDGET_RUNTIME_FACTOR > self.memory_limit_bytes:
       limit = self.memory_limit_bytes / GIB
       raise ConfigError(
           f'--memory_budget_gb={budget / GIB:g} does not fit this machine: running a '
@@ -174,30 +146,20 @@ class BenchmarkSettings:
       )
 
   def _validate_efficient_transformer(self) -> None:
-    if self.inference_chunk < 0:
+    advice = 'use 0 (one pass) or a positive number of positions per chunk, e.g. 512'
+    flag_checks.require(self.inference_chunk >= 0, 'inference_chunk', self.inference_chunk, advice)
+    kernel = self.attention_kernel
+    advice = f'use one of {", ".join(ATTENTION_KERNELS)}'
+    flag_checks.require(kernel in ATTENTION_KERNELS, 'attention_kernel', kernel, advice)
+    if kernel == 'cudnn' and self.dtype != 'bfloat16':
       raise ConfigError(
-          f'--inference_chunk={self.inference_chunk} is not allowed: use 0 (one pass) or '
-          'a positive number of positions per chunk, e.g. 512.'
+          '--attention_kernel=cudnn needs --dtype=bfloat16 (cuDNN attention takes '
+          '16-bit inputs); or use --attention_kernel=xla.'
       )
-    if self.attention_kernel not in ATTENTION_KERNELS:
+    backend, device = _KERNEL_DEVICES.get(kernel, (None, None))
+    if backend and backend != jax.default_backend():
       raise ConfigError(
-          f'--attention_kernel={self.attention_kernel} is not allowed: use one of '
-          f'{", ".join(ATTENTION_KERNELS)}.'
-      )
-    if self.attention_kernel == 'cudnn':
-      if self.dtype != 'bfloat16':
-        raise ConfigError(
-            '--attention_kernel=cudnn needs --dtype=bfloat16 (cuDNN attention takes '
-            '16-bit inputs); or use --attention_kernel=xla.'
-        )
-      if jax.default_backend() != 'gpu':
-        raise ConfigError(
-            f'--attention_kernel=cudnn needs an NVIDIA GPU, not {jax.default_backend()}; '
-            'use --attention_kernel=xla.'
-        )
-    if self.attention_kernel == 'pallas' and jax.default_backend() != 'tpu':
-      raise ConfigError(
-          f'--attention_kernel=pallas needs a TPU, not {jax.default_backend()}; '
+          f'--attention_kernel={kernel} needs {device}, not {jax.default_backend()}; '
           'use --attention_kernel=xla.'
       )
 
@@ -246,6 +208,7 @@ def default_memory_limit_bytes() -> float:
 
 
 def memory_stats() -> Optional[Dict[str, int]]:
+  """The first device's memory statistics, None where it keeps none."""
   try:
     return jax.devices()[0].memory_stats()
   except (NotImplementedError, RuntimeError):

@@ -13,11 +13,7 @@ from linformer_jax.units import MIB
 
 # A training text file ends with the first document that takes it past this size.
 FILE_BYTES = MIB
-
-
 VALIDATION_FILE = 'validation.txt'
-
-
 CORPUS_MANIFEST = 'corpus.json'
 
 
@@ -27,19 +23,13 @@ def generate_corpus(
     seed: int = 0,
     documents: Optional[Tuple[Sequence[str], Sequence[str]]] = None,
 ) -> Dict[str, Any]:
-  """Writes (or reuses) a corpus of about `size_mb` MiB of training text.
+  """Writes (or reuses) a corpus of about `size_mb` MiB of training text in `folder`.
 
   Training files train-NNNNN.txt hold whole documents separated by blank lines,
   in the order of a permutation seeded by (seed, file index), about FILE_BYTES
-  each; validation.txt holds the validation documents once. Only the documents
-  are held in memory, whatever the size. A folder whose manifest matches is
-  reused as it is.
-
-  Args:
-    folder: where the files go.
-    size_mb: MiB of training text.
-    seed: seeds the document orders.
-    documents: (train, validation) document lists; default the embedded corpus.
+  each; validation.txt holds the validation documents once. `documents` are
+  (train, validation) lists, default the embedded corpus's; only they are held in
+  memory, whatever the size. A folder whose manifest matches is reused as it is.
 
   Returns:
     The manifest (also folder/corpus.json): file count and bytes of each split.
@@ -64,12 +54,12 @@ def generate_corpus(
   train_files, remaining = 0, size_mb * MIB
   while remaining > 0:
     order = np.random.default_rng([seed, train_files]).permutation(len(encoded))
-    chosen, size = [], 0
-    while size < min(FILE_BYTES, remaining):  # a file larger than all documents repeats them
+    chosen, size, target = [], 0, min(FILE_BYTES, remaining)
+    while size < target:  # a file larger than all documents repeats them
       for index in order:
         chosen.append(encoded[index])
         size += len(encoded[index]) + 2
-        if size >= min(FILE_BYTES, remaining):
+        if size >= target:
           break
     (folder / f'train-{train_files:05d}.txt').write_bytes(b'\n\n'.join(chosen) + b'\n')
     train_files, remaining = train_files + 1, remaining - size

@@ -9,9 +9,11 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import ml_collections
 import psutil
 
+from linformer_jax.analysis import tables
+from linformer_jax.analysis.loader_throughput import LoaderSetting
+from linformer_jax.analysis.process_memory import SAMPLE_INTERVAL_S
 from linformer_jax.units import GIB
 
-SAMPLE_INTERVAL_S = 0.05
 # Steps of the run from nothing, then of the same workdir resumed.
 FIRST_RUN_STEPS = 2
 
@@ -74,11 +76,8 @@ def _loader_rows(sizes: Mapping[str, Any]) -> List[Tuple[str, str, str]]:
   for entry in sizes.values():
     settings.update(entry.get('loader', {}).get('settings', {}))
   rows = []
-  for label, summary in settings.items():
-    name = (
-        f'loader, {summary["worker_count"]} workers, {summary["read_threads"]} read threads, '
-        f'prefetch {summary["prefetch_buffer"]}'
-    )
+  for label in settings:
+    name = f'loader, {LoaderSetting.parse(label).describe()}'
     path = f'loader.settings.{label}'
     rows += [
         (f'{name}: M tokens/s, best / median', path, '{best_tokens_per_s} / {median_tokens_per_s}'),
@@ -95,7 +94,7 @@ def _loader_rows(sizes: Mapping[str, Any]) -> List[Tuple[str, str, str]]:
 def _cell(entry: Mapping[str, Any], path: str, template: str) -> str:
   for key in path.split('.'):
     if not isinstance(entry, Mapping) or entry.get(key) is None:
-      return '–'
+      return tables.MISSING
     entry = entry[key]
   if isinstance(entry, Mapping):  # a loader setting's summary, rates in millions
     return template.format(
@@ -126,16 +125,13 @@ def markdown_table(results: Mapping[str, Any]) -> str:
       "the first setting's best timing."
   )
   sizes = sorted(results['sizes'], key=int)
-  lines = [
-      header,
-      '',
-      '| measure | ' + ' | '.join(f'{size} MB' for size in sizes) + ' |',
-      '|---|' + '---:|' * len(sizes),
+  body = [
+      [label] + [_cell(results['sizes'][size], path, template) for size in sizes]
+      for label, path, template in (*TABLE_ROWS, *_loader_rows(results['sizes']))
   ]
-  for label, path, template in (*TABLE_ROWS, *_loader_rows(results['sizes'])):
-    cells = [_cell(results['sizes'][size], path, template) for size in sizes]
-    lines.append(f'| {label} | ' + ' | '.join(cells) + ' |')
-  return '\n'.join(lines) + '\n'
+  columns = ['measure'] + [f'{size} MB' for size in sizes]
+  table = tables.markdown_table(columns, body, '-' + 'r' * len(sizes))
+  return f'{header}\n\n{table}\n'
 
 
 def merge_results(

@@ -2,30 +2,24 @@
 
 The data benchmark's loader stage (`data_benchmark`) times
 `packed_batches.create_train_iterator` with masking, as a training run reads it,
-under loader settings (grain worker processes, read threads, prefetch).
-
-Tokens are positions of the masked batches, padding included. The rate is
-tokens over wall time. Per core, it is tokens over the CPU time of the process
-tree that made them: this process, all its threads (grain's read threads
-among them), and grain's worker processes, user plus system time, read with
-psutil before and after the timed batches. Cores used is that CPU time over
-the wall time. CPU time, not min(cpu_count, workers + 1) cores: a worker
-waiting on a full buffer, or the main process waiting on workers, uses no
-core, and on a machine that other programs share their load lowers the rate
-but not the CPU a token costs.
+under loader settings (grain worker processes, read threads, prefetch). Tokens
+are positions of the masked batches, padding included; per core, they are
+counted over the CPU seconds of the loader's process tree (docs/data.md, "Loader
+throughput", says why).
 """
 
 import dataclasses
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence
 
 import psutil
 
+from linformer_jax.analysis import flag_checks
+from linformer_jax.analysis import process_memory
 from linformer_jax.data import masked_lm
 from linformer_jax.data import packed_batches
 from linformer_jax.data import tokenizer as tokenizer_lib
-from linformer_jax.errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,11 +34,9 @@ class LoaderSetting:
   def parse(cls, text: str) -> 'LoaderSetting':
     """WORKERS:THREADS:PREFETCH, e.g. '2:0:0' or '0:1:4'."""
     parts = text.split(':')
-    if len(parts) != 3 or not all(part.isdigit() for part in parts):
-      raise ConfigError(
-          f'--loader_settings={text!r} is not allowed: give WORKERS:THREADS:PREFETCH '
-          'as integers >= 0, e.g. 2:0:0 or 0:1:4.'
-      )
+    ok = len(parts) == 3 and all(part.isdigit() for part in parts)
+    advice = 'give WORKERS:THREADS:PREFETCH as integers >= 0, e.g. 2:0:0 or 0:1:4'
+    flag_checks.require(ok, 'loader_settings', repr(text), advice)
     return cls(*map(int, parts))
 
   @classmethod
@@ -62,26 +54,10 @@ class LoaderSetting:
     )
 
 
-def tree_total(process: psutil.Process, read: Callable[[psutil.Process], float]) -> float:
-  """`read` summed over a process and its descendants that are alive now;
-  a member that exits between the listing and the reading counts 0."""
-  try:
-    members = [process, *process.children(recursive=True)]
-  except psutil.Error:
-    return 0
-  total = 0
-  for member in members:
-    try:
-      total += read(member)
-    except psutil.Error:
-      continue
-  return total
-
-
 def tree_cpu_seconds(process: psutil.Process) -> float:
   """User plus system CPU seconds of a process, all its threads, and its
   descendants that are alive now."""
-  return float(tree_total(process, lambda member: sum(member.cpu_times()[:2])))
+  return float(process_memory.tree_total(process, lambda member: sum(member.cpu_times()[:2])))
 
 
 def loader_throughput(
@@ -97,28 +73,21 @@ def loader_throughput(
 ) -> Dict[str, float]:
   """Masked training batches of `packed_batches.create_train_iterator`, timed here.
 
-  Args:
-    source: packed sequences [num_sequences, seq_len]: an array, or a grain
-      source such as `shards.ShardedSequences`.
-    tokenizer: the split's tokenizer (special ids, vocabulary size).
-    batch_size, mask_rate, seed: as a training run passes them.
-    seconds: batches are read for at least this long after the warm-up.
-    warmup_batches: batches read before the clocks start (worker processes
-      start and fill their buffers meanwhile).
-    setting: grain's workers, read threads and prefetch.
+  `source` holds packed sequences [num_sequences, seq_len] (an array, or a grain
+  source such as `shards.ShardedSequences`); batch_size, mask_rate and seed are as
+  a training run passes them. Batches are read for at least `seconds` after
+  `warmup_batches` (worker processes start and fill their buffers meanwhile).
 
   Returns:
-    sequences_per_s, tokens_per_s (positions, padding included), batches,
-    seconds, cpu_seconds (of the process tree), cores_used, tokens_per_core_s.
+    sequences_per_s, tokens_per_s, batches, seconds, cpu_seconds (of the process
+    tree), cores_used, tokens_per_core_s.
   """
   iterator = packed_batches.create_train_iterator(
       source,
       batch_size=batch_size,
       seed=seed,
       transform=masked_lm.DynamicMasking(tokenizer, mask_rate),
-      worker_count=setting.worker_count,
-      read_threads=setting.read_threads,
-      prefetch_buffer=setting.prefetch_buffer,
+      **dataclasses.asdict(setting),
   )
   for _ in range(warmup_batches):
     next(iterator)

@@ -1,5 +1,5 @@
 """A command run as a child process, timed, with the peak resident memory of it and
-its own children sampled while it runs."""
+its own children sampled while it runs; and any figure summed over a process tree."""
 
 import os
 import pathlib
@@ -8,24 +8,40 @@ import subprocess
 import sys
 import threading
 import time
-from typing import List, NamedTuple, Optional, Sequence
+from typing import Callable, List, NamedTuple, Optional, Sequence
 
 import psutil
 
-from linformer_jax.analysis import loader_throughput
-from linformer_jax.analysis.data_benchmark_report import SAMPLE_INTERVAL_S
 from linformer_jax.errors import ConfigError
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 # The commands' exit code for a one-line usage error (cli.USAGE_ERROR_EXIT_CODE;
 # libraries do not import the command layer).
 USAGE_ERROR_EXIT_CODE = 2
+# How often `peak_tree_rss` samples.
+SAMPLE_INTERVAL_S = 0.05
+
+
+def tree_total(process: psutil.Process, read: Callable[[psutil.Process], float]) -> float:
+  """`read` summed over a process and its descendants that are alive now;
+  a member that exits between the listing and the reading counts 0."""
+  try:
+    members = [process, *process.children(recursive=True)]
+  except psutil.Error:
+    return 0
+  total = 0
+  for member in members:
+    try:
+      total += read(member)
+    except psutil.Error:
+      continue
+  return total
 
 
 def tree_rss(process: psutil.Process) -> int:
   """Resident bytes of a process and all its descendants, summed (pages they
   share count once per process, as `ps` shows them)."""
-  return int(loader_throughput.tree_total(process, lambda member: member.memory_info().rss))
+  return int(tree_total(process, lambda member: member.memory_info().rss))
 
 
 def peak_tree_rss(popen: subprocess.Popen, interval_s: float = SAMPLE_INTERVAL_S) -> int:
@@ -50,17 +66,10 @@ class Measurement(NamedTuple):
 def run_measured(
     arguments: Sequence[str], log_path: pathlib.Path, marker: Optional[str] = None
 ) -> Measurement:
-  """Runs `python ARGUMENTS` in the repository root, its output to log_path.
-
-  Args:
-    arguments: the interpreter's arguments, e.g. ['-m', 'linformer_jax.train', ...].
-    log_path: gets stdout and stderr of the command.
-    marker: a regular expression for `marker_s`.
-
-  Raises:
-    ConfigError: the command ended with a usage error (exit code 2).
-    RuntimeError: it failed otherwise.
-  """
+  """Runs `python ARGUMENTS` (e.g. ['-m', 'linformer_jax.train', ...]) in the
+  repository root, its stdout and stderr to log_path; `marker` is a regular
+  expression for `marker_s`. A usage error (exit code 2) raises a ConfigError,
+  any other failure a RuntimeError."""
   log_path.parent.mkdir(parents=True, exist_ok=True)
   path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get('PYTHONPATH')]))
   pattern = re.compile(marker) if marker else None

@@ -1,22 +1,19 @@
 """The PyTorch comparison's report: its header line, its markdown table and CSV."""
 
 import os
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Sequence
 
 from linformer_jax.analysis import tables
 
+# Each side's measures, the columns jax_* and torch_*.
+MEASURES = ('time_ms', 'time_min_ms', 'tokens_per_s')
 # The columns of comparison.csv.
 COLUMNS = (
     'seq_len',
     'projected_len',
     'mode',
     'batch',
-    'jax_time_ms',
-    'jax_time_min_ms',
-    'jax_tokens_per_s',
-    'torch_time_ms',
-    'torch_time_min_ms',
-    'torch_tokens_per_s',
+    *(f'{side}_{measure}' for side in ('jax', 'torch') for measure in MEASURES),
     'ratio',
     'jax_version',
     'jax_device',
@@ -27,18 +24,14 @@ COLUMNS = (
 )
 
 
-def _format_rate(tokens_per_s: Optional[float]) -> str:
-  return '-' if tokens_per_s is None else f'{tokens_per_s:,.0f}'
-
-
 def markdown_table(rows: Sequence[Dict[str, Any]], header: str) -> str:
   """The header line and a table n | mode | JAX tokens/s | PyTorch tokens/s | ratio."""
   cells = [
       (
           row['seq_len'],
           row['mode'],
-          _format_rate(row['jax_tokens_per_s']),
-          _format_rate(row['torch_tokens_per_s']),
+          tables.number_text(row['jax_tokens_per_s'], ',.0f', missing='-'),
+          tables.number_text(row['torch_tokens_per_s'], ',.0f', missing='-'),
           '-' if row['ratio'] is None else f'{row["ratio"]:.2f}x',
       )
       for row in rows

@@ -12,10 +12,8 @@ from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.settings_flags import setting
 
 MODES = ('forward', 'train')
-
-
-# The settings that must be positive integers (each is the flag of its name).
-_POSITIVE_SETTINGS = (
+# The integer settings: positive, and passed to the PyTorch script as flags of their names.
+INTEGER_SETTINGS = (
     'projected_len',
     'num_layers',
     'hidden_dim',
@@ -29,20 +27,6 @@ _POSITIVE_SETTINGS = (
 @dataclasses.dataclass(frozen=True)
 class ComparisonSettings:
   """What to measure; invalid values raise a ConfigError naming the flag.
-
-  Attributes:
-    seq_lens: sequence lengths n; only n > projected_len are measured.
-    projected_len: Linformer's projected length k.
-    num_layers: encoder layers.
-    hidden_dim: model width; the MLP is 4 times as wide, as in `linformer`.
-    num_heads: attention heads; must divide hidden_dim.
-    batch: sequences per pass or step.
-    repeats: timed runs per (n, mode), after one warm-up run.
-    modes: what to time, some of MODES.
-    threads: PyTorch's intra-op threads (torch.set_num_threads); JAX on CPU
-      uses XLA's own pool, one thread per core.
-    torch_python: the interpreter the command runs the PyTorch script with.
-    out: the folder the command writes the report into.
 
   Each field is also the command's flag of its name (`settings_flags`).
   """
@@ -76,12 +60,10 @@ class ComparisonSettings:
     object.__setattr__(self, 'seq_lens', tuple(self.seq_lens))
     object.__setattr__(self, 'modes', tuple(self.modes))
     flag_checks.require_lengths('seq_lens', self.seq_lens)
-    flag_checks.require_model_dims(self, _POSITIVE_SETTINGS)
-    if not self.modes or set(self.modes) - set(MODES) or len(set(self.modes)) != len(self.modes):
-      raise ConfigError(
-          f'--modes={",".join(self.modes)} is not allowed: give one or more of '
-          f'{",".join(MODES)}, each once.'
-      )
+    flag_checks.require_model_dims(self, INTEGER_SETTINGS)
+    ok = self.modes and not set(self.modes) - set(MODES) and len(set(self.modes)) == len(self.modes)
+    advice = f'give one or more of {",".join(MODES)}, each once'
+    flag_checks.require(ok, 'modes', self.modes, advice)
     if not self.measured_seq_lens:
       raise ConfigError(
           f'--projected_len={self.projected_len} leaves nothing to measure: it is >= every n '

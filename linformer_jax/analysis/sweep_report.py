@@ -15,6 +15,8 @@ import re
 import statistics
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from linformer_jax.analysis.tables import MISSING
+from linformer_jax.analysis.tables import markdown_table
 from linformer_jax.analysis.tables import number_text
 from linformer_jax.training import trainer
 from linformer_jax.training.metric_writers import read_metrics
@@ -101,23 +103,20 @@ def report_table(sweep: Any, workdir: str) -> str:
   judged = _judged(sweep)
   split = _eval_split(sweep, workdir)
   names = [name.format(split=split) for _, name, _ in judged.columns]
-  header = (
-      f'| variant | overrides | steps | {" | ".join(names)} | parameters | wall time (s) |\n'
-      f'|---|---|---:|{"---:|" * len(names)}---:|---:|'
-  )
   rows = []
   for variant in sweep.variants:
     results = results_of(os.path.join(workdir, variant.name))
     overrides = describe(variant.overrides).replace('|', '\\|')
     if results is None:
-      rows.append(f'| {variant.name} | {overrides} | not finished |{" – |" * (len(names) + 2)}')
+      rows.append([variant.name, overrides, 'not finished'] + [MISSING] * (len(names) + 2))
       continue
     cells = [number_text(results.get(key), f',.{digits}f') for key, _, digits in judged.columns]
+    wall_time = number_text(results['wall_time_s'], ',.0f')
     rows.append(
-        f'| {variant.name} | {overrides} | {results["step"]} | {" | ".join(cells)} '
-        f'| {results["parameters"]:,} | {number_text(results["wall_time_s"], ",.0f")} |'
+        [variant.name, overrides, results['step'], *cells, f"{results['parameters']:,}", wall_time]
     )
-  return '\n'.join([header] + rows)
+  header = ['variant', 'overrides', 'steps', *names, 'parameters', 'wall time (s)']
+  return markdown_table(header, rows, align='--r' + 'r' * len(names) + 'rr')
 
 
 def seed_groups(sweep: Any) -> List[Tuple[str, List[Any]]]:
@@ -137,11 +136,8 @@ def seed_table(sweep: Any, workdir: str) -> Optional[str]:
   if not groups:
     return None
   judged = _judged(sweep)
-  split = _eval_split(sweep, workdir)
-  rows = [
-      f'| overrides | seeds finished | {split} {judged.label}: mean ± std | min | max |',
-      '|---|---:|---:|---:|---:|',
-  ]
+  digits = f',.{judged.digits}f'
+  rows = []
   for name, members in groups:
     values = []
     for variant in members:
@@ -149,16 +145,18 @@ def seed_table(sweep: Any, workdir: str) -> Optional[str]:
       if results is not None and results.get(judged.metric) is not None:
         values.append(float(results[judged.metric]))
     if not values:
-      rows.append(f'| {name} | 0 of {len(members)} | – | – | – |')
+      rows.append([name, f'0 of {len(members)}', MISSING, MISSING, MISSING])
       continue
     spread = statistics.stdev(values) if len(values) > 1 else 0.0
-    digits = f',.{judged.digits}f'
-    rows.append(
-        f'| {name} | {len(values)} of {len(members)} '
-        f'| {number_text(statistics.mean(values), digits)} ± {number_text(spread, digits)} '
-        f'| {number_text(min(values), digits)} | {number_text(max(values), digits)} |'
-    )
-  return '\n'.join(rows)
+    mean = f'{number_text(statistics.mean(values), digits)} ± {number_text(spread, digits)}'
+    extremes = [number_text(min(values), digits), number_text(max(values), digits)]
+    rows.append([name, f'{len(values)} of {len(members)}', mean, *extremes])
+  header = [
+      'overrides',
+      'seeds finished',
+      f'{_eval_split(sweep, workdir)} {judged.label}: mean ± std',
+  ]
+  return markdown_table(header + ['min', 'max'], rows, align='-rrrr')
 
 
 # A language model is off the unigram plateau once its validation perplexity is
@@ -182,16 +180,13 @@ def steps_table(sweep: Any, workdir: str) -> Optional[str]:
   if not finished:
     return None
   steps = sorted(set().union(*(curve for _, _, curve in finished)))
-  rows = [
-      f'| variant | left the plateau at step | {" | ".join(map(str, steps))} |',
-      f'|---|---:|{"---:|" * len(steps)}',
-  ]
+  rows = []
   for variant, results, curve in finished:
     limit = PLATEAU_FRACTION * results['unigram_perplexity']
-    left = next((step for step in sorted(curve) if curve[step] <= limit), None)
-    cells = [number_text(curve.get(step), ',.1f') for step in steps]
-    rows.append(f'| {variant.name} | {left if left is not None else "–"} | {" | ".join(cells)} |')
-  return '\n'.join(rows)
+    left = next((step for step in sorted(curve) if curve[step] <= limit), MISSING)
+    rows.append([variant.name, left] + [number_text(curve.get(step), ',.1f') for step in steps])
+  header = ['variant', 'left the plateau at step', *map(str, steps)]
+  return markdown_table(header, rows, align='-r' + 'r' * len(steps))
 
 
 def over_seeds_figure(figure: str) -> str:

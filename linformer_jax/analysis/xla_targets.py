@@ -1,32 +1,19 @@
 """Accelerators this host compiles for without having them: TPU slices and H100s.
 
-XLA compiles a program for a device it can describe. JAX's accelerator
-plugins describe one from its name alone, with no chip and no driver present:
-
-- libtpu gives the devices of a named TPU slice
-  (`jax.experimental.topologies.get_topology_desc('v5e:2x4', platform='tpu')`);
-- jax-cuda12-plugin and jax-cuda12-pjrt give the devices of N GPUs from a
-  text `GpuTargetConfig` (compute capability, SMs, memory, bandwidth, shared
-  memory); cuDNN's attention kernel also needs the cuDNN wheel, whose
-  library reports its version to the compiler. No other NVIDIA library and
-  no GPU is needed.
-
-`make xla-targets` installs those packages (requirements-xla-targets.txt)
-into the folder `.xla-targets`, outside .venv, so no other command sees an
-accelerator plugin; `enable_plugins` starts the command again with the folder
-on its path and JAX's own devices on the CPU. A program compiled for such devices is only
-analysed (memory, FLOPs), never run.
-
-Target names follow the cloud's: 'v5e-8' (8 chips), 'v6e-4', 'v4-32' and
-'v5p-64' (TensorCores: two per chip), 'h100' or 'h100x8' (GPUs).
+JAX's plugins (libtpu, the CUDA plugin) describe devices from a name alone, with
+no chip or driver: `make xla-targets` installs them into `.xla-targets`, outside
+.venv, and `enable_plugins` starts the command again with them on its path. What
+is compiled for these devices is analysed (memory, FLOPs), never run. The targets
+and the plugins: docs/scaling.md.
 """
 
 import dataclasses
+import math
 import os
 import pathlib
 import re
 import sys
-from typing import List, Sequence
+from typing import Dict, List, Sequence
 
 import jax
 
@@ -40,10 +27,8 @@ DEFAULT_PLUGIN_FOLDER = REPO_ROOT / '.xla-targets'
 # Set in the process `enable_plugins` starts: the plugin folder it put on the path.
 _STARTED_WITH_PLUGINS = 'LINFORMER_XLA_TARGETS_ON_PATH'
 
-# An H100 SXM (80 GB HBM3) as XLA:GPU's target description: compute
-# capability 9.0, 132 SMs of 128 FP32 lanes, 50 MiB of L2, 3.35 TB/s, 228 KiB
-# of shared memory per SM (227 KiB per block when a kernel opts in), and the
-# CUDA and cuDNN versions the compiler may assume.
+# An H100 SXM (80 GB HBM3) as XLA:GPU's target description, with the CUDA and
+# cuDNN versions the compiler may assume.
 H100_TARGET_CONFIG = """
 gpu_device_info {
   cuda_compute_capability { major: 9 minor: 0 }
@@ -70,7 +55,7 @@ runtime_version { major: 12 minor: 8 }
 dnn_version_info { major: 9 minor: 8 }
 device_description_str: "NVIDIA H100 80GB HBM3"
 """
-H100_MEMORY_BYTES = 84929347584
+H100_MEMORY_BYTES = int(re.search(r'device_memory_size: (\d+)', H100_TARGET_CONFIG).group(1))
 # JAX lets a GPU process allocate this share of the device's memory by default
 # (XLA_PYTHON_CLIENT_MEM_FRACTION raises it).
 GPU_MEMORY_FRACTION = float(os.environ.get('XLA_PYTHON_CLIENT_MEM_FRACTION', '0.75'))
@@ -84,48 +69,29 @@ TPU_CHIPS = {
     'v5p': (95 * GIB, True),
     'v6e': (32 * GIB, False),
 }
+
+
+def _by_chips(*shapes: str) -> Dict[int, str]:
+  """Slice shapes ('2x4') by their number of chips."""
+  return {math.prod(int(side) for side in shape.split('x')): shape for shape in shapes}
+
+
 # Chips of a slice -> its shape, for 2D (v5e, v6e) and 3D (v4, v5p) tori.
-SLICE_SHAPES_2D = {
-    1: '1x1',
-    4: '2x2',
-    8: '2x4',
-    16: '4x4',
-    32: '4x8',
-    64: '8x8',
-    128: '8x16',
-    256: '16x16',
-}
-SLICE_SHAPES_3D = {
-    4: '2x2x1',
-    8: '2x2x2',
-    16: '2x2x4',
-    32: '2x4x4',
-    64: '4x4x4',
-    128: '4x4x8',
-    256: '4x8x8',
-    512: '8x8x8',
-}
+SLICE_SHAPES_2D = _by_chips('1x1', '2x2', '2x4', '4x4', '4x8', '8x8', '8x16', '16x16')
+SLICE_SHAPES_3D = _by_chips('2x2x1', '2x2x2', '2x2x4', '2x4x4', '4x4x4', '4x4x8', '4x8x8', '8x8x8')
 EXAMPLES = "'v5e-8', 'v6e-4', 'v4-32', 'v5p-64', 'h100' or 'h100x8'"
 
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-  """An accelerator to compile for.
+  """An accelerator to compile for."""
 
-  Attributes:
-    name: as the user gave it ('v5e-8').
-    platform: 'tpu' or 'cuda'.
-    topology: the slice shape for libtpu ('v5e:2x4'), or GPUs as
-      'slices x hosts x GPUs per host' ('1x1x8').
-    chips: chips (GPUs) in the target.
-    chip_memory_bytes: memory of one chip.
-  """
-
-  name: str
-  platform: str
+  name: str  # as the user gave it ('v5e-8')
+  platform: str  # 'tpu' or 'cuda'
+  # The slice shape for libtpu ('v5e:2x4'), or GPUs as 'slices x hosts x GPUs per host' ('1x1x8').
   topology: str
-  chips: int
-  chip_memory_bytes: int
+  chips: int  # chips (GPUs) in the target
+  chip_memory_bytes: int  # memory of one chip
 
   def usable_bytes_per_device(self, devices_per_chip: int) -> int:
     """What one JAX device of the target may allocate."""
@@ -199,10 +165,10 @@ def enable_plugins(module: str) -> None:
     )
   if os.environ.get(_STARTED_WITH_PLUGINS) == str(folder):
     return
-  paths = [str(folder)] + [path for path in [os.environ.get('PYTHONPATH', '')] if path]
+  paths = [str(folder), os.environ.get('PYTHONPATH', '')]
   environment = {
       **os.environ,
-      'PYTHONPATH': os.pathsep.join(paths),
+      'PYTHONPATH': os.pathsep.join(path for path in paths if path),
       # The host's own devices stay the CPU's; the plugins only describe targets.
       'JAX_PLATFORMS': 'cpu',
       # libtpu takes a lock file that keeps a second process from a TPU; nothing

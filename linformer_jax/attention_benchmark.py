@@ -116,9 +116,7 @@ def define_flags() -> None:
   settings_flags.define_flags(AttentionBenchmarkSettings)
 
 
-def main(argv):
-  if len(argv) > 1:
-    cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --FLAG=VALUE (see --help)')
+def main(_):
   settings = settings_flags.from_flags(AttentionBenchmarkSettings)
   rows = run(settings)
   print(describe_run(settings))

@@ -228,9 +228,7 @@ def define_flags() -> None:
   settings_flags.define_flags(BenchmarkSettings)
 
 
-def main(argv):
-  if len(argv) > 1:
-    cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --FLAG=VALUE (see --help)')
+def main(_):
   settings = settings_flags.from_flags(BenchmarkSettings)
   matmul_gflops = measure_matmul_gflops(settings.matmul_sizes, dtype=settings.dtype)
   rows = run_grid(settings, matmul_gflops, progress=_print_progress)

@@ -302,9 +302,7 @@ def define_flags() -> None:
   settings_flags.define_flags(CausalBenchmarkSettings)
 
 
-def main(argv):
-  if len(argv) > 1:
-    cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --FLAG=VALUE (see --help)')
+def main(_):
   settings = settings_flags.from_flags(CausalBenchmarkSettings)
   rows = run_all(settings, progress=_print_progress)
   print(write_outputs(rows, settings.out, describe_run(settings)))

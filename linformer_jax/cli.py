@@ -318,13 +318,20 @@ def _parse_flags(argv: List[str]) -> List[str]:
 
 
 def run(main: Callable[[List[str]], None]) -> None:
-  """Runs main like absl.app.run, with bad input reported as exit code 2."""
+  """Runs main like absl.app.run, with bad input reported as exit code 2.
+
+  A stray positional argument is refused before `main` runs: every setting is a flag.
+  """
 
   def guarded_main(argv):
     # Progress, evaluations and results are printed; library INFO logs (orbax
     # writes a dozen lines per checkpoint) only with --verbosity=0.
     if not flags.FLAGS['verbosity'].present:
       logging.set_verbosity(logging.WARNING)
+    if len(argv) > 1:
+      takes_config = 'config' in flags.FLAGS
+      form = '--config.FIELD=VALUE' if takes_config else '--FLAG=VALUE (see --help)'
+      fail(f'unexpected arguments {argv[1:]}; pass settings as {form}')
     if _reads_run and flags.FLAGS.config is None:
       fail(
           f'--workdir={flags.FLAGS.workdir!r} names no run folder, and no --config was given; '

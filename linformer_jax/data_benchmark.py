@@ -300,9 +300,7 @@ def define_flags() -> None:
   settings_flags.define_flags(Settings)
 
 
-def main(argv):
-  if len(argv) > 1:
-    cli.fail(f'unexpected arguments {argv[1:]}')
+def main(_):
   config_flag = flags.FLAGS['config']
   settings = settings_flags.from_flags(
       Settings,

@@ -39,9 +39,7 @@ def define_flags() -> None:
   cli.define_config_flags(reads_run=True)
 
 
-def main(argv):
-  if len(argv) > 1:
-    cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
+def main(_):
   settings = settings_flags.from_flags(EvaluateSettings)
   cli.start_processes()
   results = evaluation.evaluate_run(FLAGS.config, FLAGS.workdir, settings.split)

@@ -42,9 +42,7 @@ def define_flags() -> None:
   cli.define_config_flags(reads_run=True)
 
 
-def main(argv):
-  if len(argv) > 1:
-    cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
+def main(_):
   settings = settings_flags.from_flags(SamplingSettings)
   continuation = text_generation.continue_prompt(
       FLAGS.config,

@@ -39,9 +39,7 @@ def define_flags() -> None:
   cli.define_config_flags()
 
 
-def main(argv):
-  if len(argv) > 1:
-    cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
+def main(_):
   settings = settings_flags.from_flags(ImportSettings)
   _, summary = hf_import.import_checkpoint(settings.source, FLAGS.workdir, FLAGS.config)
   for line in hf_import.describe(summary, FLAGS.workdir):

@@ -43,9 +43,7 @@ def define_flags() -> None:
   settings_flags.define_flags(book_passages.PassageSettings)
 
 
-def main(argv):
-  if len(argv) > 1:
-    cli.fail(f'unexpected arguments {argv[1:]}')
+def main(_):
   files = settings_flags.from_flags(TaskFiles)
   settings = settings_flags.from_flags(book_passages.PassageSettings)
   if not files.out:

@@ -112,9 +112,7 @@ def define_flags() -> None:
   flags.FLAGS.set_default('workdir', '')  # nothing is written; --workdir is not needed
 
 
-def main(argv: List[str]) -> None:
-  if len(argv) > 1:
-    cli.fail(f'unexpected arguments {argv[1:]}')
+def main(_: List[str]) -> None:
   config = flags.FLAGS.config
   counted = train_step_matmul_dtypes(config)
   model = config.model

@@ -345,9 +345,7 @@ def _measure(name: str, mesh_shape, devices, usable: Optional[int], batch: int) 
   return memory
 
 
-def main(argv: List[str]) -> None:
-  if len(argv) > 1:
-    cli.fail(f'unexpected arguments {argv[1:]}')
+def main(_: List[str]) -> None:
   settings = settings_flags.from_flags(MeshMemorySettings)
   if settings.per_device_batch < 0:
     cli.fail(f'--per_device_batch={settings.per_device_batch} must be 0 or more')

@@ -318,9 +318,7 @@ def define_flags() -> None:
   settings_flags.define_flags(ProbeSettings)
 
 
-def main(argv):
-  if len(argv) > 1:
-    cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
+def main(_):
   parsed = flags.FLAGS
   settings = settings_flags.from_flags(ProbeSettings)
   report = probe(parsed.config, parsed.workdir, train_batches=settings.train_batches)

@@ -46,9 +46,7 @@ def define_flags() -> None:
   cli.define_config_flags()
 
 
-def main(argv):
-  if len(argv) > 1:
-    cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
+def main(_):
   settings = settings_flags.from_flags(PrepareSettings)
   summary = masked_lm.prepare_splits(
       FLAGS.config,

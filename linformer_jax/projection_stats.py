@@ -227,9 +227,7 @@ def define_flags() -> None:
   settings_flags.define_flags(StatsSettings)
 
 
-def main(argv):
-  if len(argv) > 1:
-    cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
+def main(_):
   parsed, settings = flags.FLAGS, settings_flags.from_flags(StatsSettings)
   if settings.step < 0:
     cli.fail(f'--step={settings.step} is not allowed: use a kept step, or 0 for the newest.')

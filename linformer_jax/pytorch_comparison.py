@@ -244,9 +244,7 @@ def define_flags() -> None:
   settings_flags.define_flags(ComparisonSettings)
 
 
-def main(argv):
-  if len(argv) > 1:
-    cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --FLAG=VALUE (see --help)')
+def main(_):
   settings = settings_flags.from_flags(ComparisonSettings)
   try:
     rows = compare(settings, settings.torch_python, progress=_print_progress)

@@ -29,6 +29,7 @@ import numpy as np
 from linformer_jax import cli
 from linformer_jax import settings_flags
 from linformer_jax import storage
+from linformer_jax.analysis.tables import new_axes
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import attention_capture
 from linformer_jax.model import models
@@ -172,16 +173,6 @@ def summary_lines(report: Mapping[str, Any]) -> List[str]:
   return lines + [f'note: {note}' for note in report['notes']]
 
 
-def _figure(figsize: Tuple[float, float]):
-  """A figure and its axes on a bare Agg canvas: no pyplot, so no global backend or state."""
-  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
-  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
-
-  figure = Figure(figsize=figsize)
-  FigureCanvasAgg(figure)
-  return figure, figure.add_subplot()
-
-
 def title(report: Mapping[str, Any]) -> str:
   kind = f"Linformer (k={report['k']})"
   if report['attention'] == 'full':
@@ -193,7 +184,7 @@ def plot_curves(report: Mapping[str, Any], path: str) -> None:
   """Every head's curve faint and each layer's mean bold, with the index marked."""
   import matplotlib  # pylint: disable=g-import-not-at-top
 
-  figure, axis = _figure((7, 4.5))
+  figure, axis = new_axes((7, 4.5))
   colors = matplotlib.colormaps['viridis'](np.linspace(0.0, 0.9, len(report['layers'])))
   for layer, color in zip(report['layers'], colors):
     x = np.arange(1, layer['rank_bound'] + 1)
@@ -216,7 +207,7 @@ def plot_heatmap(report: Mapping[str, Any], path: str) -> None:
       [[head['value_at_index'] for head in layer['heads']] for layer in report['layers']]
   )
   layers, heads = values.shape
-  figure, axis = _figure((max(5.5, 2.0 + 0.7 * heads), max(3.5, 1.5 + 0.5 * layers)))
+  figure, axis = new_axes((max(5.5, 2.0 + 0.7 * heads), max(3.5, 1.5 + 0.5 * layers)))
   image = axis.imshow(values, cmap='viridis', aspect='auto')
   if values.size <= 200:
     middle = (values.min() + values.max()) / 2
@@ -319,9 +310,7 @@ def define_flags() -> None:
   settings_flags.define_flags(SpectrumSettings)
 
 
-def main(argv):
-  if len(argv) > 1:
-    cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
+def main(_):
   parsed, settings = flags.FLAGS, settings_flags.from_flags(SpectrumSettings)
   if settings.out:
     storage.check_folder(settings.out, '--out', writable=False)

@@ -350,9 +350,7 @@ def define_flags() -> None:
   settings_flags.define_flags(SweepSettings)
 
 
-def main(argv):
-  if len(argv) > 1:
-    cli.fail(f'unexpected arguments {argv[1:]}; pass overrides as --set=KEY=VALUE')
+def main(_):
   settings = settings_flags.from_flags(SweepSettings)
   if storage.is_object_store(storage.location(settings.workdir)):
     raise ConfigError(

@@ -29,9 +29,7 @@ def define_flags() -> None:
   cli.define_config_flags()
 
 
-def main(argv):
-  if len(argv) > 1:
-    cli.fail(f'unexpected arguments {argv[1:]}; pass settings as --config.FIELD=VALUE')
+def main(_):
   cli.start_processes()
   try:
     results = trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)

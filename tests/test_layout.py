@@ -133,6 +133,28 @@ def test_a_command_is_one_module_and_defines_its_flags_when_it_runs(command):
   assert source.rstrip().endswith("if __name__ == '__main__':\n  define_flags()\n  cli.run(main)")
 
 
+@pytest.mark.parametrize('command', COMMANDS)
+def test_no_command_reads_positional_arguments(command):
+  # cli.run refuses them for every command, before its main runs.
+  tree = ast.parse((PACKAGE / f'{command}.py').read_text())
+  (main,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == 'main']
+  assert [arg.arg for arg in main.args.args] == ['_']
+
+
+def test_cli_run_refuses_a_positional_argument_before_main_runs():
+  script = 'from linformer_jax import cli; cli.run(lambda _: print("main ran"))'
+  result = subprocess.run(
+      [sys.executable, '-c', script, 'extra'],
+      cwd=PACKAGE.parent,
+      capture_output=True,
+      text=True,
+      env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+  )
+  assert result.returncode == 2
+  assert "unexpected arguments ['extra']; pass settings as --FLAG=VALUE" in result.stderr
+  assert 'main ran' not in result.stdout
+
+
 def test_importing_the_commands_defines_no_flag():
   # So that tests, notebooks and other code import a command's functions freely.
   imports = '; '.join(f'import linformer_jax.{command}' for command in COMMANDS)

@@ -10,11 +10,9 @@ show time per token and memory against n. See docs/benchmarks.md.
 import os
 from typing import Any, Callable, Dict, List, Optional
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-
 from linformer_jax.analysis.tables import MISSING
 from linformer_jax.analysis.tables import markdown_table
+from linformer_jax.analysis.tables import new_axes
 from linformer_jax.analysis.tables import number_text
 from linformer_jax.analysis.tables import ratio_text
 from linformer_jax.analysis.tables import write_csv
@@ -172,10 +170,7 @@ def format_summary(rows: List[Dict[str, Any]], matmul_gflops: float) -> str:
 
 
 def _plot(rows, value: Callable, ylabel: str, title: str, path: str) -> None:
-  # A bare Agg canvas: no pyplot, so no global backend or open-figure state.
-  figure = Figure(figsize=(6, 4))
-  FigureCanvasAgg(figure)
-  axes = figure.add_subplot()
+  figure, axes = new_axes((6, 4))
   series = sorted(
       {(row['model'], row['projected_len']) for row in rows},
       key=lambda s: (s[0] == LINFORMER, s[0] == EFFICIENT_TRANSFORMER, s[1]),

@@ -4,11 +4,9 @@ its plots and its CSV."""
 import os
 from typing import Any, Dict, List, Optional
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-
 from linformer_jax.analysis.benchmark_report import memory_bytes
 from linformer_jax.analysis.tables import markdown_table
+from linformer_jax.analysis.tables import new_axes
 from linformer_jax.analysis.tables import number_text
 from linformer_jax.analysis.tables import ratio_text
 from linformer_jax.analysis.tables import write_csv
@@ -98,10 +96,7 @@ def format_forward(rows: List[Dict[str, Any]]) -> str:
 
 def _plot(rows, name: str, xlabel: str, ylabel: str, title: str, path: str) -> None:
   """Median time against length, one line per model (and query blocks per step)."""
-  # A bare Agg canvas: no pyplot, so no global backend or open-figure state.
-  figure = Figure(figsize=(6, 4))
-  FigureCanvasAgg(figure)
-  axes = figure.add_subplot()
+  figure, axes = new_axes((6, 4))
   rows = [r for r in rows if r['benchmark'] == name and r['time_ms'] is not None]
   for series in sorted({(r['model'], r['query_blocks_per_step']) for r in rows}, reverse=True):
     points = [r for r in rows if (r['model'], r['query_blocks_per_step']) == series]

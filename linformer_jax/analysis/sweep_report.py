@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from linformer_jax.analysis.tables import MISSING
 from linformer_jax.analysis.tables import markdown_table
+from linformer_jax.analysis.tables import new_axes
 from linformer_jax.analysis.tables import number_text
 from linformer_jax.training import trainer
 from linformer_jax.training.metric_writers import read_metrics
@@ -240,15 +241,10 @@ def plot_over_seeds(sweep: Any, workdir: str, path: str) -> None:
 
 def _draw(sweep: Any, workdir: str, path: str, series: List[Tuple[str, Any, Any, Any]]) -> None:
   """Saves curves (label, steps, values, optional (low, high) band) as a figure."""
-  # The figure is drawn on its own Agg canvas, leaving pyplot's backend alone.
   from matplotlib import ticker  # pylint: disable=g-import-not-at-top
-  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
-  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
 
   judged = _judged(sweep)
-  figure = Figure(figsize=(6.4, 4.4))
-  FigureCanvasAgg(figure)
-  axes = figure.add_subplot()
+  figure, axes = new_axes((6.4, 4.4))
   for label, steps, values, band in series:
     (line,) = axes.plot(steps, values, marker='o', markersize=3, label=label)
     if band is not None:

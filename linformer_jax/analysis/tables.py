@@ -1,9 +1,10 @@
 """What every analysis report writes the same way: markdown tables, and numbers
-and ratios as text, with one mark for a figure that is missing, and CSV files."""
+and ratios as text, with one mark for a figure that is missing, CSV files and
+the axes of a figure."""
 
 import csv
 import math
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple
 
 MISSING = '–'  # a figure that was not measured (or cannot be)
 _SEPARATORS = {'-': '---', 'r': '---:', 'l': ':---'}
@@ -53,3 +54,15 @@ def write_csv(path: str, rows: Iterable[Mapping[str, Any]], columns: Sequence[st
     writer.writeheader()
     for row in rows:
       writer.writerow({key: '' if row.get(key) is None else row[key] for key in columns})
+
+
+def new_axes(figsize: Tuple[float, float]) -> Tuple[Any, Any]:
+  """A figure and its one axes on a bare Agg canvas: no pyplot, so no global
+  backend or open-figure state. Save it with `figure.savefig(path)`."""
+  # Imported here: matplotlib takes a second to import, and only plots need it.
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+
+  figure = Figure(figsize=figsize)
+  FigureCanvasAgg(figure)
+  return figure, figure.add_subplot()

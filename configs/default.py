@@ -24,7 +24,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_batch_size = 32  # batch size for evaluation
   config.grad_accum_steps = 1  # micro-batches per step (batch_size must divide evenly)
   config.learning_rate = 2e-3  # peak learning rate after warm-up
-  config.warmup_steps = 100  # linear warm-up from 0 to learning_rate
+  # Linear warm-up from 0 to learning_rate. 200 steps: the learning rate is still 0.75e-3 when
+  # the model reaches the unigram loss (step 75-100), which every post-LN run then leaves by
+  # step 300; with 100 (1.5e-3 there) some seeds stay on that plateau for 300 steps or more
+  # (docs/results_gutenberg.md, "The warm-up decides the plateau").
+  config.warmup_steps = 200
   config.end_learning_rate = 0.0  # learning rate reached by linear decay at total_steps
   config.weight_decay = 0.01  # AdamW decoupled weight decay (not on biases/norms)
   config.adam_b1 = 0.9  # AdamW beta1

@@ -29,7 +29,6 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from linformer_jax import cli
@@ -137,8 +136,7 @@ def benchmark_cell(
         return row
       row.update(forward.cost(compiled, row['batch']))
     shape = forward.tokens_shape(row['batch']).shape
-    rng = np.random.default_rng(seq_len)
-    tokens = jnp.asarray(rng.integers(0, benchmark_settings.VOCAB_SIZE, shape, np.int32))
+    tokens = measuring.random_tokens(shape, benchmark_settings.VOCAB_SIZE, seed=seq_len)
     variables = measuring.random_variables(forward.abstract_variables, seed=0)
     times = measuring.time_ms(lambda: compiled(variables, tokens), settings.repeats)
   except Exception as error:  # pylint: disable=broad-except
@@ -149,17 +147,10 @@ def benchmark_cell(
   stats = benchmark_settings.memory_stats()
   if stats and 'peak_bytes_in_use' in stats:
     row['peak_bytes'] = int(stats['peak_bytes_in_use'])
-  median_ms = statistics.median(times)
-  num_tokens = tokens.size
-  row.update(
-      time_ms=median_ms,
-      time_min_ms=min(times),
-      time_max_ms=max(times),
-      tokens_per_s=num_tokens / (median_ms * 1e-3),
-      us_per_token=median_ms * 1e3 / num_tokens,
-  )
+  row.update(measuring.timing(times, tokens.size))
+  row['us_per_token'] = row['time_ms'] * 1e3 / tokens.size
   if row['flops'] is not None and matmul_gflops:
-    row['utilisation'] = row['flops'] / (median_ms * 1e-3) / (matmul_gflops * 1e9)
+    row['utilisation'] = row['flops'] / (row['time_ms'] * 1e-3) / (matmul_gflops * 1e9)
   if settings.train_throughput:
     del variables
     row['train_tokens_per_s'], note = _train_tokens_per_s(config, tokens, settings)

@@ -24,14 +24,12 @@ what they show: docs/causal_lm.md.
 import dataclasses
 import functools
 import math
-import statistics
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from linformer_jax import cli
 from linformer_jax import settings_flags
@@ -235,9 +233,7 @@ def _measure(row, settings, compile_step: Callable, make_args: Callable, tokens_
       raise
     row['note'] = f'timing skipped: out of memory: {measuring.first_line(error)}'
     return row
-  median_ms = statistics.median(times)
-  row.update(time_ms=median_ms, time_min_ms=min(times), time_max_ms=max(times))
-  row['tokens_per_s'] = tokens_per_call / (median_ms * 1e-3)
+  row.update(measuring.timing(times, tokens_per_call))
   return row
 
 
@@ -269,10 +265,8 @@ def forward_cell(settings: CausalBenchmarkSettings, attention: str, seq_len: int
   step = jax.jit(lambda variables, tokens: model.apply(variables, tokens, deterministic=True))
 
   def make_args():
-    ids = np.random.default_rng(seq_len).integers(
-        0, benchmark_settings.VOCAB_SIZE, tokens.shape, np.int32
-    )
-    return measuring.random_variables(params, seed=0), jnp.asarray(ids)
+    ids = measuring.random_tokens(tokens.shape, benchmark_settings.VOCAB_SIZE, seed=seq_len)
+    return measuring.random_variables(params, seed=0), ids
 
   compile_step = lambda: step.lower(params, tokens).compile()
   return _measure(row, settings, compile_step, make_args, settings.batch * seq_len)

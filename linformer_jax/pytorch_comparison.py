@@ -25,8 +25,6 @@ import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import optax
 
 from linformer_jax import cli
@@ -91,9 +89,7 @@ def measure_jax(settings: ComparisonSettings, seq_len: int, mode: str) -> Dict[s
   time_min_ms and tokens_per_s, as the PyTorch script's rows give them."""
   if mode not in MODES:
     raise ValueError(f'Unknown mode {mode!r}; use one of {MODES}.')
-  tokens = jnp.asarray(
-      np.random.default_rng(seq_len).integers(0, VOCAB_SIZE, (settings.batch, seq_len), np.int32)
-  )
+  tokens = measuring.random_tokens((settings.batch, seq_len), VOCAB_SIZE, seed=seq_len)
   measure = _forward_times if mode == 'forward' else _train_step_times
   times = measure(settings.model_config(seq_len), tokens, settings.repeats)
   median_ms = statistics.median(times)

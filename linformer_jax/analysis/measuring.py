@@ -2,8 +2,9 @@
 jitted call after a warm-up, random variables of a model's shapes, the notes a
 skipped cell gets, the device it ran on, and the training step they time."""
 
+import statistics
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import flax.linen as nn
 import jax
@@ -23,6 +24,23 @@ def time_ms(call: Callable[[], Any], repeats: int) -> List[float]:
     jax.block_until_ready(call())
     times.append((time.perf_counter() - start) * 1e3)
   return times
+
+
+def timing(times: Sequence[float], tokens_per_call: int) -> Dict[str, float]:
+  """A cell's time fields: the median, min and max of `times` (ms), and tokens/s at the median."""
+  median_ms = statistics.median(times)
+  return {
+      'time_ms': median_ms,
+      'time_min_ms': min(times),
+      'time_max_ms': max(times),
+      'tokens_per_s': tokens_per_call / (median_ms * 1e-3),
+  }
+
+
+def random_tokens(shape: Tuple[int, ...], vocab_size: int, seed: int) -> jax.Array:
+  """Token ids drawn uniformly on the host (int32): the values do not change the work."""
+  ids = np.random.default_rng(seed).integers(0, vocab_size, shape, np.int32)
+  return jnp.asarray(ids)
 
 
 def first_line(error: Exception) -> str:

@@ -24,7 +24,7 @@ today's default) or a peak learning rate of 4e-3 or 1e-3 instead of 2e-3
 with gain 1/sqrt(2), whose slots keep a row's norm at every n, and
 `fairseq-centred`; `xavier` Glorot with gain 1; `preln` pre-LN; and the
 references, fixed `mean` slots and the Transformer (also with the 200-step
-warm-up, `transformer-warm200`); `default-k32` and `default-k128` are today's
+warm-up, `mean-warm200` and `transformer-warm200`); `default-k32` and `default-k128` are today's
 default at k = 32 and 128. Every recipe but the warm-up ones trains
 with the 100-step warm-up it was measured with. Every n takes 8,192 tokens
 per step, as configs/sweeps/gutenberg_seq_len.py.
@@ -102,6 +102,7 @@ RECIPES = {
     'mean': {'model.projection': 'mean'},
     'transformer': {'model.attention': 'full'},
     'transformer-warm200': {'model.attention': 'full', 'warmup_steps': 200},
+    'mean-warm200': {'model.projection': 'mean', 'warmup_steps': 200},
     # Figure 3(a-b) with today's default: k = 32 and 128 (against the Transformer above).
     'default-k32': {
         'model.projection_init': 'local',

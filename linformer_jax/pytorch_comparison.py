@@ -19,7 +19,6 @@ results: docs/benchmarks.md.
 import json
 import os
 import pathlib
-import statistics
 import subprocess
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -86,20 +85,14 @@ def _train_step_times(config: ModelConfig, tokens: jax.Array, repeats: int) -> L
 
 def measure_jax(settings: ComparisonSettings, seq_len: int, mode: str) -> Dict[str, Any]:
   """Times our model at one n in one mode: seq_len, mode, time_ms (median),
-  time_min_ms and tokens_per_s, as the PyTorch script's rows give them."""
+  time_min_ms and tokens_per_s, as the PyTorch script's rows give them (and
+  time_max_ms)."""
   if mode not in MODES:
     raise ValueError(f'Unknown mode {mode!r}; use one of {MODES}.')
   tokens = measuring.random_tokens((settings.batch, seq_len), VOCAB_SIZE, seed=seq_len)
   measure = _forward_times if mode == 'forward' else _train_step_times
   times = measure(settings.model_config(seq_len), tokens, settings.repeats)
-  median_ms = statistics.median(times)
-  return {
-      'seq_len': seq_len,
-      'mode': mode,
-      'time_ms': median_ms,
-      'time_min_ms': min(times),
-      'tokens_per_s': tokens.size / (median_ms * 1e-3),
-  }
+  return {'seq_len': seq_len, 'mode': mode, **measuring.timing(times, tokens.size)}
 
 
 def check_torch_python(torch_python: str) -> None:

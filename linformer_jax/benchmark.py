@@ -71,15 +71,11 @@ def _train_tokens_per_s(
   model = models.MaskedLanguageModel(dataclasses.replace(config, inference_chunk=0))
   optimizer = optax.sgd(1e-3)
   try:
-    params = measuring.random_variables(
-        jax.eval_shape(model.init, jax.random.PRNGKey(0), tokens)['params'], seed=1
-    )
+    abstract_params = jax.eval_shape(model.init, jax.random.PRNGKey(0), tokens)['params']
+    params = measuring.random_variables(abstract_params, seed=1)
     opt_state = optimizer.init(params)
-    compiled = (
-        jax.jit(functools.partial(measuring.mlm_train_step, model, optimizer))
-        .lower(params, opt_state, tokens)
-        .compile()
-    )
+    step = jax.jit(functools.partial(measuring.mlm_train_step, model, optimizer))
+    compiled = step.lower(params, opt_state, tokens).compile()
     planned = compiled_step.planned_bytes(compiled)
     if benchmark_report.memory_bytes(planned) > settings.memory_limit_bytes:
       return None, measuring.over_limit_note('train step', planned, settings.memory_limit_bytes)
@@ -144,9 +140,7 @@ def benchmark_cell(
       raise
     _add_note(row, f'cell skipped: out of memory: {measuring.first_line(error)}')
     return row
-  stats = benchmark_settings.memory_stats()
-  if stats and 'peak_bytes_in_use' in stats:
-    row['peak_bytes'] = int(stats['peak_bytes_in_use'])
+  row['peak_bytes'] = compiled_step.peak_device_bytes()
   row.update(measuring.timing(times, tokens.size))
   row['us_per_token'] = row['time_ms'] * 1e3 / tokens.size
   if row['flops'] is not None and matmul_gflops:
@@ -185,31 +179,25 @@ def run_grid(
 
 def describe_run(settings: BenchmarkSettings) -> str:
   """One line naming the device and the settings, for the top of table.md."""
-  if settings.memory_budget_bytes is None:
-    batch = f'batch {settings.batch}'
-  else:
-    batch = (
-        f'the largest batch (at most {settings.max_batch}) within '
-        f'{settings.memory_budget_bytes / GIB:g} GiB'
-    )
+  batch = f'batch {settings.batch}'
+  if settings.memory_budget_bytes is not None:
+    budget = settings.memory_budget_bytes / GIB
+    batch = f'the largest batch (at most {settings.max_batch}) within {budget:g} GiB'
   execution = ''
   if settings.inference_chunk:
     execution += f'inference chunk {settings.inference_chunk} (Linformer, efficient Transformer), '
   if settings.attention_kernel != 'einsum':
     execution += f'attention kernel {settings.attention_kernel} (efficient Transformer), '
   return (
-      f'Device: {measuring.describe_device()}; '
-      f'{settings.num_layers} layers, hidden {settings.hidden_dim}, '
-      f'{settings.num_heads} heads, MLP {settings.mlp_dim}, '
-      f'{batch}, {execution}{settings.dtype}, forward pass, median of '
-      f'{settings.repeats} runs.'
+      f'Device: {measuring.describe_device()}; {settings.num_layers} layers, hidden '
+      f'{settings.hidden_dim}, {settings.num_heads} heads, MLP {settings.mlp_dim}, {batch}, '
+      f'{execution}{settings.dtype}, forward pass, median of {settings.repeats} runs.'
   )
 
 
 def _print_progress(row: Dict[str, Any]) -> None:
-  if row['time_ms'] is None:
-    result = row['note']
-  else:
+  result = row['note']
+  if row['time_ms'] is not None:
     result = f"{row['time_ms']:.1f} ms at batch {row['batch']}"
   print(f'{benchmark_report.cell_name(row)}: {result}', file=sys.stderr, flush=True)
 
@@ -223,11 +211,8 @@ def main(_):
   settings = settings_flags.from_flags(BenchmarkSettings)
   matmul_gflops = measure_matmul_gflops(settings.matmul_sizes, dtype=settings.dtype)
   rows = run_grid(settings, matmul_gflops, progress=_print_progress)
-  print(
-      benchmark_report.write_outputs(
-          rows, settings.out, matmul_gflops, describe_run(settings), settings.memory_budget_bytes
-      )
-  )
+  header, budget = describe_run(settings), settings.memory_budget_bytes
+  print(benchmark_report.write_outputs(rows, settings.out, matmul_gflops, header, budget))
 
 
 if __name__ == '__main__':

@@ -23,7 +23,6 @@ what they show: docs/causal_lm.md.
 
 import dataclasses
 import functools
-import math
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -36,6 +35,7 @@ from linformer_jax import settings_flags
 from linformer_jax.analysis import benchmark_settings
 from linformer_jax.analysis import flag_checks
 from linformer_jax.analysis import measuring
+from linformer_jax.analysis.benchmark_budget import parameter_bytes
 from linformer_jax.analysis.benchmark_report import memory_bytes
 from linformer_jax.analysis.causal_benchmark_report import COLUMNS
 from linformer_jax.analysis.causal_benchmark_report import cell_name
@@ -55,19 +55,15 @@ _POSITIVE = ('num_layers', 'hidden_dim', 'num_heads', 'mlp_dim', 'batch', 'repea
 
 @dataclasses.dataclass(frozen=True)
 class CausalBenchmarkSettings:
-  """What to measure; invalid values raise a ConfigError naming the flag.
-
-  Each field is also the command's flag of its name (`settings_flags`), but
-  memory_limit_bytes, given in GiB as --memory_limit_gb.
-  """
+  """What to measure; invalid values raise a ConfigError naming the flag. Each field is
+  also the command's flag of its name, but memory_limit_bytes (--memory_limit_gb, in GiB)."""
 
   contexts: Sequence[int] = setting(
       (1024, 2048, 4096, 8192, 16384, 32768),
       'Context lengths C at which one generated token is timed (max_len = C); empty: skip.',
   )
   seq_lens: Sequence[int] = setting(
-      (1024, 2048, 4096, 8192, 16384),
-      'Sequence lengths n of the timed forward pass; empty: skip.',
+      (1024, 2048, 4096, 8192, 16384), 'Sequence lengths n of the timed forward pass; empty: skip.'
   )
   num_layers: int = setting(12, 'Layers.')
   hidden_dim: int = setting(768, 'Model width.')
@@ -126,13 +122,12 @@ class CausalBenchmarkSettings:
       ok = not lengths or min(n % self.block_len for n in lengths) == 0
       flag_checks.require(ok, name, lengths, advice)
     limit_gb = self.memory_limit_bytes / GIB
-    flag_checks.require(
-        self.memory_limit_bytes > 0, 'memory_limit_gb', limit_gb, 'use a positive size'
-    )
+    ok = self.memory_limit_bytes > 0
+    flag_checks.require(ok, 'memory_limit_gb', limit_gb, 'use a positive size')
 
   def model_config(self, attention: str, max_len: int, query_blocks_per_step: int = 0):
     """The causal language model of one cell; r is unused (set to max_len) for 'full'."""
-    same = ('num_layers', 'num_heads', 'hidden_dim', 'mlp_dim', 'sharing', 'projection', 'dtype')
+    same = 'num_layers num_heads hidden_dim mlp_dim sharing projection dtype block_len'.split()
     return ModelConfig(
         **{name: getattr(self, name) for name in same},
         vocab_size=benchmark_settings.VOCAB_SIZE,
@@ -141,7 +136,6 @@ class CausalBenchmarkSettings:
         projected_len=self.slots if attention == 'linformer' else max_len,
         dropout_rate=0.0,
         causal=True,
-        block_len=self.block_len,
         query_blocks_per_step=query_blocks_per_step,
     )
 
@@ -177,11 +171,9 @@ def decode_cache(model: nn.Module, batch: int, position: int) -> Any:
 
 
 def compile_decode(settings: CausalBenchmarkSettings, attention: str, context: int):
-  """The decode step at position context - 2, compiled with its cache donated.
-
-  Returns (compiled, model, abstract parameters, abstract cache); the compiled
-  call takes (variables, cache, tokens [batch, 1]).
-  """
+  """The decode step at position context - 2, compiled with its cache donated: returns
+  (compiled, model, abstract parameters, abstract cache); compiled takes (variables,
+  cache, tokens [batch, 1])."""
   model = models.CausalLanguageModel(settings.model_config(attention, context))
   tokens = jax.ShapeDtypeStruct((settings.batch, 1), jnp.int32)
   params = _abstract_params(model, tokens, decode=True)
@@ -205,12 +197,9 @@ def _new_row(settings, name: str, attention: str, length: int, query_blocks: int
 
 
 def _measure(row, settings, compile_step: Callable, make_args: Callable, tokens_per_call: int):
-  """Fills row from XLA's plan of the compiled step and, where it fits, its timing.
-
-  compile_step() returns the compiled step; make_args(), its concrete inputs. A
-  donated cache (argument 1, output 1) is consumed by each call, so the next
-  call takes the one it returned.
-  """
+  """Fills row from XLA's plan of compile_step() and, where it fits, its timing on
+  make_args(). A donated cache (argument 1, output 1) is consumed by each call, so
+  the next call takes the one it returned."""
   try:
     compiled = compile_step()
     row.update(compiled_step.planned_bytes(compiled))
@@ -227,13 +216,11 @@ def _measure(row, settings, compile_step: Callable, make_args: Callable, tokens_
         args[1] = outputs[1]
       return outputs
 
-    times = measuring.time_ms(call, settings.repeats)
+    row.update(measuring.timing(measuring.time_ms(call, settings.repeats), tokens_per_call))
   except Exception as error:  # pylint: disable=broad-except
     if not compiled_step.is_out_of_memory(error):
       raise
     row['note'] = f'timing skipped: out of memory: {measuring.first_line(error)}'
-    return row
-  row.update(measuring.timing(times, tokens_per_call))
   return row
 
 
@@ -243,8 +230,7 @@ def generation_cell(settings: CausalBenchmarkSettings, attention: str, context: 
   if row['note']:
     return row
   compiled, model, params, cache = compile_decode(settings, attention, context)
-  leaves = jax.tree_util.tree_leaves(cache)
-  row['cache_bytes'] = sum(math.prod(leaf.shape) * leaf.dtype.itemsize for leaf in leaves)
+  row['cache_bytes'] = parameter_bytes(cache)
 
   def make_args():
     variables = measuring.random_variables(params, seed=0)

@@ -19,7 +19,7 @@ import os
 import pathlib
 import shutil
 import sys
-from typing import Any, Callable, Dict, List, Mapping, Sequence
+from typing import Any, Callable, Dict, Mapping, Sequence
 
 from absl import flags
 import ml_collections
@@ -27,11 +27,10 @@ from ml_collections import config_flags
 
 from linformer_jax import cli
 from linformer_jax import settings_flags
+from linformer_jax.analysis import data_benchmark_corpus
 from linformer_jax.analysis import data_benchmark_report as report
 from linformer_jax.analysis import flag_checks
 from linformer_jax.analysis import loader_throughput
-from linformer_jax.analysis.data_benchmark_corpus import corpus_overrides
-from linformer_jax.analysis.data_benchmark_corpus import generate_corpus
 from linformer_jax.analysis.process_memory import Measurement
 from linformer_jax.analysis.process_memory import run_measured
 from linformer_jax.data import prepare
@@ -51,13 +50,10 @@ RESUMED_RUN_STEPS = 4
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """What to measure; invalid values raise a ConfigError naming the flag.
-
-  Each field made with `setting` is also the command's flag of its name
-  (`settings_flags`); the others come from --config: config_path, the config
-  file the commands run with, and config, that file with config_overrides (the
-  dotted fields the user overrode) applied.
-  """
+  """What to measure; invalid values raise a ConfigError naming the flag. Each field made
+  with `setting` is also the command's flag of its name; the others come from --config:
+  config_path, the file the commands run with, and config, that file with
+  config_overrides (the dotted fields the user overrode) applied."""
 
   config_path: str
   config: ml_collections.ConfigDict
@@ -103,7 +99,7 @@ class Settings:
     """Config overrides that prepare the corpus into prepared_dir with `workers`."""
     return {
         **self.config_overrides,
-        **corpus_overrides(corpus_folder, self.seq_len),
+        **data_benchmark_corpus.corpus_overrides(corpus_folder, self.seq_len),
         'data.prepared_dir': prepared_dir,
         'data.prepare_workers': workers,
     }
@@ -148,7 +144,7 @@ class SizeBenchmark:
     self.work = out / f'work_{size_mb}MB'
     data = settings.config.data
     self.tokenizer_dir = self.work / f'tokenizer_{data.tokenizer}_{data.vocab_size}'
-    self.corpus = generate_corpus(self.corpus_folder, size_mb, settings.seed)
+    self.corpus = data_benchmark_corpus.generate_corpus(self.corpus_folder, size_mb, settings.seed)
     self.input_bytes = self.corpus['train_bytes'] + self.corpus['validation_bytes']
 
   def _prepared_overrides(self, name: str, workers: int = 0) -> Dict[str, Any]:
@@ -167,9 +163,8 @@ class SizeBenchmark:
     )
 
   def prepare(self) -> Dict[str, Any]:
-    """Trains the shared tokenizer if missing and times a run with nothing
-    left to do (the start-up); then prepares both splits afresh with 1 worker
-    and with all cores."""
+    """Trains the shared tokenizer if missing and times a run with nothing left to do (the
+    start-up); then prepares both splits afresh with 1 worker and with all cores."""
     trained = self._prepare_data('none', 0, '--tokenizer_only', log='tokenizer')
     startup = self._prepare_data('none', 0, '--tokenizer_only', log='startup')
     results: Dict[str, Any] = {'tokenizer_s': trained.wall_s, 'startup_s': startup.wall_s}
@@ -196,15 +191,9 @@ class SizeBenchmark:
     results['speed_up'] = results['workers1']['wall_s'] / results['workers_all']['wall_s']
     return results
 
-  def loader_settings(self) -> List[loader_throughput.LoaderSetting]:
-    """The settings timed: --loader_settings, else the config's own."""
-    if self.settings.loader_settings:
-      return [loader_throughput.LoaderSetting.parse(text) for text in self.settings.loader_settings]
-    return [loader_throughput.LoaderSetting.of_config(self.settings.config.data)]
-
   def loader(self) -> Dict[str, Any]:
-    """Loader throughput on the all-cores shards, for each setting; the
-    top-level figures are the first setting's best."""
+    """Loader throughput on the all-cores shards for each --loader_settings (else the
+    config's own setting); the top-level figures are the first setting's best."""
     if 'prepare' not in self.settings.stages:  # finishes or checks an earlier preparation
       self._prepare_data('workers_all', 0)
     data = apply_overrides(self.settings.config, self._prepared_overrides('workers_all')).data
@@ -212,18 +201,20 @@ class SizeBenchmark:
     signature = prepare.split_signature(data, 'train', tokenizer, self.settings.seq_len)
     prepared = shards.PreparedSplit(prepare.split_folder(data, 'train', signature), signature)
     source = shards.ShardedSequences(prepared, self.settings.seq_len)
+    texts = self.settings.loader_settings
+    timed = [loader_throughput.LoaderSetting.parse(text) for text in texts] or [
+        loader_throughput.LoaderSetting(data.worker_count, data.read_threads, data.prefetch_buffer)
+    ]
+    timing = dict(
+        batch_size=self.settings.loader_batch_size,
+        mask_rate=data.mask_rate,
+        seconds=self.settings.loader_seconds,
+        warmup_batches=self.settings.loader_warmup_batches,
+    )
     summaries = {}
-    for loader_setting in self.loader_settings():
+    for loader_setting in timed:
       runs = [
-          loader_throughput.loader_throughput(
-              source,
-              tokenizer,
-              batch_size=self.settings.loader_batch_size,
-              mask_rate=data.mask_rate,
-              seconds=self.settings.loader_seconds,
-              warmup_batches=self.settings.loader_warmup_batches,
-              setting=loader_setting,
-          )
+          loader_throughput.loader_throughput(source, tokenizer, setting=loader_setting, **timing)
           for _ in range(self.settings.loader_repeats)
       ]
       summary = loader_throughput.summarize(loader_setting, runs)
@@ -279,9 +270,7 @@ def run_benchmark(settings: Settings, progress: Callable[[str], None] = print) -
   for size_mb in settings.sizes_mb:
     size = SizeBenchmark(settings, size_mb, progress)
     entry: Dict[str, Any] = {'corpus': {**size.corpus, 'input_mib': size.input_bytes / MIB}}
-    for stage in STAGES:
-      if stage in settings.stages:
-        entry[stage] = getattr(size, stage)()
+    entry.update({stage: getattr(size, stage)() for stage in STAGES if stage in settings.stages})
     measured[str(size_mb)] = entry
   json_path = out / RESULTS_JSON
   previous = json.loads(json_path.read_text()) if json_path.exists() else None

@@ -14,6 +14,7 @@ the whole model, so the shares are those of one micro-batch. Under
 
 import collections
 import dataclasses
+import functools
 import math
 import re
 from typing import Dict, List, Tuple
@@ -70,16 +71,13 @@ def dot_flops(stablehlo_text: str) -> Dict[DotTypes, int]:
   if 'main' not in own:
     raise ValueError('The StableHLO text has no function @main.')
 
-  totals: Dict[str, collections.Counter] = {}
-
+  @functools.cache
   def total(name: str) -> collections.Counter:
-    if name not in totals:
-      counted = collections.Counter(own[name])
-      for callee, count in calls[name].items():
-        for types, flops in total(callee).items():
-          counted[types] += count * flops
-      totals[name] = counted
-    return totals[name]
+    counted = collections.Counter(own[name])
+    for callee, count in calls[name].items():
+      for types, flops in total(callee).items():
+        counted[types] += count * flops
+    return counted
 
   return dict(total('main'))
 

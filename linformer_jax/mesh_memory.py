@@ -10,15 +10,13 @@
       --config.model.max_len=4096 --config.model.projected_len=256
 
 It compiles (never runs) the train step for each mesh over this host's devices or
-a target's (`analysis/xla_targets.py`) and prints XLA's analyses per device: the
-arguments and temporaries against the usable memory, the model's FLOPs and, on
-TPU with unscanned layers, the compiled program's. docs/scaling.md describes the
-table, docs/benchmarks.md the search of --max_batch (`largest_batch`).
+a target's (`analysis/xla_targets.py`) and prints XLA's memory and FLOPs per
+device: docs/scaling.md describes the table, docs/benchmarks.md the search of
+--max_batch (`largest_batch`).
 """
 
 import dataclasses
 import functools
-import re
 import sys
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -30,25 +28,16 @@ import ml_collections
 from linformer_jax import cli
 from linformer_jax import settings_flags
 from linformer_jax.analysis import xla_targets
+from linformer_jax.analysis.benchmark_budget import search_batches
 from linformer_jax.analysis.tables import markdown_table
 from linformer_jax.settings_flags import setting
 from linformer_jax.training import compiled_step
 from linformer_jax.training import run_config
 from linformer_jax.training import sharding as sharding_lib
 from linformer_jax.units import GIB
-from linformer_jax.units import KIB
 from linformer_jax.units import MIB
-from linformer_jax.units import TIB
 from linformer_jax.units import size_text
 
-# XLA:TPU's refusals: '... HLO temporaries (29.90G) exceeds available HBM
-# (15.75G).', or '... Exceeded hbm capacity by 2.56M.' with a breakdown that
-# names 'program 14.47G' and 'arguments 1.28G'.
-_SIZE = r'([\d.]+)([KMGT])'
-_TEMPORARIES_EXCEED = re.compile(r'temporaries \(' + _SIZE + r'\) exceeds available HBM')
-_PROGRAM = re.compile(r'^\s*program\s+' + _SIZE, re.MULTILINE)
-_ARGUMENTS = re.compile(r'^\s*arguments\s+' + _SIZE, re.MULTILINE)
-_UNITS = {'K': KIB, 'M': MIB, 'G': GIB, 'T': TIB}
 MAX_SEARCH_COMPILES = 8
 
 
@@ -56,10 +45,9 @@ MAX_SEARCH_COMPILES = 8
 class StepMemory:
   """One compile of the train step; bytes and FLOPs are per device.
 
-  `usable_bytes` is None on this host's CPU (no fixed limit). A step XLA
-  refused to compile for lack of memory (`refused`) does not fit; its bytes
-  are what XLA said it needs (arguments 0 where XLA named the temporaries
-  only)."""
+  `usable_bytes` is None on this host's CPU (no fixed limit). A step XLA refused
+  for lack of memory (`refused`) does not fit; its bytes are what XLA said it
+  needs (arguments 0 where XLA named the temporaries only)."""
 
   per_device_batch: int
   argument_bytes: int
@@ -91,25 +79,6 @@ class StepMemory:
     return self.compiled_flops / self.model_flops
 
 
-def _bytes(match: Optional[re.Match]) -> int:
-  return int(float(match.group(1)) * _UNITS[match.group(2)]) if match else 0
-
-
-def _out_of_memory_need(error: Exception) -> Optional[Tuple[int, int]]:
-  """(arguments, temporaries) XLA:TPU said a refused step needs, or None if
-  the error is not such a refusal."""
-  if not compiled_step.is_out_of_memory(error):
-    return None
-  text = str(error)
-  exceeded = _TEMPORARIES_EXCEED.search(text)
-  if exceeded:
-    return 0, _bytes(exceeded)
-  program = _PROGRAM.search(text)
-  if program:
-    return _bytes(_ARGUMENTS.search(text)), _bytes(program)
-  return None
-
-
 def compile_step(
     config: ml_collections.ConfigDict,
     mesh_shape: Sequence[int],
@@ -132,7 +101,7 @@ def compile_step(
   try:
     compiled = compiled_step.lowered_train_step(config, devices).compile()
   except jax.errors.JaxRuntimeError as error:
-    need = _out_of_memory_need(error)
+    need = compiled_step.out_of_memory_need(error)
     if need is None:
       raise
     return StepMemory(
@@ -145,8 +114,8 @@ def compile_step(
   # XLA's cost analysis counts a loop's body once: the micro-batch loop holds all
   # of a step's work but the update; a scan over layers has no such fix.
   if devices[0].platform == 'tpu' and not config.model.scan_layers:
-    flops_per_micro_batch = compiled_step.cost_analysis(compiled)['flops'] or 0.0
-    compiled_flops = flops_per_micro_batch * config.grad_accum_steps or None
+    micro_batch_flops = compiled_step.cost_analysis(compiled)['flops'] or 0.0
+    compiled_flops = micro_batch_flops * config.grad_accum_steps or None
   fits = usable_bytes is None or arguments + temporaries <= usable_bytes
   return StepMemory(
       batch, arguments, temporaries, usable_bytes, fits, flops, compiled_flops, seconds
@@ -161,7 +130,7 @@ def largest_batch(
   Starts from `first` (one compile already made), halves while it does not
   fit, then fits memory = fixed + batch x per_sequence through two batches,
   checks the batch that predicts, and steps until a batch fits and the next
-  one up does not (binary search, at most MAX_SEARCH_COMPILES compiles).
+  one up does not (`search_batches`, at most MAX_SEARCH_COMPILES compiles).
 
   Returns:
     'batch' (0 if one sequence does not fit), 'exact' (False where the
@@ -201,15 +170,9 @@ def largest_batch(
   above = [known for known, memory in results.items() if not memory.fits and known > low]
   high = min(above) if above else None  # the smallest batch known not to fit
   probe = predicted if low < predicted and (high is None or predicted < high) else low + 1
-  while len(results) < MAX_SEARCH_COMPILES and (high is None or high - low > 1):
-    if at(probe).fits:
-      low = probe
-    else:
-      high = probe
-    if high is None:  # after the prediction fits, the next batch up; then doubling
-      probe = low + 1 if low == predicted else 2 * low
-    else:
-      probe = (low + high) // 2
+  grow = lambda low: low + 1 if low == predicted else 2 * low  # past the prediction: 1, then x2
+  more_calls = lambda: len(results) < MAX_SEARCH_COMPILES
+  low, high = search_batches(lambda batch: at(batch).fits, low, high, probe, grow, more_calls)
   return found(low, high == low + 1, slope if slope > 0 else None)
 
 
@@ -218,42 +181,29 @@ def _gflop(flops: float) -> str:
   return f'{gflop:,.1f}' if gflop >= 1 else f'{gflop:.3g}'
 
 
+def _row_cells(target: str, mesh: Sequence[int], memory: StepMemory) -> Dict[str, object]:
+  """The table's cells of one compile, by column."""
+  refused = memory.refused and not memory.argument_bytes
+  ratio = memory.compiler_flops_ratio
+  return {
+      'target': target,
+      'mesh (data, model)': tuple(mesh),
+      'batch per device': memory.per_device_batch,
+      'arguments': '-' if refused else size_text(memory.argument_bytes),
+      'temporaries': f'{"needs " if memory.refused else ""}{size_text(memory.temporary_bytes)}',
+      'total': size_text(memory.total_bytes),
+      'usable': size_text(memory.usable_bytes) if memory.usable_bytes else 'host',
+      'fits': 'yes' if memory.fits else 'no',
+      'model GFLOP per device': _gflop(memory.model_flops),
+      'compiled / model FLOPs': f'{ratio:.3f}' if ratio else '-',
+      'compile s': f'{memory.compile_seconds:.1f}',
+  }
+
+
 def describe_rows(rows: List[Dict[str, object]]) -> str:
-  """A markdown table of rows {'target', 'mesh', 'memory': StepMemory}."""
-  header = (
-      'target',
-      'mesh (data, model)',
-      'batch per device',
-      'arguments',
-      'temporaries',
-      'total',
-      'usable',
-      'fits',
-      'model GFLOP per device',
-      'compiled / model FLOPs',
-      'compile s',
-  )
-  cells = []
-  for row in rows:
-    memory: StepMemory = row['memory']
-    refused = memory.refused and not memory.argument_bytes
-    ratio = memory.compiler_flops_ratio
-    cells.append(
-        (
-            row['target'],
-            tuple(row['mesh']),
-            memory.per_device_batch,
-            '-' if refused else size_text(memory.argument_bytes),
-            f'{"needs " if memory.refused else ""}{size_text(memory.temporary_bytes)}',
-            size_text(memory.total_bytes),
-            size_text(memory.usable_bytes) if memory.usable_bytes else 'host',
-            'yes' if memory.fits else 'no',
-            _gflop(memory.model_flops),
-            f'{ratio:.3f}' if ratio else '-',
-            f'{memory.compile_seconds:.1f}',
-        )
-    )
-  return markdown_table(header, cells)
+  """A markdown table of one or more rows {'target', 'mesh', 'memory': StepMemory}."""
+  cells = [_row_cells(**row) for row in rows]
+  return markdown_table(list(cells[0]), [list(row_cells.values()) for row_cells in cells])
 
 
 def _largest_batch_text(found: Dict[str, Optional[float]]) -> str:

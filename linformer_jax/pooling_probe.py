@@ -21,7 +21,7 @@ the measures and what they found.
 import dataclasses
 import json
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from absl import flags
 import jax
@@ -42,20 +42,6 @@ from linformer_jax.settings_flags import setting
 from linformer_jax.training import run_builder
 
 
-@dataclasses.dataclass
-class Features:
-  """Per layer, the pooled vectors of a set of examples and what `<s>` reads."""
-
-  first: List[np.ndarray]  # per layer [examples, d]
-  mean: List[np.ndarray]
-  labels: np.ndarray
-  entropy: List[np.ndarray]  # per layer [examples]: mean over heads, nats
-  largest: List[np.ndarray]  # per layer [examples]: largest <s> weight, mean over heads
-  weight_sum: List[np.ndarray]  # per layer [examples]: sum of <s>'s token weights
-  negative_share: List[np.ndarray]  # per layer [examples]: their negative share
-  slot_positions: List[np.ndarray]  # per layer [examples]: real tokens per slot (NaN: no F)
-
-
 def _capture(module: Any, method_name: str) -> bool:
   return attention_capture.capture_intermediates(module, method_name) or (
       method_name == '__call__' and isinstance(module, layers.EncoderLayer)
@@ -63,9 +49,8 @@ def _capture(module: Any, method_name: str) -> bool:
 
 
 def _value_matrices(encoder: Any, config) -> List[Any]:
-  """Per layer the value projection F ([n, k] or [heads, n, k]) of a Linformer
-  with a matrix projection (weights [n, k]); None for full attention and
-  other projections."""
+  """Per layer the value projection F ([n, k] or [heads, n, k]) of a Linformer with a
+  matrix projection (weights [n, k]); None for full attention and other projections."""
   kind = config.projection_kind
   if not config.attention_kind.uses_projection or not (kind.has_weights and kind.weight_ndim == 2):
     return [None] * config.num_layers
@@ -90,13 +75,9 @@ def token_weights(p_first: np.ndarray, value_matrix: Optional[Any], mask: np.nda
     if p_first.shape[-1] != mask.shape[1]:  # Pooling or convolution: not a matrix.
       return np.full(p_first.shape[:2] + mask.shape[1:], np.nan)
     return p_first * mask[:, None, :]
-  f = np.asarray(value_matrix, np.float64)
-  length = mask.shape[1]
-  if f.ndim == 2:
-    w = np.einsum('bhk,nk->bhn', p_first, f[:length])
-  else:
-    w = np.einsum('bhk,hnk->bhn', p_first, f[:, :length])
-  return w * mask[:, None, :]
+  f = np.asarray(value_matrix, np.float64)[..., : mask.shape[1], :]  # [(heads,) length, k]
+  equation = 'bhk,nk->bhn' if f.ndim == 2 else 'bhk,hnk->bhn'
+  return np.einsum(equation, p_first, f) * mask[:, None, :]
 
 
 def slot_positions(value_matrix: Optional[Any], mask: np.ndarray) -> np.ndarray:
@@ -137,41 +118,43 @@ def _encoder_step(config):
   return jax.jit(step)
 
 
-_PER_LAYER = tuple(field.name for field in dataclasses.fields(Features) if field.name != 'labels')
-
-
-def _pooled_features(step, variables, batches, config) -> Features:
-  parts = {name: [[] for _ in range(config.num_layers)] for name in _PER_LAYER}
+def _pooled_features(
+    step, variables, batches, config
+) -> Tuple[Dict[str, List[np.ndarray]], np.ndarray]:
+  """Per layer, the pooled vectors [examples, d] of the examples with a weight
+  and [examples] measures of what `<s>` reads (each a mean over heads); and
+  their labels."""
+  parts: Dict[str, List[List[np.ndarray]]] = {}
   labels = []
   for batch in batches:
     real = np.asarray(batch.get('weights', np.ones(len(batch['labels'])))) > 0
-    mask = jnp.asarray(batch['padding_mask'])
+    host_mask = np.asarray(batch['padding_mask'])
+    mask = jnp.asarray(host_mask)
     segments = batch.get('segments') if config.num_segments else None
     hidden, queries_and_keys, values = step(variables, jnp.asarray(batch['inputs']), mask, segments)
-    for layer in range(config.num_layers):
-      h = hidden[layer]
+    for layer, h in enumerate(hidden):
       q, keys, key_mask = queries_and_keys[layer]
       first_query = np.asarray(q)[:, :1]
       p = attention_capture.attention_matrix(first_query, np.asarray(keys), key_mask)[:, :, 0]
       logs = np.log(np.where(p > 0, p, 1.0))
-      w = token_weights(p, values[layer], np.asarray(batch['padding_mask']))
+      w = token_weights(p, values[layer], host_mask)
       negative = np.where(w < 0, -w, 0.0).sum(-1) / np.maximum(np.abs(w).sum(-1), 1e-30)
       found = {
           'first': np.asarray(h[:, 0], np.float64),
           'mean': np.asarray(models.mean_pool(h, mask), np.float64),
-          'entropy': (-(p * logs).sum(-1)).mean(-1),
-          'largest': p.max(-1).mean(-1),
-          'weight_sum': w.sum(-1).mean(-1),
+          'entropy': (-(p * logs).sum(-1)).mean(-1),  # nats
+          'largest': p.max(-1).mean(-1),  # the largest <s> weight
+          'weight_sum': w.sum(-1).mean(-1),  # of <s>'s token weights
           'negative_share': negative.mean(-1),
-          'slot_positions': slot_positions(values[layer], np.asarray(batch['padding_mask'])),
+          'slot_positions': slot_positions(values[layer], host_mask),
       }
       for name, value in found.items():
-        parts[name][layer].append(value[real])
+        parts.setdefault(name, [[] for _ in range(config.num_layers)])[layer].append(value[real])
     labels.append(np.asarray(batch['labels'])[real])
   joined = {
       name: [np.concatenate(chunks) for chunks in per_layer] for name, per_layer in parts.items()
   }
-  return Features(labels=np.concatenate(labels), **joined)
+  return joined, np.concatenate(labels)
 
 
 def probe_accuracy(
@@ -210,10 +193,6 @@ def probe_accuracy(
   return float(np.mean(predictions == eval_y))
 
 
-def _take(iterator, count: int) -> List[Dict[str, np.ndarray]]:
-  return [next(iterator) for _ in range(count)]
-
-
 @dataclasses.dataclass(frozen=True)
 class ProbeSettings:
   """The command's own settings, each its flag; the run's are --config.FIELD."""
@@ -227,12 +206,9 @@ def probe(
     *,
     train_batches: int = ProbeSettings.train_batches,
 ) -> Dict:
-  """The probe report of config.init_from's encoder on config's data (see
-  module doc); `workdir` receives the tokenizer the data needs.
-
-  Raises:
-    ConfigError: no init_from, a run of another model, or bad data.
-  """
+  """The probe report of config.init_from's encoder on config's data (see module doc);
+  `workdir` receives the tokenizer the data needs. ConfigError: no init_from, a run of
+  another model, or bad data."""
   if config.task != 'classification' or not config.init_from:
     raise ConfigError(
         'pooling_probe needs a classification config with config.init_from set to a '
@@ -251,36 +227,31 @@ def probe(
     if collection != 'params' and 'encoder' in variables:
       subtrees[('constants', collection, 'encoder')] = variables['encoder']
   restored = partial_restore.restore_subtrees(config.init_from, subtrees)
-  variables = {'params': restored[('params', 'encoder')]}
-  for path, value in restored.items():
-    if path[0] == 'constants':
-      variables[path[1]] = value
+  # ('params', 'encoder') -> 'params'; ('constants', COLLECTION, 'encoder') -> COLLECTION.
+  variables = {path[-2]: value for path, value in restored.items()}
   model_config = parts.model_config
   step = _encoder_step(model_config)
-  train = _pooled_features(step, variables, _take(data.train_iterator, train_batches), model_config)
-  evaluation = _pooled_features(step, variables, data.eval_batches, model_config)
+  train_data = [next(data.train_iterator) for _ in range(train_batches)]
+  train, train_labels = _pooled_features(step, variables, train_data, model_config)
+  evaluation, eval_labels = _pooled_features(step, variables, data.eval_batches, model_config)
   num_classes = len(config.data.labels)
   layers = []
   for layer in range(model_config.num_layers):
     row: Dict[str, Any] = {'layer': layer + 1}
     for pooling in ('first', 'mean'):
       row[f'probe_{pooling}'] = probe_accuracy(
-          getattr(train, pooling)[layer],
-          train.labels,
-          getattr(evaluation, pooling)[layer],
-          evaluation.labels,
-          num_classes,
+          train[pooling][layer], train_labels, evaluation[pooling][layer], eval_labels, num_classes
       )
-    entropy = evaluation.entropy[layer]
+    entropy = evaluation['entropy'][layer]
     row['s_entropy_nats'] = float(entropy.mean())
     row['s_effective_keys'] = float(np.exp(entropy).mean())
-    row['s_largest_weight'] = float(evaluation.largest[layer].mean())
-    row['s_token_weight_sum'] = float(evaluation.weight_sum[layer].mean())
-    row['s_negative_token_weight_share'] = float(evaluation.negative_share[layer].mean())
-    slots = evaluation.slot_positions[layer]
+    row['s_largest_weight'] = float(evaluation['largest'][layer].mean())
+    row['s_token_weight_sum'] = float(evaluation['weight_sum'][layer].mean())
+    row['s_negative_token_weight_share'] = float(evaluation['negative_share'][layer].mean())
+    slots = evaluation['slot_positions'][layer]
     row['real_tokens_per_slot'] = None if np.isnan(slots).all() else float(slots.mean())
     layers.append(row)
-  counts = np.bincount(evaluation.labels, minlength=num_classes)
+  counts = np.bincount(eval_labels, minlength=num_classes)
   real_tokens = float(np.mean([b['padding_mask'].sum(1).mean() for b in data.eval_batches]))
   return {
       'init_from': os.path.abspath(config.init_from),
@@ -288,8 +259,8 @@ def probe(
       'n': model_config.max_len,
       'k': model_config.projected_len if model_config.attention != 'full' else None,
       'eval_split': config.data.eval_split,
-      'train_examples': int(len(train.labels)),
-      'eval_examples': int(len(evaluation.labels)),
+      'train_examples': int(len(train_labels)),
+      'eval_examples': int(len(eval_labels)),
       'eval_majority_accuracy': float(counts.max() / counts.sum()),
       'mean_real_tokens': real_tokens,
       'layers': layers,
@@ -332,8 +303,7 @@ def main(_):
       f"(majority class {report['eval_majority_accuracy']:.3f})",
       flush=True,
   )
-  for line in summary_lines(report):
-    print(line, flush=True)
+  print(*summary_lines(report), sep='\n', flush=True)
   print(f'results in {path}', flush=True)
 
 

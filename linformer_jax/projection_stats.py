@@ -103,13 +103,9 @@ def _projected_lens(model_config: ModelConfig) -> List[int]:
 def learned_matrices(
     params: Mapping[str, Any], model_config: ModelConfig
 ) -> Iterator[Tuple[str, List[np.ndarray]]]:
-  """(path, its [n, k] matrices E) of every learned projection weight, E as
-  the run's projection kind applies it (`effective_matrix`): one matrix per
-  head of a per-head weight, and per layer of scanned layers.
-
-  Raises:
-    ConfigError: the kind learns weights but gives no effective E.
-  """
+  """(path, its [n, k] matrices E) of every learned projection weight, E as the run's
+  projection kind applies it (`effective_matrix`): one per head of a per-head weight and
+  per layer of scanned layers. A kind with weights but no effective E is a ConfigError."""
   kind = projections.kind(model_config.projection)
   lens = _projected_lens(model_config)
   per_head = model_config.sharing == 'none'
@@ -156,13 +152,9 @@ def initial_stats(model_config: ModelConfig, projected_len: int) -> Dict[str, Di
 def projection_report(
     config: ml_collections.ConfigDict, workdir: str, step: Optional[int] = None
 ) -> Dict[str, Any]:
-  """The report of the newest checkpoint in `workdir` (or its kept `step`): per learned matrix
-  its statistics and its drift from the run's step 0, and the statistics of
-  fresh draws of every initialisation.
-
-  Raises:
-    ConfigError: no checkpoint (or no kept `step`), a workdir of another model.
-  """
+  """The report of the newest checkpoint in `workdir` (or its kept `step`): per learned
+  matrix its statistics and its drift from the run's step 0, and the statistics of fresh
+  draws of every initialisation. ConfigError: no (such) checkpoint, or another model's."""
   loaded = run_loading.load_run(config, workdir, step)
   parts, step, variables = loaded.parts, loaded.step, loaded.variables
   model_config = parts.model_config

@@ -16,6 +16,7 @@ drifts during the run slows both alike. Setup, the models' differences and
 results: docs/benchmarks.md.
 """
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -28,18 +29,36 @@ import optax
 
 from linformer_jax import cli
 from linformer_jax import settings_flags
+from linformer_jax.analysis import flag_checks
 from linformer_jax.analysis import measuring
+from linformer_jax.analysis import tables
 from linformer_jax.analysis.benchmark_budget import ForwardPass
 from linformer_jax.analysis.benchmark_settings import VOCAB_SIZE
-from linformer_jax.analysis.pytorch_comparison_report import MEASURES
-from linformer_jax.analysis.pytorch_comparison_report import write_report
-from linformer_jax.analysis.pytorch_comparison_settings import INTEGER_SETTINGS
-from linformer_jax.analysis.pytorch_comparison_settings import MODES
-from linformer_jax.analysis.pytorch_comparison_settings import ComparisonSettings
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.settings_flags import setting
 
+MODES = ('forward', 'train')
+# The integer settings: positive, and passed to the PyTorch script as flags of their names.
+INTEGER_SETTINGS = (
+    'projected_len',
+    'num_layers',
+    'hidden_dim',
+    'num_heads',
+    'batch',
+    'repeats',
+    'threads',
+)
+# Each side's measures, the columns jax_* and torch_*.
+MEASURES = ('time_ms', 'time_min_ms', 'tokens_per_s')
+# The columns of comparison.csv: the cell, each side's measures, their ratio and what ran them.
+COLUMNS = (
+    *('seq_len', 'projected_len', 'mode', 'batch'),
+    *(f'{side}_{measure}' for side in ('jax', 'torch') for measure in MEASURES),
+    'ratio',
+    *('jax_version', 'jax_device', 'torch_version', 'linformer_version', 'torch_device', 'threads'),
+)
 # AdamW's learning rate on both sides (the value does not change the work).
 LEARNING_RATE = 1e-4
 # The PyTorch side, run by the interpreter that has torch and linformer.
@@ -50,6 +69,78 @@ TORCH_SCRIPT = (
 STDERR_TAIL_LINES = 15
 # The exit code of a PyTorch baseline that failed while running.
 BASELINE_FAILED_EXIT_CODE = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ComparisonSettings:
+  """What to measure, each field a flag of its name; bad values raise a ConfigError naming it."""
+
+  seq_lens: Sequence[int] = setting(
+      (512, 1024, 2048, 4096, 8192), 'Sequence lengths n; only n > k run.'
+  )
+  projected_len: int = setting(256, "Linformer's projected length k.")
+  num_layers: int = setting(2, 'Encoder layers.')
+  hidden_dim: int = setting(768, 'Model width (the MLP is 4 times as wide).')
+  num_heads: int = setting(12, 'Attention heads.')
+  batch: int = setting(1, 'Sequences per pass or step.')
+  repeats: int = setting(5, 'Timed runs per (n, mode), after a warm-up.')
+  modes: Sequence[str] = setting(
+      MODES, 'forward (inference pass), train (forward, backward, AdamW).'
+  )
+  threads: int = setting(
+      help_text="PyTorch's intra-op threads; default os.cpu_count() "
+      '(JAX on CPU uses one per core).',
+      default_factory=lambda: os.cpu_count() or 1,
+  )
+  torch_python: str = setting(
+      '.venv-torch/bin/python',
+      'The Python that has torch and linformer==0.2.3 (`make torch-baseline` makes it).',
+  )
+  out: Optional[str] = setting(
+      None, 'Directory for comparison.md and comparison.csv.', required=True
+  )
+
+  def __post_init__(self):
+    object.__setattr__(self, 'seq_lens', tuple(self.seq_lens))
+    object.__setattr__(self, 'modes', tuple(self.modes))
+    flag_checks.require_lengths('seq_lens', self.seq_lens)
+    flag_checks.require_model_dims(self, INTEGER_SETTINGS)
+    ok = self.modes and not set(self.modes) - set(MODES) and len(set(self.modes)) == len(self.modes)
+    advice = f'give one or more of {",".join(MODES)}, each once'
+    flag_checks.require(ok, 'modes', self.modes, advice)
+    if not self.measured_seq_lens:
+      raise ConfigError(
+          f'--projected_len={self.projected_len} leaves nothing to measure: it is >= every n '
+          f'in --seq_lens={",".join(map(str, self.seq_lens))}; use a k below '
+          f'{max(self.seq_lens)}.'
+      )
+
+  @property
+  def measured_seq_lens(self) -> tuple:
+    """The sequence lengths that Linformer compresses: n > k."""
+    return tuple(n for n in self.seq_lens if n > self.projected_len)
+
+  @property
+  def mlp_dim(self) -> int:
+    """The feed-forward width: `linformer`'s fixed 4 * dim."""
+    return 4 * self.hidden_dim
+
+  def model_config(self, seq_len: int) -> ModelConfig:
+    """Our model shaped as `linformer.Linformer(dim, seq_len, depth, k, heads)`."""
+    return ModelConfig(
+        vocab_size=VOCAB_SIZE,
+        max_len=seq_len,
+        num_layers=self.num_layers,
+        num_heads=self.num_heads,
+        hidden_dim=self.hidden_dim,
+        mlp_dim=self.mlp_dim,
+        attention='linformer',
+        projected_len=self.projected_len,
+        sharing='headwise',
+        projection='linear',
+        pre_layer_norm=True,
+        dropout_rate=0.0,
+    )
 
 
 class TorchBaselineError(RuntimeError):
@@ -84,9 +175,8 @@ def _train_step_times(config: ModelConfig, tokens: jax.Array, repeats: int) -> L
 
 
 def measure_jax(settings: ComparisonSettings, seq_len: int, mode: str) -> Dict[str, Any]:
-  """Times our model at one n in one mode: seq_len, mode, time_ms (median),
-  time_min_ms and tokens_per_s, as the PyTorch script's rows give them (and
-  time_max_ms)."""
+  """Times our model at one n in one mode: a row with the PyTorch script's
+  fields (seq_len, mode, time_ms (median), time_min_ms, tokens_per_s) and time_max_ms."""
   if mode not in MODES:
     raise ValueError(f'Unknown mode {mode!r}; use one of {MODES}.')
   tokens = measuring.random_tokens((settings.batch, seq_len), VOCAB_SIZE, seed=seq_len)
@@ -103,10 +193,6 @@ def check_torch_python(torch_python: str) -> None:
         'repository root to create .venv-torch with torch and linformer==0.2.3, or pass '
         '--torch_python=PATH of a Python that has them.'
     )
-
-
-def _stderr_tail(stderr: str) -> str:
-  return '\n'.join(stderr.strip().splitlines()[-STDERR_TAIL_LINES:])
 
 
 def run_torch_baseline(
@@ -134,10 +220,11 @@ def run_torch_baseline(
       f'--device={device}',
   ]
   result = subprocess.run(command, capture_output=True, text=True, check=False)
+  stderr_tail = '\n'.join(result.stderr.strip().splitlines()[-STDERR_TAIL_LINES:])
   if result.returncode:
     raise TorchBaselineError(
         f'The PyTorch baseline {script} failed (exit code {result.returncode}) under '
-        f'{torch_python}; the end of its stderr:\n{_stderr_tail(result.stderr)}'
+        f'{torch_python}; the end of its stderr:\n{stderr_tail}'
     )
   rows = []
   for line in result.stdout.splitlines():
@@ -154,7 +241,7 @@ def run_torch_baseline(
   if missing:
     raise TorchBaselineError(
         f'The PyTorch baseline {script} printed no row for (n, mode) {sorted(missing)}; '
-        f'the end of its stderr:\n{_stderr_tail(result.stderr)}'
+        f'the end of its stderr:\n{stderr_tail}'
     )
   return rows
 
@@ -217,6 +304,30 @@ def describe_run(settings: ComparisonSettings, rows: Sequence[Dict[str, Any]]) -
       'forward: one encoder pass; train: forward, cross-entropy on every token, backward, '
       'AdamW update. Ratio: JAX tokens/s over PyTorch tokens/s.'
   )
+
+
+def write_report(rows: Sequence[Dict[str, Any]], out_dir: str, header: str) -> str:
+  """Writes comparison.md (the header line and a table n | mode | JAX tokens/s |
+  PyTorch tokens/s | ratio) and comparison.csv into `out_dir`; returns the markdown."""
+  cells = [
+      (
+          row['seq_len'],
+          row['mode'],
+          tables.number_text(row['jax_tokens_per_s'], ',.0f', missing='-'),
+          tables.number_text(row['torch_tokens_per_s'], ',.0f', missing='-'),
+          '-' if row['ratio'] is None else f'{row["ratio"]:.2f}x',
+      )
+      for row in rows
+  ]
+  table = tables.markdown_table(
+      ('n', 'mode', 'JAX tokens/s', 'PyTorch tokens/s', 'ratio'), cells, 'rlrrr'
+  )
+  markdown = f'{header}\n\n{table}\n'
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, 'comparison.md'), 'w') as f:
+    f.write(markdown)
+  tables.write_csv(os.path.join(out_dir, 'comparison.csv'), rows, COLUMNS)
+  return markdown
 
 
 def _print_progress(row: Dict[str, Any]) -> None:

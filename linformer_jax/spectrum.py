@@ -45,14 +45,10 @@ _DECIMALS = 6
 
 
 def normalised_cumulative_singular_values(p: np.ndarray) -> np.ndarray:
-  """cumsum(s) / sum(s) of the singular values s of p, largest first.
+  """cumsum(s) / sum(s) of the singular values s of p [..., rows, columns], largest first.
 
-  Args:
-    p: [..., rows, columns], none of the matrices all zeros.
-
-  Returns:
-    float64 [..., min(rows, columns)]: non-decreasing, in [0, 1], ending at 1.
-    Entry i - 1 is the share of the i largest singular values.
+  Returns float64 [..., min(rows, columns)], entry i - 1 the share of the i largest:
+  non-decreasing, in [0, 1], ending at 1. A matrix of all zeros is a ValueError.
   """
   singular_values = np.linalg.svd(np.asarray(p, np.float64), compute_uv=False)
   cumulative = np.cumsum(singular_values, axis=-1)
@@ -85,14 +81,9 @@ def mean_curves(
     num_sequences: int,
     to_device=lambda batch: batch,
 ) -> Tuple[List[np.ndarray], int]:
-  """Normalised cumulative singular values averaged over the first `num_sequences`
-  rows with a real token of `batches` (dicts of 'inputs' and 'padding_mask', [batch, n]),
-  computed by `step` (`make_spectrum_step`) on each batch as `to_device` places it.
-
-  Returns:
-    Per layer the mean curves [heads, min(n, keys)], and the number of
-    sequences averaged.
-  """
+  """Per layer the mean curves [heads, min(n, keys)] of the first `num_sequences` rows
+  with a real token of `batches` ('inputs', 'padding_mask': [batch, n]), computed by
+  `step` (`make_spectrum_step`) on each batch as `to_device` places it; and their count."""
   sums: Optional[List[np.ndarray]] = None
   count = 0
   for batch in batches:
@@ -134,14 +125,12 @@ def spectrum_report(
   layers = []
   notes = []
   for layer, head_curves in enumerate(curves):
-    heads = []
-    for head, curve in enumerate(head_curves):
-      value, used = value_at_index(curve, index)
-      heads.append(
-          {'head': head, 'value_at_index': round(value, _DECIMALS), 'curve': _rounded(curve)}
-      )
     mean_curve = head_curves.mean(axis=0)
     mean_value, used = value_at_index(mean_curve, index)
+    heads = [
+        {'head': head, 'value_at_index': _rounded(curve)[used - 1], 'curve': _rounded(curve)}
+        for head, curve in enumerate(head_curves)
+    ]
     if used != index:
       notes.append(
           f'layer {layer}: index {index} clamped to {used}, the rank '
@@ -212,19 +201,9 @@ def plot_heatmap(report: Mapping[str, Any], path: str) -> None:
   if values.size <= 200:
     middle = (values.min() + values.max()) / 2
     for (layer, head), value in np.ndenumerate(values):
-      axis.text(
-          head,
-          layer,
-          f'{value:.3f}',
-          ha='center',
-          va='center',
-          fontsize=7,
-          color='black' if value > middle else 'white',
-      )
-  axis.set_xticks(range(heads))
-  axis.set_yticks(range(layers))
-  axis.set_xlabel('head')
-  axis.set_ylabel('layer')
+      color = 'black' if value > middle else 'white'
+      axis.text(head, layer, f'{value:.3f}', ha='center', va='center', fontsize=7, color=color)
+  axis.set(xticks=range(heads), yticks=range(layers), xlabel='head', ylabel='layer')
   indices = sorted({layer['index'] for layer in report['layers']})
   axis.set_title(f"value at index {', '.join(map(str, indices))}\n{title(report)}", fontsize=8)
   figure.colorbar(image, ax=axis)
@@ -235,11 +214,8 @@ def plot_heatmap(report: Mapping[str, Any], path: str) -> None:
 def compute_spectrum(
     config: ml_collections.ConfigDict, workdir: str, *, num_sequences: int = 64, index: int = 128
 ) -> Dict[str, Any]:
-  """The spectrum report of the newest checkpoint in workdir (see module doc).
-
-  Raises:
-    ConfigError: no checkpoint, a workdir of another model, bad flags or data.
-  """
+  """The spectrum report of the newest checkpoint in workdir (see module doc); a
+  ConfigError for no checkpoint, a workdir of another model, bad flags or data."""
   if num_sequences < 1:
     raise ConfigError(f'--num_sequences={num_sequences}: use a positive number.')
   if index < 1:
@@ -319,8 +295,7 @@ def main(_):
       parsed.config, parsed.workdir, num_sequences=settings.num_sequences, index=settings.index
   )
   print(f'{title(report)}: normalised cumulative singular values of P', flush=True)
-  for line in summary_lines(report):
-    print(line, flush=True)
+  print(*summary_lines(report), sep='\n', flush=True)
   with cli.saving_printed_results(out):
     paths = write_outputs(report, out)
   print(f"results in {', '.join(paths)}", flush=True)

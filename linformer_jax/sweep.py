@@ -47,30 +47,20 @@ _VARIANT_NAME = re.compile(r'^[A-Za-z0-9][A-Za-z0-9_.+-]*$')
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-  """One run of a sweep.
+  """One run of a sweep."""
 
-  Attributes:
-    name: the run's subdirectory of the sweep's workdir and its row label.
-    overrides: dotted config keys and the values they take in this run.
-  """
-
-  name: str
+  name: str  # the run's subdirectory of the sweep's workdir and its row label
+  # Dotted config keys and the values they take in this run.
   overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
 class Sweep:
-  """A base config and the variants that change it.
+  """A base config and the variants that change it."""
 
-  Attributes:
-    base: the config every variant starts from.
-    variants: the runs, in the order they train and appear in the report.
-    title: the heading of results.md and of the figure.
-  """
-
-  base: ml_collections.ConfigDict
-  variants: Sequence[Variant]
-  title: str = 'Sweep'
+  base: ml_collections.ConfigDict  # the config every variant starts from
+  variants: Sequence[Variant]  # in the order they train and appear in the report
+  title: str = 'Sweep'  # the heading of results.md and of the figure
 
 
 def _checked_sweep(candidate: Any, origin: str) -> Sweep:
@@ -99,17 +89,15 @@ def _checked_sweep(candidate: Any, origin: str) -> Sweep:
     checked.append(Variant(name, dict(overrides)))
   if not checked:
     raise ConfigError(f'{origin}: the sweep has no variants.')
-  return Sweep(
-      base=base, variants=tuple(checked), title=getattr(candidate, 'title', None) or 'Sweep'
-  )
+  title = getattr(candidate, 'title', None) or 'Sweep'
+  return Sweep(base=base, variants=tuple(checked), title=title)
 
 
 def load_sweep(path: str) -> Sweep:
   """Runs the sweep file at `path` and returns its `get_sweep()`."""
   if not os.path.isfile(path):
     raise ConfigError(
-        f'--sweep={path}: no such file; pass a sweep file such as '
-        'configs/sweeps/projected_len.py.'
+        f'--sweep={path}: no such file; pass a sweep file such as configs/sweeps/projected_len.py.'
     )
   module_name = '_sweep_file_' + re.sub(r'\W', '_', os.path.splitext(os.path.basename(path))[0])
   spec = importlib.util.spec_from_file_location(module_name, path)
@@ -149,25 +137,23 @@ def _field(
   return parent, name
 
 
-def _is_tuple_of(value: Any, element_type: type) -> bool:
-  return isinstance(value, (tuple, list)) and all(
-      isinstance(x, element_type) and not isinstance(x, bool) for x in value
-  )
+def _is_per_layer(value: Any) -> bool:
+  """Whether `value` is ints, one per layer, e.g. (16, 32, 64)."""
+  if not isinstance(value, (tuple, list)) or not value:
+    return False
+  return all(isinstance(x, int) and not isinstance(x, bool) for x in value)
 
 
 def _assign(config: ml_collections.ConfigDict, key: str, value: Any, origin: str) -> None:
-  """Sets dotted `key`, keeping ml_collections' type rules.
-
-  One exception: an int field also takes a tuple of ints, so that
-  model.projected_len can be given one k per layer.
-  """
+  """Sets dotted `key`, keeping ml_collections' type rules but one: an int field
+  also takes ints per layer, so that model.projected_len can be one k per layer."""
   parent, name = _field(config, key, origin)
   if isinstance(value, list):
     value = tuple(value)
   try:
     parent[name] = value
   except TypeError:
-    if not (parent.get_type(name) is int and value and _is_tuple_of(value, int)):
+    if not (parent.get_type(name) is int and _is_per_layer(value)):
       raise ConfigError(
           f'{origin}: {key}={value!r} is not allowed: config.{key} '
           f'holds a {parent.get_type(name).__name__}.'
@@ -176,29 +162,30 @@ def _assign(config: ml_collections.ConfigDict, key: str, value: Any, origin: str
       parent[name] = value
 
 
+_BOOLEANS = {'true': True, '1': True, 'yes': True, 'false': False, '0': False, 'no': False}
+
+
 def _parse_value(text: str, field_type: type) -> Any:
-  """`text` as a value of `field_type`; raises ValueError if it is not one."""
+  """`text` as a value of `field_type`; raises ValueError, KeyError (a bool)
+  or SyntaxError if it is not one."""
   if field_type is bool:
-    words = {'true': True, '1': True, 'yes': True, 'false': False, '0': False, 'no': False}
-    if text.strip().lower() not in words:
-      raise ValueError(text)
-    return words[text.strip().lower()]
+    return _BOOLEANS[text.strip().lower()]
   if field_type is str:
     return text
-  if field_type in (int, float):
+  if field_type is float:
+    return float(text)
+  if field_type is int:
     try:
-      return field_type(text)
+      return int(text)
     except ValueError:
-      value = ast.literal_eval(text)  # one value per layer, e.g. (16, 32, 64)
-      if field_type is int and value and _is_tuple_of(value, int):
-        return tuple(value)
-      raise
+      value = ast.literal_eval(text)
+      if not _is_per_layer(value):
+        raise
+      return tuple(value)
   value = ast.literal_eval(text)
-  if field_type in (tuple, list):
-    if not isinstance(value, (tuple, list)):
-      raise ValueError(text)
-    return tuple(value)
-  return value
+  if field_type in (tuple, list) and not isinstance(value, (tuple, list)):
+    raise ValueError(text)
+  return tuple(value) if field_type in (tuple, list) else value
 
 
 def parse_sets(base: ml_collections.ConfigDict, sets: Sequence[str]) -> Dict[str, Any]:
@@ -213,7 +200,7 @@ def parse_sets(base: ml_collections.ConfigDict, sets: Sequence[str]) -> Dict[str
     field_type = parent.get_type(name)
     try:
       value = _parse_value(text, field_type)
-    except (ValueError, SyntaxError, TypeError):
+    except (ValueError, KeyError, SyntaxError, TypeError):
       raise ConfigError(
           f'--set={item}: {text!r} is not a valid {field_type.__name__} for '
           f'config.{key} (now {parent[name]!r}).'
@@ -228,19 +215,14 @@ def parse_sets(base: ml_collections.ConfigDict, sets: Sequence[str]) -> Dict[str
 
 
 def variant_configs(sweep: Sweep, sets: Sequence[str] = ()) -> Dict[str, ml_collections.ConfigDict]:
-  """Every variant's validated config, in order: base, its overrides, then sets.
-
-  Raises:
-    ConfigError: an unknown key or a bad value in the sweep or in `sets`,
-      naming the variant and the key.
-  """
+  """Every variant's validated config, in order: base, its overrides, then sets;
+  a ConfigError naming the variant and the key for an unknown key or bad value."""
   # The parts that the sweep and its variants name register first, so that
   # the settings they declare are fields a variant or a --set may assign.
   base = copy.deepcopy(sweep.base)
-  for extensions in [base.get('extensions')] + [
-      variant.overrides.get('extensions') for variant in sweep.variants
-  ]:
-    import_extensions(extensions)
+  import_extensions(base.get('extensions'))
+  for variant in sweep.variants:
+    import_extensions(variant.overrides.get('extensions'))
   add_declared_settings(base)
   typed_sets = parse_sets(base, sets)
   configs = {}
@@ -260,24 +242,14 @@ def variant_configs(sweep: Sweep, sets: Sequence[str] = ()) -> Dict[str, ml_coll
   return configs
 
 
-def _check_existing_run(variant_dir: str, config: ml_collections.ConfigDict) -> None:
-  """Refuses a variant directory that holds a run of another model."""
-  path = os.path.join(variant_dir, 'config.json')
-  if os.path.exists(path):
-    with open(path) as f:
-      run_config.check_same_model(json.load(f), config, variant_dir)
-
-
 def _selected(sweep: Sweep, only: Optional[Sequence[str]]) -> List[Variant]:
-  if not only:
-    return list(sweep.variants)
   names = [variant.name for variant in sweep.variants]
-  unknown = [name for name in only if name not in names]
+  unknown = [name for name in only or () if name not in names]
   if unknown:
     raise ConfigError(
         f'--only: no variant named {", ".join(unknown)}; the sweep has {", ".join(names)}.'
     )
-  return [variant for variant in sweep.variants if variant.name in only]
+  return [variant for variant in sweep.variants if not only or variant.name in only]
 
 
 def run_sweep(
@@ -285,25 +257,21 @@ def run_sweep(
 ) -> Dict[str, Dict[str, Any]]:
   """Trains the variants not finished yet, then writes the report and figure.
 
-  Args:
-    sweep: the sweep, e.g. from `load_sweep`.
-    workdir: the sweep's directory; variant NAME runs in workdir/NAME.
-    only: names of the variants to run (default: all of them).
-    sets: `KEY=VALUE` overrides for every variant, e.g. 'total_steps=50'.
-
-  Returns:
-    The final results of each variant run, name -> eval_results.json contents.
-
-  Raises:
-    ConfigError: bad sweep, sets or names, a workdir that is not a folder
-      this process can write (or make), or a variant directory holding a run
-      of another model; raised before anything is trained or written.
+  Variant NAME runs in workdir/NAME; `only` names the variants to run (default:
+  all of them) and `sets` are `KEY=VALUE` overrides for every variant, e.g.
+  'total_steps=50'. Returns each run variant's eval_results.json, by name.
+  Before anything is trained or written, raises a ConfigError for a bad sweep,
+  sets or names, a workdir that is not a folder this process can write (or
+  make), or a variant directory holding a run of another model.
   """
   configs = variant_configs(sweep, sets)
   selected = _selected(sweep, only)
   storage.check_folder(workdir)
   for variant in selected:
-    _check_existing_run(os.path.join(workdir, variant.name), configs[variant.name])
+    saved = os.path.join(workdir, variant.name, 'config.json')
+    if os.path.exists(saved):  # refused if it is a run of another model
+      with open(saved) as f:
+        run_config.check_same_model(json.load(f), configs[variant.name], os.path.dirname(saved))
   os.makedirs(workdir, exist_ok=True)
   finished = {}
   try:
@@ -311,15 +279,12 @@ def run_sweep(
       variant_dir = os.path.join(workdir, variant.name)
       config = configs[variant.name]
       results = results_of(variant_dir)
+      progress = f'Variant {variant.name} ({number}/{len(selected)})'
       if results is not None and results.get('step') == config.total_steps:
-        training_run.report(
-            f'Variant {variant.name} ({number}/{len(selected)}) finished '
-            f'its {config.total_steps} steps before; skipping it.'
-        )
+        steps = config.total_steps
+        training_run.report(f'{progress} finished its {steps} steps before; skipping it.')
       else:
-        training_run.report(
-            f'Variant {variant.name} ({number}/{len(selected)}): {describe(variant.overrides)}'
-        )
+        training_run.report(f'{progress}: {describe(variant.overrides)}')
         results = trainer.train_and_evaluate(config, variant_dir)
       finished[variant.name] = results
   finally:
@@ -360,11 +325,8 @@ def main(_):
   sweep = load_sweep(settings.sweep)
   run_sweep(sweep, settings.workdir, only=list(settings.only), sets=list(settings.sets))
   print(report_table(sweep, settings.workdir), flush=True)
-  print(
-      f'Report in {os.path.join(settings.workdir, REPORT_FILE)}, figure in '
-      f'{os.path.join(settings.workdir, figure_file(sweep))}.',
-      flush=True,
-  )
+  figure = os.path.join(settings.workdir, figure_file(sweep))
+  print(f'Report in {os.path.join(settings.workdir, REPORT_FILE)}, figure in {figure}.', flush=True)
 
 
 if __name__ == '__main__':

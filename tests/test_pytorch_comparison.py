@@ -13,9 +13,8 @@ import sys
 import pytest
 
 from linformer_jax import pytorch_comparison
-from linformer_jax.analysis import pytorch_comparison_report
-from linformer_jax.analysis.pytorch_comparison_settings import ComparisonSettings
 from linformer_jax.errors import ConfigError
+from linformer_jax.pytorch_comparison import ComparisonSettings
 from linformer_jax.pytorch_comparison import TorchBaselineError
 
 TINY = dict(
@@ -77,7 +76,7 @@ def test_the_report_gives_ratios_of_jax_over_pytorch_in_markdown_and_csv(tmp_pat
       report_row(512, 'forward', 30000.0, 10000.0),
       report_row(512, 'train', 5000.0, 10000.0),
   ]
-  table = pytorch_comparison_report.write_report(rows, str(tmp_path), 'Devices and settings.')
+  table = pytorch_comparison.write_report(rows, str(tmp_path), 'Devices and settings.')
 
   assert (tmp_path / 'comparison.md').read_text() == table
   lines = table.splitlines()
@@ -87,7 +86,7 @@ def test_the_report_gives_ratios_of_jax_over_pytorch_in_markdown_and_csv(tmp_pat
   assert '| 512 | train | 5,000 | 10,000 | 0.50x |' in lines
   with open(tmp_path / 'comparison.csv') as f:
     written = list(csv.DictReader(f))
-  assert list(written[0]) == list(pytorch_comparison_report.COLUMNS)
+  assert list(written[0]) == list(pytorch_comparison.COLUMNS)
   assert [(r['mode'], float(r['ratio'])) for r in written] == [('forward', 3.0), ('train', 0.5)]
   assert written[0]['jax_time_ms'] == ''  # not in the row: an empty cell, not 'None'
 

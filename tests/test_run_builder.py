@@ -149,3 +149,22 @@ def test_a_config_saved_before_the_newer_fields_builds_with_the_values_of_its_ti
 
 def test_completing_a_new_config_changes_nothing():
   assert run_config.complete(tiny_config()).to_dict() == tiny_config().to_dict()
+
+
+def test_a_saved_setting_of_a_kind_not_imported_now_does_not_block_the_run():
+  """A run trained where an extension declared a setting saves it at its
+  default; read back where that extension is not imported (another process),
+  the setting belongs to no kind of the run, so it is not compared. A
+  setting both sides know is compared, at its default where either lacks it."""
+  config = run_config.complete(tiny.get_config())
+  saved = {
+      'model': {**config.model.to_dict(), 'a_setting_of_an_unimported_kind': 1.0},
+      'data': config.data.to_dict(),
+  }
+  run_config.check_same_model(saved, config, 'runs/x')  # no error
+  del saved['model']['hidden_dim']  # saved before the field existed: read at its default
+  config.model.hidden_dim = run_config.MODEL_DEFAULTS['hidden_dim']
+  run_config.check_same_model(saved, config, 'runs/x')  # no error
+  config.model.hidden_dim += 8
+  with pytest.raises(ConfigError, match='hidden_dim='):
+    run_config.check_same_model(saved, config, 'runs/x')

@@ -17,6 +17,7 @@ import pytest
 from linformer_jax import mesh_memory
 from linformer_jax.analysis import xla_targets
 from linformer_jax.errors import ConfigError
+from linformer_jax.training import compiled_step
 from linformer_jax.units import GIB
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -121,7 +122,7 @@ def test_xla_tpu_refusals_give_what_the_step_needs():
       'Total hbm usage >= 16.00G:\n    reserved        258.00M \n    program          14.47G \n'
       '    arguments         1.28G \n'
   )
-  need = mesh_memory._out_of_memory_need  # pylint: disable=protected-access
+  need = compiled_step.out_of_memory_need
   assert need(temporaries_only) == (0, int(29.90 * GIB))
   assert need(with_breakdown) == (int(1.28 * GIB), int(14.47 * GIB))
   assert need(RuntimeError('RESOURCE_EXHAUSTED: something else')) is None

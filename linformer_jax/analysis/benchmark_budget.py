@@ -50,9 +50,8 @@ class ForwardPass:
     """XLA's FLOPs and bytes accessed of the pass `compiled` at `batch`.
 
     XLA counts a loop's body once, so a pass run in inference chunks takes its
-    FLOPs from the same encoder compiled as one pass (the same arithmetic, less
-    the last chunk's padding) and reports no bytes accessed, which chunking
-    changes.
+    FLOPs from the encoder compiled as one pass (the same arithmetic, less the
+    last chunk's padding) and reports no bytes accessed, which chunking changes.
     """
     config = self.config
     if inference_chunks.inference_chunk(config, config.max_len, deterministic=True) is None:
@@ -74,29 +73,36 @@ def parameter_bytes(variables: Any) -> int:
   )
 
 
+def search_batches(
+    fits: Callable[[int], bool],
+    fitting: int,
+    missing: Optional[int],
+    probe: int,
+    grow: Callable[[int], int],
+    more_calls: Callable[[], bool] = lambda: True,
+) -> Tuple[int, Optional[int]]:
+  """Narrows `fitting` (a batch that fits) and `missing` (the smallest batch known
+  not to, None if none): tries `probe`, then `grow(fitting)` until a batch
+  misses, then bisects; stops where the next probe is not between the two or
+  `more_calls()` is False. Returns the last (fitting, missing).
+  """
+  while more_calls() and fitting < probe and (missing is None or probe < missing):
+    if fits(probe):
+      fitting = probe
+    else:
+      missing = probe
+    probe = grow(fitting) if missing is None else (fitting + missing) // 2
+  return fitting, missing
+
+
 def largest_fitting_batch(fits: Callable[[int], bool], max_batch: int) -> Optional[int]:
   """The largest batch in [1, max_batch] for which `fits` holds; None if 1 does not.
 
-  Doubles from 1 until a batch misses (or max_batch fits), then bisects
-  between the last batch that fit and the first that missed: about
+  Doubles from 1 until a batch misses (or max_batch fits), then bisects: about
   2 log2(answer) calls. Assumes that a batch fits whenever a larger one does.
   """
-  if not fits(1):
-    return None
-  fitting, missing = 1, None
-  while missing is None and fitting < max_batch:
-    candidate = min(2 * fitting, max_batch)
-    if fits(candidate):
-      fitting = candidate
-    else:
-      missing = candidate
-  while missing is not None and missing - fitting > 1:
-    middle = (fitting + missing) // 2
-    if fits(middle):
-      fitting = middle
-    else:
-      missing = middle
-  return fitting
+  fitting, _ = search_batches(fits, 0, None, 1, lambda fitting: min(2 * fitting, max_batch))
+  return fitting or None
 
 
 def compile_within_budget(
@@ -105,11 +111,10 @@ def compile_within_budget(
   """The pass compiled at the largest batch within the budget, and the row's fields.
 
   The budget counts `budgeted_bytes`; batches up to max_batch are tried. The
-  fields are batch, budget_batch, the compiled bytes, bytes_per_sequence (the
-  compiled bytes less the parameters', over the batch) and a note where the
-  search was capped. Where batch 1 does not fit, the pass is None and the
-  fields hold batch 1's bytes (if it compiled) and a note saying why the cell
-  is skipped.
+  fields are batch, budget_batch, the compiled bytes, bytes_per_sequence (less
+  the parameters', over the batch) and a note where the search was capped.
+  Where batch 1 does not fit, the pass is None and the fields hold batch 1's
+  bytes (if it compiled) and a note saying why the cell is skipped.
   """
   kept = {}
 

@@ -1,48 +1,24 @@
 """Output of the whole-model benchmark: results.csv, table.md and the plots.
 
 The rows come from `linformer_jax.benchmark`, one per (model, n, k), keyed by
-COLUMNS. table.md states the method, then the paper's Table 3 against each
-Transformer of the grid, the measured numbers behind the ratios and a summary
-(the matmul rate, the utilisation at n=4096, the skipped cells); the plots
-show time per token and memory against n. See docs/benchmarks.md.
+COLUMNS; the plots show time per token and memory against n. See
+docs/benchmarks.md.
 """
 
+import functools
 import os
 from typing import Any, Callable, Dict, List, Optional
 
-from linformer_jax.analysis.tables import MISSING
-from linformer_jax.analysis.tables import markdown_table
-from linformer_jax.analysis.tables import new_axes
-from linformer_jax.analysis.tables import number_text
-from linformer_jax.analysis.tables import ratio_text
-from linformer_jax.analysis.tables import write_csv
+from linformer_jax.analysis import tables
 from linformer_jax.units import GIB
 from linformer_jax.units import MIB
 
 # The fields of a row, in the order of results.csv's columns.
-COLUMNS = (
-    'model',
-    'seq_len',
-    'projected_len',
-    'batch',
-    'time_ms',
-    'time_min_ms',
-    'time_max_ms',
-    'temp_bytes',
-    'argument_bytes',
-    'output_bytes',
-    'peak_bytes',
-    'tokens_per_s',
-    'us_per_token',
-    'flops',
-    'bytes_accessed',
-    'utilisation',
-    'train_tokens_per_s',
-    'note',
-    'budget_batch',
-    'bytes_per_sequence',
-    'inference_chunk',
-    'attention_kernel',
+COLUMNS = tuple(
+    'model seq_len projected_len batch time_ms time_min_ms time_max_ms temp_bytes argument_bytes '
+    'output_bytes peak_bytes tokens_per_s us_per_token flops bytes_accessed utilisation '
+    'train_tokens_per_s note budget_batch bytes_per_sequence inference_chunk '
+    'attention_kernel'.split()
 )
 # The models of the grid: the paper's Transformer (one pass, our einsums), the
 # memory-efficient one a user would pick (docs/benchmarks.md), and Linformer.
@@ -52,6 +28,8 @@ LINFORMER = 'linformer'
 MODELS = (TRANSFORMER, EFFICIENT_TRANSFORMER, LINFORMER)
 # Cell of the summary line: the paper quotes k = 256 at n = 4096.
 HEADLINE_CELL = (4096, 256)
+# A number of the details table: empty where it was not measured.
+_detail = functools.partial(tables.number_text, missing='')
 
 
 def memory_bytes(row: Dict[str, Any]) -> Optional[int]:
@@ -75,20 +53,18 @@ def series_label(model: str, projected_len: int) -> str:
 
 
 def _find(rows, model: str, seq_len: int, projected_len: int = 0):
-  for row in rows:
-    if (row['model'], row['seq_len'], row['projected_len']) == (model, seq_len, projected_len):
-      return row
-  return None
+  cell = (model, seq_len, projected_len)
+  return next((r for r in rows if (r['model'], r['seq_len'], r['projected_len']) == cell), None)
 
 
 def _ratios(linformer: Dict[str, Any], full: Optional[Dict[str, Any]], by_budget: bool) -> str:
   """Linformer's 'speed-up / memory saving' over the baseline `full` (None if missing)."""
-  speed_up = ratio_text(linformer['tokens_per_s'], full and full['tokens_per_s'])
+  speed_up = tables.ratio_text(linformer['tokens_per_s'], full and full['tokens_per_s'])
   if by_budget:
-    saving = ratio_text(full and full['bytes_per_sequence'], linformer['bytes_per_sequence'])
+    saving = tables.ratio_text(full and full['bytes_per_sequence'], linformer['bytes_per_sequence'])
     return f'{speed_up} / {saving}'
-  saving = ratio_text(full and memory_bytes(full), memory_bytes(linformer))
-  activation_saving = ratio_text(full and full['temp_bytes'], linformer['temp_bytes'])
+  saving = tables.ratio_text(full and memory_bytes(full), memory_bytes(linformer))
+  activation_saving = tables.ratio_text(full and full['temp_bytes'], linformer['temp_bytes'])
   return f'{speed_up} / {saving} ({activation_saving})'
 
 
@@ -97,11 +73,8 @@ def format_table(
 ) -> str:
   """Table 3's layout: rows n, columns k, cells 'speed-up / memory saving'.
 
-  Linformer against `baseline` (TRANSFORMER or EFFICIENT_TRANSFORMER), with
-  the ratios `describe_method` states: at a fixed batch, compiled temporary +
-  argument bytes and, in brackets, the temporaries alone (the part that grows
-  with the batch); `by_budget` (rows at their memory-budget batches), bytes
-  per sequence.
+  Linformer against `baseline`, with the ratios `describe_method` states;
+  `by_budget`: the rows ran at their memory-budget batches.
   """
   projected_lens = sorted({row['projected_len'] for row in rows if row['model'] == LINFORMER})
   table_rows = []
@@ -110,42 +83,35 @@ def format_table(
     cells = [seq_len]
     for projected_len in projected_lens:
       linformer = _find(rows, LINFORMER, seq_len, projected_len)
-      cells.append(MISSING if linformer is None else _ratios(linformer, full, by_budget))
+      cells.append(tables.MISSING if linformer is None else _ratios(linformer, full, by_budget))
     table_rows.append(cells)
-  return markdown_table(['n'] + [f'k = {k}' for k in projected_lens], table_rows)
+  return tables.markdown_table(['n'] + [f'k = {k}' for k in projected_lens], table_rows)
 
 
 def format_details(rows: List[Dict[str, Any]], by_budget: bool = False) -> str:
-  """The measured numbers behind the ratios, one line per cell.
-
-  `by_budget` adds each cell's bytes per sequence at its memory-budget batch.
-  """
-  per_sequence_header = ' MiB/sequence |' if by_budget else ''
-  lines = [
-      '| model | n | k | batch | time ms (min–max) | us/token | temp + args MiB | '
-      f'GFLOP | utilisation | train tokens/s |{per_sequence_header}',
-      '|---|---|---|---|---|---|---|---|---|---|' + '---|' * by_budget,
-  ]
+  """The numbers behind the ratios, one line per cell; `by_budget` adds bytes per sequence."""
+  header = (
+      'model | n | k | batch | time ms (min–max) | us/token | temp + args MiB | GFLOP | '
+      'utilisation | train tokens/s'
+  ).split(' | ') + ['MiB/sequence'] * by_budget
+  table_rows = []
   for row in rows:
-    memory = memory_bytes(row)
-    timing = (
-        ''
-        if row['time_ms'] is None
-        else f"{row['time_ms']:.1f} ({row['time_min_ms']:.1f}–{row['time_max_ms']:.1f})"
-    )
-    per_sequence = row['bytes_per_sequence']
-    per_sequence_cell = f" {number_text(per_sequence and per_sequence / MIB, '.2f', missing='')} |"
-    lines.append(
-        f"| {row['model']} | {row['seq_len']} | {row['projected_len'] or ''} | "
-        f"{number_text(row['batch'], 'd', missing='')} | "
-        f"{timing} | {number_text(row['us_per_token'], '.1f', missing='')} | "
-        f"{number_text(memory and memory / MIB, '.1f', missing='')} | "
-        f"{number_text(row['flops'] and row['flops'] / 1e9, '.1f', missing='')} | "
-        f"{number_text(row['utilisation'], '.1%', missing='')} | "
-        f"{number_text(row['train_tokens_per_s'], '.0f', missing='')} |"
-        + per_sequence_cell * by_budget
-    )
-  return '\n'.join(lines)
+    timing = ''
+    if row['time_ms'] is not None:
+      timing = f"{row['time_ms']:.1f} ({row['time_min_ms']:.1f}–{row['time_max_ms']:.1f})"
+    cells = [row['model'], row['seq_len'], row['projected_len'] or '', _detail(row['batch'], 'd')]
+    cells += [
+        timing,
+        _detail(row['us_per_token'], '.1f'),
+        _detail(memory_bytes(row), '.1f', scale=MIB),
+        _detail(row['flops'], '.1f', scale=1e9),
+        _detail(row['utilisation'], '.1%'),
+        _detail(row['train_tokens_per_s'], '.0f'),
+    ]
+    if by_budget:
+      cells.append(_detail(row['bytes_per_sequence'], '.2f', scale=MIB))
+    table_rows.append(cells)
+  return tables.markdown_table(header, table_rows)
 
 
 def format_summary(rows: List[Dict[str, Any]], matmul_gflops: float) -> str:
@@ -158,10 +124,8 @@ def format_summary(rows: List[Dict[str, Any]], matmul_gflops: float) -> str:
       name = f'Linformer (k={k})' if model == LINFORMER else series_label(model, k)
       line = f"Utilisation at n={seq_len}, {name}: {row['utilisation']:.1%} of the matmul rate"
       if row['bytes_accessed']:
-        line += (
-            f"; {row['flops'] / row['bytes_accessed']:.1f} FLOPs per byte "
-            'accessed (XLA cost analysis)'
-        )
+        intensity = row['flops'] / row['bytes_accessed']
+        line += f'; {intensity:.1f} FLOPs per byte accessed (XLA cost analysis)'
       lines.append(line + '.')
   notes = [f"- {cell_name(row)}: {row['note']}" for row in rows if row['note']]
   if notes:
@@ -170,7 +134,7 @@ def format_summary(rows: List[Dict[str, Any]], matmul_gflops: float) -> str:
 
 
 def _plot(rows, value: Callable, ylabel: str, title: str, path: str) -> None:
-  figure, axes = new_axes((6, 4))
+  figure, axes = tables.new_axes((6, 4))
   series = sorted(
       {(row['model'], row['projected_len']) for row in rows},
       key=lambda s: (s[0] == LINFORMER, s[0] == EFFICIENT_TRANSFORMER, s[1]),
@@ -186,10 +150,7 @@ def _plot(rows, value: Callable, ylabel: str, title: str, path: str) -> None:
   if axes.lines:
     axes.legend()
   axes.set_xscale('log', base=2)
-  axes.set_yscale('log')
-  axes.set_xlabel('sequence length n')
-  axes.set_ylabel(ylabel)
-  axes.set_title(title)
+  axes.set(yscale='log', xlabel='sequence length n', ylabel=ylabel, title=title)
   axes.grid(True, which='both', alpha=0.3)
   figure.tight_layout()
   figure.savefig(path, dpi=100)
@@ -218,12 +179,10 @@ def format_tables(rows: List[Dict[str, Any]], memory_budget_bytes: Optional[floa
   baselines = {TRANSFORMER: "Transformer (one pass, einsum attention: the paper's baseline)"}
   efficient = next((row for row in rows if row['model'] == EFFICIENT_TRANSFORMER), None)
   if efficient:
-    chunk = efficient['inference_chunk']
+    chunk, kernel = efficient['inference_chunk'], efficient['attention_kernel']
     execution = f'inference chunk {chunk}' if chunk else 'one pass'
-    kernel = efficient['attention_kernel']
-    baselines[EFFICIENT_TRANSFORMER] = (
-        f'memory-efficient Transformer ({execution}, attention kernel {kernel})'
-    )
+    efficient_name = f'memory-efficient Transformer ({execution}, attention kernel {kernel})'
+    baselines[EFFICIENT_TRANSFORMER] = efficient_name
   parts = [describe_method(rows, memory_budget_bytes)]
   for baseline, name in baselines.items():
     caption = f'Linformer over the {name} at the same n, speed-up / memory saving:'
@@ -238,15 +197,14 @@ def write_outputs(
     header: str = '',
     memory_budget_bytes: Optional[float] = None,
 ) -> str:
-  """Writes results.csv, table.md and the two plots into out_dir; returns table.md's text.
+  """Writes results.csv, table.md (under `header`) and the two plots into out_dir.
 
-  `header` is table.md's first line, e.g. the device and settings;
-  memory_budget_bytes is the budget the rows' batches were found for, None
-  when they ran at a fixed batch.
+  Returns table.md's text. memory_budget_bytes is the budget the rows' batches
+  were found for, None when they ran at a fixed batch.
   """
   by_budget = memory_budget_bytes is not None
   os.makedirs(out_dir, exist_ok=True)
-  write_csv(os.path.join(out_dir, 'results.csv'), rows, COLUMNS)
+  tables.write_csv(os.path.join(out_dir, 'results.csv'), rows, COLUMNS)
   parts = [
       header,
       *format_tables(rows, memory_budget_bytes),

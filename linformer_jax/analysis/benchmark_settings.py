@@ -1,12 +1,8 @@
-"""The settings of `python -m linformer_jax.benchmark`, whose flags they are.
-
-How the cells are measured is `linformer_jax.benchmark`; docs/benchmarks.md
-describes the command.
-"""
+"""The settings of `python -m linformer_jax.benchmark`, whose flags they are."""
 
 import dataclasses
 import os
-from typing import Dict, Optional, Sequence
+from typing import Optional, Sequence
 
 import jax
 
@@ -32,14 +28,8 @@ BUDGET_RUNTIME_FACTOR = 1.5
 # The attention kernels that run on one backend only: its name and the device.
 _KERNEL_DEVICES = {'cudnn': ('gpu', 'an NVIDIA GPU'), 'pallas': ('tpu', 'a TPU')}
 # The settings that must be positive integers (each is the flag of its name).
-_POSITIVE_SETTINGS = (
-    'num_layers',
-    'hidden_dim',
-    'num_heads',
-    'mlp_dim',
-    'batch',
-    'repeats',
-    'max_batch',
+_POSITIVE_SETTINGS = tuple(
+    'num_layers hidden_dim num_heads mlp_dim batch repeats max_batch'.split()
 )
 
 
@@ -48,18 +38,11 @@ def memory_limit_of_flag(limit_gb: Optional[float]) -> float:
   return default_memory_limit_bytes() if limit_gb is None else limit_gb * GIB
 
 
-def memory_budget_of_flag(budget_gb: Optional[float]) -> Optional[float]:
-  """--memory_budget_gb in bytes; unset, None (a fixed batch)."""
-  return None if budget_gb is None else budget_gb * GIB
-
-
 @dataclasses.dataclass(frozen=True)
 class BenchmarkSettings:
-  """What to measure; invalid values raise a ConfigError naming the flag.
+  """What to measure: each field is the flag of its name, or of `flag` (in GiB for bytes).
 
-  Each field is the command's flag of its name, but memory_limit_bytes and
-  memory_budget_bytes, which --memory_limit_gb and --memory_budget_gb give in
-  GiB. num_heads must divide hidden_dim; attention_kernel 'pallas' needs a TPU.
+  Invalid values raise a ConfigError naming the flag.
   """
 
   seq_lens: Sequence[int] = setting(tuple(2**p for p in range(9, 17)), 'Sequence lengths n.')
@@ -105,7 +88,7 @@ class BenchmarkSettings:
       'temporary + argument + output bytes fit this many GiB, instead of --batch; '
       'at most --memory_limit_gb / 1.5 (a budget run peaks at about 1.5 times it).',
       flag='memory_budget_gb',
-      from_flag=memory_budget_of_flag,
+      from_flag=lambda budget_gb: None if budget_gb is None else budget_gb * GIB,
   )
   max_batch: int = setting(4096, 'The largest batch the --memory_budget_gb search tries.')
   out: Optional[str] = setting(
@@ -123,9 +106,8 @@ class BenchmarkSettings:
     flag_checks.require(ok, 'matmul_sizes', self.matmul_sizes, advice)
     if min(self.projected_lens) >= max(self.seq_lens):
       raise ConfigError(
-          f'--projected_lens={",".join(map(str, self.projected_lens))} leaves no '
-          f'Linformer cell: every k is >= every n in --seq_lens; use some k < '
-          f'{max(self.seq_lens)}.'
+          f'--projected_lens={",".join(map(str, self.projected_lens))} leaves no Linformer cell: '
+          f'every k is >= every n in --seq_lens; use some k < {max(self.seq_lens)}.'
       )
     if not self.memory_limit_bytes > 0:
       raise ConfigError('--memory_limit_gb must be positive.')
@@ -171,12 +153,7 @@ class BenchmarkSettings:
   def model_config(
       self, model: str, seq_len: int, projected_len: Optional[int] = None
   ) -> ModelConfig:
-    """The encoder of one cell of `model`; k is unused (and set to n) but for Linformer.
-
-    The paper's Transformer runs one pass with einsum attention; the efficient
-    one with the settings' chunk and kernel; Linformer with the chunk and
-    einsum attention.
-    """
+    """The encoder of one cell of `model`; k is unused (and set to n) but for Linformer."""
     if model not in benchmark_report.MODELS:
       raise ValueError(f'Unknown benchmark model {model!r}; use one of {benchmark_report.MODELS}.')
     return ModelConfig(
@@ -199,17 +176,12 @@ class BenchmarkSettings:
 
 def default_memory_limit_bytes() -> float:
   """80% of what JAX may allocate on the first device, else of the host's RAM."""
-  stats = memory_stats()
+  try:
+    stats = jax.devices()[0].memory_stats()
+  except (NotImplementedError, RuntimeError):
+    stats = None
   if stats and stats.get('bytes_limit'):
     total = stats['bytes_limit']
   else:
     total = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
   return DEFAULT_MEMORY_FRACTION * total
-
-
-def memory_stats() -> Optional[Dict[str, int]]:
-  """The first device's memory statistics, None where it keeps none."""
-  try:
-    return jax.devices()[0].memory_stats()
-  except (NotImplementedError, RuntimeError):
-    return None

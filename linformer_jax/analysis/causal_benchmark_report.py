@@ -2,14 +2,10 @@
 its plots and its CSV."""
 
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
+from linformer_jax.analysis import tables
 from linformer_jax.analysis.benchmark_report import memory_bytes
-from linformer_jax.analysis.tables import markdown_table
-from linformer_jax.analysis.tables import new_axes
-from linformer_jax.analysis.tables import number_text
-from linformer_jax.analysis.tables import ratio_text
-from linformer_jax.analysis.tables import write_csv
 from linformer_jax.units import MIB
 
 COLUMNS = tuple(
@@ -17,7 +13,6 @@ COLUMNS = tuple(
     'time_max_ms tokens_per_s argument_bytes output_bytes temp_bytes alias_bytes cache_bytes '
     'flops flops_per_token cache_donated dtype device note'.split()
 )
-
 
 # "Flat within 25%": the Linformer's ms/token at the largest C over that at the smallest.
 GROWTH_GOAL = 1.25
@@ -44,34 +39,32 @@ def format_generation(rows: List[Dict[str, Any]]) -> str:
     full, lin = (_find(rows, 'generation', m, context) for m in ('transformer', 'linformer'))
     body.append(
         [str(context)]
-        + [number_text(r['time_ms'], '.3f') for r in (full, lin)]
-        + [ratio_text(full['time_ms'], lin['time_ms'], 2)]
-        + [number_text(r['tokens_per_s'], '.1f') for r in (full, lin)]
-        + [number_text(r['cache_bytes'], '.1f', scale=MIB) for r in (full, lin)]
-        + [ratio_text(full['cache_bytes'], lin['cache_bytes'], 2)]
-        + [number_text(r['flops_per_token'], '.4f', scale=1e9) for r in (full, lin)]
+        + [tables.number_text(r['time_ms'], '.3f') for r in (full, lin)]
+        + [tables.ratio_text(full['time_ms'], lin['time_ms'], 2)]
+        + [tables.number_text(r['tokens_per_s'], '.1f') for r in (full, lin)]
+        + [tables.number_text(r['cache_bytes'], '.1f', scale=MIB) for r in (full, lin)]
+        + [tables.ratio_text(full['cache_bytes'], lin['cache_bytes'], 2)]
+        + [tables.number_text(r['flops_per_token'], '.4f', scale=1e9) for r in (full, lin)]
     )
   header = ['C', 'Transformer ms/token', 'Linformer ms/token', 'speed-up']
   header += ['Transformer tokens/s', 'Linformer tokens/s', 'Transformer cache MiB']
   header += ['Linformer cache MiB', 'cache saving', 'Transformer GFLOP/token']
-  return markdown_table(header + ['Linformer GFLOP/token'], body)
-
-
-def growth(rows: List[Dict[str, Any]], model: str) -> Optional[tuple]:
-  """(smallest C, largest C, ms/token at the largest over at the smallest) of the
-  model's timed generation rows; None with fewer than two."""
-  timed = sorted(
-      (r['length'], r['time_ms'])
-      for r in rows
-      if (r['benchmark'], r['model']) == ('generation', model) and r['time_ms']
-  )
-  return (timed[0][0], timed[-1][0], timed[-1][1] / timed[0][1]) if len(timed) > 1 else None
+  return tables.markdown_table(header + ['Linformer GFLOP/token'], body)
 
 
 def format_growth(rows: List[Dict[str, Any]]) -> str:
-  """Each model's growth of ms/token with C, beside the Linformer's goal; '' if none."""
-  found = {model: growth(rows, model) for model in ('transformer', 'linformer')}
-  lines = [f'- {m}: {g[2]:.2f}x from C={g[0]} to C={g[1]}' for m, g in found.items() if g]
+  """Each model's growth of ms/token from its smallest timed C to its largest, beside
+  the Linformer's goal; '' if no model has two."""
+  lines = []
+  for model in ('transformer', 'linformer'):
+    timed = sorted(
+        (r['length'], r['time_ms'])
+        for r in rows
+        if (r['benchmark'], r['model']) == ('generation', model) and r['time_ms']
+    )
+    if len(timed) > 1:
+      (first, first_ms), (last, last_ms) = timed[0], timed[-1]
+      lines.append(f'- {model}: {last_ms / first_ms:.2f}x from C={first} to C={last}')
   goal = f'goal for the Linformer: flat within {GROWTH_GOAL - 1:.0%}, at most {GROWTH_GOAL}x'
   return f'Growth of the time per token with C ({goal}):\n' + '\n'.join(lines) if lines else ''
 
@@ -83,20 +76,20 @@ def format_forward(rows: List[Dict[str, Any]]) -> str:
     full = _find(rows, 'forward', 'transformer', lin['length'])
     body.append(
         [str(lin['length']), str(lin['query_blocks_per_step'] or 'all')]
-        + [number_text(r['time_ms'], '.1f') for r in (full, lin)]
-        + [ratio_text(full['time_ms'], lin['time_ms'], 2)]
-        + [number_text(memory_bytes(r), '.1f', scale=MIB) for r in (full, lin)]
-        + [ratio_text(memory_bytes(full), memory_bytes(lin), 2)]
-        + [ratio_text(full['temp_bytes'], lin['temp_bytes'], 2)]
+        + [tables.number_text(r['time_ms'], '.1f') for r in (full, lin)]
+        + [tables.ratio_text(full['time_ms'], lin['time_ms'], 2)]
+        + [tables.number_text(memory_bytes(r), '.1f', scale=MIB) for r in (full, lin)]
+        + [tables.ratio_text(memory_bytes(full), memory_bytes(lin), 2)]
+        + [tables.ratio_text(full['temp_bytes'], lin['temp_bytes'], 2)]
     )
   header = ['n', 'Linformer query blocks per step', 'Transformer ms', 'Linformer ms', 'speed-up']
   header += ['Transformer MiB', 'Linformer MiB', 'memory saving', 'saving on temporaries']
-  return markdown_table(header, body)
+  return tables.markdown_table(header, body)
 
 
-def _plot(rows, name: str, xlabel: str, ylabel: str, title: str, path: str) -> None:
-  """Median time against length, one line per model (and query blocks per step)."""
-  figure, axes = new_axes((6, 4))
+def _plot(rows, name: str, xlabel: str, ylabel: str, title: str, out_dir: str) -> None:
+  """NAME.png: median time against length, one line per model (and query blocks per step)."""
+  figure, axes = tables.new_axes((6, 4))
   rows = [r for r in rows if r['benchmark'] == name and r['time_ms'] is not None]
   for series in sorted({(r['model'], r['query_blocks_per_step']) for r in rows}, reverse=True):
     points = [r for r in rows if (r['model'], r['query_blocks_per_step']) == series]
@@ -111,13 +104,13 @@ def _plot(rows, name: str, xlabel: str, ylabel: str, title: str, path: str) -> N
   axes.set_xscale('log', base=2)
   axes.grid(True, which='both', alpha=0.3)
   figure.tight_layout()
-  figure.savefig(path, dpi=100)
+  figure.savefig(os.path.join(out_dir, f'{name}.png'), dpi=100)
 
 
 def write_outputs(rows: List[Dict[str, Any]], out_dir: str, header: str = '') -> str:
   """Writes results.csv, table.md, generation.png and forward.png; returns table.md's text."""
   os.makedirs(out_dir, exist_ok=True)
-  write_csv(os.path.join(out_dir, 'results.csv'), rows, COLUMNS)
+  tables.write_csv(os.path.join(out_dir, 'results.csv'), rows, COLUMNS)
   parts = [header]
   if any(r['benchmark'] == 'generation' for r in rows):
     parts.append(
@@ -136,9 +129,6 @@ def write_outputs(rows: List[Dict[str, Any]], out_dir: str, header: str = '') ->
   text = '\n\n'.join(part for part in parts if part) + '\n'
   with open(os.path.join(out_dir, 'table.md'), 'w') as f:
     f.write(text)
-  for name, xlabel, ylabel, title in (
-      ('generation', 'context C', 'ms per token', 'Generation: time per token'),
-      ('forward', 'sequence length n', 'forward time (ms)', 'Causal forward pass'),
-  ):
-    _plot(rows, name, xlabel, ylabel, title, os.path.join(out_dir, f'{name}.png'))
+  _plot(rows, 'generation', 'context C', 'ms per token', 'Generation: time per token', out_dir)
+  _plot(rows, 'forward', 'sequence length n', 'forward time (ms)', 'Causal forward pass', out_dir)
   return text

@@ -25,14 +25,11 @@ def generate_corpus(
 ) -> Dict[str, Any]:
   """Writes (or reuses) a corpus of about `size_mb` MiB of training text in `folder`.
 
-  Training files train-NNNNN.txt hold whole documents separated by blank lines,
-  in the order of a permutation seeded by (seed, file index), about FILE_BYTES
-  each; validation.txt holds the validation documents once. `documents` are
-  (train, validation) lists, default the embedded corpus's; only they are held in
-  memory, whatever the size. A folder whose manifest matches is reused as it is.
-
-  Returns:
-    The manifest (also folder/corpus.json): file count and bytes of each split.
+  Training files train-NNNNN.txt hold whole documents separated by blank lines, in the order
+  of a permutation seeded by (seed, file index), about FILE_BYTES each; validation.txt holds
+  the validation documents once. `documents` are (train, validation) lists, default the
+  embedded corpus's; only they are held in memory, whatever the size. A folder whose manifest
+  matches is reused as it is. Returns the manifest, also written to folder/corpus.json.
   """
   manifest_path = folder / CORPUS_MANIFEST
   wanted = {'size_mb': size_mb, 'seed': seed, 'file_bytes': FILE_BYTES}
@@ -40,10 +37,7 @@ def generate_corpus(
     manifest = json.loads(manifest_path.read_text())
     if all(manifest.get(key) == value for key, value in wanted.items()):
       return manifest
-  train, validation = documents or (
-      embedded.embedded_documents('train'),
-      embedded.embedded_documents('validation'),
-  )
+  train, validation = documents or tuple(map(embedded.embedded_documents, ('train', 'validation')))
   encoded = [text.encode('utf-8') for text in train]
   if not encoded or not validation:
     raise ValueError('generate_corpus needs training and validation documents.')

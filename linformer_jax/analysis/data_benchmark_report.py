@@ -34,15 +34,13 @@ def config_arguments(config_path: str, overrides: Mapping[str, Any]) -> List[str
 def machine_description() -> Dict[str, Any]:
   """CPU count and model, total RAM and platform."""
   cpuinfo = pathlib.Path('/proc/cpuinfo')
-  names = re.findall(
-      r'^model name\s*: (.*)$', cpuinfo.read_text() if cpuinfo.exists() else '', re.M
-  )
-  model = names[0] if names else platform.processor()
+  text = cpuinfo.read_text() if cpuinfo.exists() else ''
+  names = re.findall(r'^model name\s*: (.*)$', text, re.M)
   return {
       'cpus': os.cpu_count(),
       'physical_cpus': psutil.cpu_count(logical=False),
       'ram_gib': psutil.virtual_memory().total / GIB,
-      'cpu_model': model,
+      'cpu_model': names[0] if names else platform.processor(),
       'platform': platform.platform(),
   }
 
@@ -68,26 +66,23 @@ TABLE_ROWS = (
     ),
 )
 
+# The rows of each loader setting: (measure, format of the setting's summary).
+SETTING_ROWS = (
+    ('M tokens/s, best / median', '{best_tokens_per_s} / {median_tokens_per_s}'),
+    ('M tokens/s per core, best / median', '{best_tokens_per_core_s} / {median_tokens_per_core_s}'),
+    ('cores used', '{median_cores_used:.2f}'),
+)
+
 
 def _loader_rows(sizes: Mapping[str, Any]) -> List[Tuple[str, str, str]]:
-  """Rows for each loader setting timed at any size: M tokens/s and M tokens/s
-  per core as best / median, and the median cores used."""
+  """SETTING_ROWS for each loader setting timed at any size."""
   settings: Dict[str, Mapping[str, Any]] = {}
   for entry in sizes.values():
     settings.update(entry.get('loader', {}).get('settings', {}))
   rows = []
   for label in settings:
     name = f'loader, {LoaderSetting.parse(label).describe()}'
-    path = f'loader.settings.{label}'
-    rows += [
-        (f'{name}: M tokens/s, best / median', path, '{best_tokens_per_s} / {median_tokens_per_s}'),
-        (
-            f'{name}: M tokens/s per core, best / median',
-            path,
-            '{best_tokens_per_core_s} / {median_tokens_per_core_s}',
-        ),
-        (f'{name}: cores used', path, '{median_cores_used:.2f}'),
-    ]
+    rows += [(f'{name}: {what}', f'loader.settings.{label}', form) for what, form in SETTING_ROWS]
   return rows
 
 
@@ -97,12 +92,8 @@ def _cell(entry: Mapping[str, Any], path: str, template: str) -> str:
       return tables.MISSING
     entry = entry[key]
   if isinstance(entry, Mapping):  # a loader setting's summary, rates in millions
-    return template.format(
-        **{
-            key: f'{value / 1e6:.2f}' if key.endswith('_s') else value
-            for key, value in entry.items()
-        }
-    )
+    millions = {key: f'{value / 1e6:.2f}' for key, value in entry.items() if key.endswith('_s')}
+    return template.format(**{**entry, **millions})
   return template.format(entry)
 
 

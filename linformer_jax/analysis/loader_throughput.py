@@ -1,11 +1,10 @@
 """The training loader's rate and the CPU it takes: tokens/s, and tokens/s per core.
 
-The data benchmark's loader stage (`data_benchmark`) times
-`packed_batches.create_train_iterator` with masking, as a training run reads it,
-under loader settings (grain worker processes, read threads, prefetch). Tokens
-are positions of the masked batches, padding included; per core, they are
-counted over the CPU seconds of the loader's process tree (docs/data.md, "Loader
-throughput", says why).
+The data benchmark's loader stage (`data_benchmark`) times `packed_batches.create_train_iterator`
+with masking, as a training run reads it, under loader settings (grain worker processes, read
+threads, prefetch). Tokens are positions of the masked batches, padding included; per core, they
+are counted over the CPU seconds of the loader's process tree (docs/data.md, "Loader throughput",
+says why).
 """
 
 import dataclasses
@@ -39,10 +38,6 @@ class LoaderSetting:
     flag_checks.require(ok, 'loader_settings', repr(text), advice)
     return cls(*map(int, parts))
 
-  @classmethod
-  def of_config(cls, data) -> 'LoaderSetting':
-    return cls(data.worker_count, data.read_threads, data.prefetch_buffer)
-
   @property
   def label(self) -> str:
     return f'{self.worker_count}:{self.read_threads}:{self.prefetch_buffer}'
@@ -73,21 +68,15 @@ def loader_throughput(
 ) -> Dict[str, float]:
   """Masked training batches of `packed_batches.create_train_iterator`, timed here.
 
-  `source` holds packed sequences [num_sequences, seq_len] (an array, or a grain
-  source such as `shards.ShardedSequences`); batch_size, mask_rate and seed are as
-  a training run passes them. Batches are read for at least `seconds` after
-  `warmup_batches` (worker processes start and fill their buffers meanwhile).
-
-  Returns:
-    sequences_per_s, tokens_per_s, batches, seconds, cpu_seconds (of the process
-    tree), cores_used, tokens_per_core_s.
+  `source` holds packed sequences [num_sequences, seq_len] (an array, or a grain source such as
+  `shards.ShardedSequences`); batch_size, mask_rate and seed are as a training run passes them.
+  Batches are read for at least `seconds` after `warmup_batches` (worker processes start and
+  fill their buffers meanwhile). Returns sequences_per_s, tokens_per_s, batches, seconds,
+  cpu_seconds (of the process tree), cores_used and tokens_per_core_s.
   """
+  transform = masked_lm.DynamicMasking(tokenizer, mask_rate)
   iterator = packed_batches.create_train_iterator(
-      source,
-      batch_size=batch_size,
-      seed=seed,
-      transform=masked_lm.DynamicMasking(tokenizer, mask_rate),
-      **dataclasses.asdict(setting),
+      source, batch_size=batch_size, seed=seed, transform=transform, **dataclasses.asdict(setting)
   )
   for _ in range(warmup_batches):
     next(iterator)

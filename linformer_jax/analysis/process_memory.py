@@ -1,6 +1,7 @@
 """A command run as a child process, timed, with the peak resident memory of it and
 its own children sampled while it runs; and any figure summed over a process tree."""
 
+import contextlib
 import os
 import pathlib
 import re
@@ -31,26 +32,19 @@ def tree_total(process: psutil.Process, read: Callable[[psutil.Process], float])
     return 0
   total = 0
   for member in members:
-    try:
+    with contextlib.suppress(psutil.Error):
       total += read(member)
-    except psutil.Error:
-      continue
   return total
 
 
-def tree_rss(process: psutil.Process) -> int:
-  """Resident bytes of a process and all its descendants, summed (pages they
-  share count once per process, as `ps` shows them)."""
-  return int(tree_total(process, lambda member: member.memory_info().rss))
-
-
 def peak_tree_rss(popen: subprocess.Popen, interval_s: float = SAMPLE_INTERVAL_S) -> int:
-  """Samples `tree_rss` of a running process every interval_s until it exits;
-  returns the largest sum seen, in bytes."""
+  """The largest resident bytes of a running process and all its descendants,
+  summed, sampled every interval_s until it exits (pages they share count once
+  per process, as `ps` shows them)."""
   process = psutil.Process(popen.pid)
   peak = 0
   while popen.poll() is None:
-    peak = max(peak, tree_rss(process))
+    peak = max(peak, int(tree_total(process, lambda member: member.memory_info().rss)))
     time.sleep(interval_s)
   return peak
 

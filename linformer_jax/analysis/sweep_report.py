@@ -25,6 +25,9 @@ from linformer_jax.training.metric_writers import read_metrics
 REPORT_FILE = 'results.md'
 FIGURE_FILE = 'perplexity.png'  # language-model sweeps
 ACCURACY_FIGURE_FILE = 'accuracy.png'  # classification sweeps
+# A language model is off the unigram plateau once its validation perplexity is
+# at most this fraction of the unigram model's.
+PLATEAU_FRACTION = 0.85
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +86,11 @@ def results_of(variant_dir: str) -> Optional[Dict[str, Any]]:
     return json.load(f)
 
 
+def _all_results(sweep: Any, workdir: str) -> Dict[str, Optional[Dict[str, Any]]]:
+  """Each variant's `results_of`, by name, in sweep order."""
+  return {v.name: results_of(os.path.join(workdir, v.name)) for v in sweep.variants}
+
+
 def describe(overrides: Mapping[str, Any]) -> str:
   """'key=value, ...' of a variant's overrides."""
   if not overrides:
@@ -92,11 +100,9 @@ def describe(overrides: Mapping[str, Any]) -> str:
 
 def _eval_split(sweep: Any, workdir: str) -> str:
   """The split the variants were evaluated on (a --set may have changed it)."""
-  for variant in sweep.variants:
-    results = results_of(os.path.join(workdir, variant.name))
-    if results is not None:
-      return results.get('eval_split', sweep.base.data.eval_split)
-  return sweep.base.data.eval_split
+  default = sweep.base.data.eval_split
+  finished = [r for r in _all_results(sweep, workdir).values() if r is not None]
+  return finished[0].get('eval_split', default) if finished else default
 
 
 def report_table(sweep: Any, workdir: str) -> str:
@@ -107,15 +113,13 @@ def report_table(sweep: Any, workdir: str) -> str:
   rows = []
   for variant in sweep.variants:
     results = results_of(os.path.join(workdir, variant.name))
-    overrides = describe(variant.overrides).replace('|', '\\|')
     if results is None:
-      rows.append([variant.name, overrides, 'not finished'] + [MISSING] * (len(names) + 2))
-      continue
-    cells = [number_text(results.get(key), f',.{digits}f') for key, _, digits in judged.columns]
-    wall_time = number_text(results['wall_time_s'], ',.0f')
-    rows.append(
-        [variant.name, overrides, results['step'], *cells, f"{results['parameters']:,}", wall_time]
-    )
+      cells = ['not finished'] + [MISSING] * (len(names) + 2)
+    else:
+      metrics = [number_text(results.get(key), f',.{digits}f') for key, _, digits in judged.columns]
+      wall_time = number_text(results['wall_time_s'], ',.0f')
+      cells = [results['step'], *metrics, f"{results['parameters']:,}", wall_time]
+    rows.append([variant.name, describe(variant.overrides).replace('|', '\\|'), *cells])
   header = ['variant', 'overrides', 'steps', *names, 'parameters', 'wall time (s)']
   return markdown_table(header, rows, align='--r' + 'r' * len(names) + 'rr')
 
@@ -136,64 +140,42 @@ def seed_table(sweep: Any, workdir: str) -> Optional[str]:
   groups = seed_groups(sweep)
   if not groups:
     return None
-  judged = _judged(sweep)
+  judged, results = _judged(sweep), _all_results(sweep, workdir)
   digits = f',.{judged.digits}f'
   rows = []
   for name, members in groups:
-    values = []
-    for variant in members:
-      results = results_of(os.path.join(workdir, variant.name))
-      if results is not None and results.get(judged.metric) is not None:
-        values.append(float(results[judged.metric]))
-    if not values:
-      rows.append([name, f'0 of {len(members)}', MISSING, MISSING, MISSING])
-      continue
-    spread = statistics.stdev(values) if len(values) > 1 else 0.0
-    mean = f'{number_text(statistics.mean(values), digits)} ± {number_text(spread, digits)}'
-    extremes = [number_text(min(values), digits), number_text(max(values), digits)]
-    rows.append([name, f'{len(values)} of {len(members)}', mean, *extremes])
-  header = [
-      'overrides',
-      'seeds finished',
-      f'{_eval_split(sweep, workdir)} {judged.label}: mean ± std',
-  ]
-  return markdown_table(header + ['min', 'max'], rows, align='-rrrr')
-
-
-# A language model is off the unigram plateau once its validation perplexity is
-# at most this fraction of the unigram model's.
-PLATEAU_FRACTION = 0.85
+    values = [(results[variant.name] or {}).get(judged.metric) for variant in members]
+    values = [float(value) for value in values if value is not None]
+    cells = [MISSING] * 3  # mean ± std, min, max
+    if values:
+      spread = statistics.stdev(values) if len(values) > 1 else 0.0
+      mean = f'{number_text(statistics.mean(values), digits)} ± {number_text(spread, digits)}'
+      cells = [mean, number_text(min(values), digits), number_text(max(values), digits)]
+    rows.append([name, f'{len(values)} of {len(members)}', *cells])
+  mean_column = f'{_eval_split(sweep, workdir)} {judged.label}: mean ± std'
+  header = ['overrides', 'seeds finished', mean_column, 'min', 'max']
+  return markdown_table(header, rows, align='-rrrr')
 
 
 def steps_table(sweep: Any, workdir: str) -> Optional[str]:
-  """A language-model sweep's perplexity at every evaluation step of each
-  finished variant, and the first evaluation step at or below
-  PLATEAU_FRACTION x the unigram perplexity ('–' if none): when the run left
-  the unigram plateau. None for other sweeps or before any variant finished."""
-  judged = _judged(sweep)
-  if judged is _CLASSIFICATION:
+  """A language-model sweep's perplexity at each evaluation of each finished variant, and the
+  step it left the unigram plateau: its first evaluation at or below PLATEAU_FRACTION x the
+  unigram perplexity ('–' if none). None for other sweeps or before any variant finished."""
+  if _judged(sweep) is _CLASSIFICATION:
     return None
-  finished = []
-  for variant in sweep.variants:
-    results = results_of(os.path.join(workdir, variant.name))
-    if results is not None and results.get('unigram_perplexity'):
-      finished.append((variant, results, _curve(workdir, variant.name, judged.metric)))
-  if not finished:
+  results = _all_results(sweep, workdir)
+  unigram = {name: (r or {}).get('unigram_perplexity') for name, r in results.items()}
+  curves = {name: _curve(workdir, name, _MASKED_LM.metric) for name in unigram if unigram[name]}
+  if not curves:
     return None
-  steps = sorted(set().union(*(curve for _, _, curve in finished)))
+  steps = sorted(set().union(*curves.values()))
   rows = []
-  for variant, results, curve in finished:
-    limit = PLATEAU_FRACTION * results['unigram_perplexity']
+  for name, curve in curves.items():
+    limit = PLATEAU_FRACTION * unigram[name]
     left = next((step for step in sorted(curve) if curve[step] <= limit), MISSING)
-    rows.append([variant.name, left] + [number_text(curve.get(step), ',.1f') for step in steps])
+    rows.append([name, left] + [number_text(curve.get(step), ',.1f') for step in steps])
   header = ['variant', 'left the plateau at step', *map(str, steps)]
   return markdown_table(header, rows, align='-r' + 'r' * len(steps))
-
-
-def over_seeds_figure(figure: str) -> str:
-  """The name of the figure of the seed groups beside figure `figure`."""
-  stem, extension = os.path.splitext(figure)
-  return f'{stem}_over_seeds{extension}'
 
 
 def _curve(workdir: str, name: str, metric: str) -> Dict[int, float]:
@@ -211,44 +193,29 @@ def _group_label(description: str, members: List[Any]) -> str:
   return stems.pop() if len(stems) == 1 else description
 
 
-def plot_metric(sweep: Any, workdir: str, path: str) -> None:
-  """Saves the evaluation metric against steps of every variant."""
-  series, metric = [], _judged(sweep).metric
-  for variant in sweep.variants:
-    curve = _curve(workdir, variant.name, metric)
-    if curve:
-      steps = sorted(curve)
-      series.append((variant.name, steps, [curve[step] for step in steps], None))
-  _draw(sweep, workdir, path, series)
-
-
-def plot_over_seeds(sweep: Any, workdir: str, path: str) -> None:
-  """Saves the metric of each seed group against steps: the mean over its
-  finished seeds at the steps they share, shaded from their min to their max."""
-  series, metric = [], _judged(sweep).metric
-  for description, members in seed_groups(sweep):
-    curves = [_curve(workdir, v.name, metric) for v in members]
-    curves = [curve for curve in curves if curve]
-    if not curves:
-      continue
-    steps = sorted(set.intersection(*(set(curve) for curve in curves)))
-    values = [[curve[step] for curve in curves] for step in steps]
-    label = f'{_group_label(description, members)} ({len(curves)} of {len(members)} seeds)'
-    spread = ([min(v) for v in values], [max(v) for v in values]) if len(curves) > 1 else None
-    series.append((label, steps, [statistics.mean(v) for v in values], spread))
-  _draw(sweep, workdir, path, series)
-
-
-def _draw(sweep: Any, workdir: str, path: str, series: List[Tuple[str, Any, Any, Any]]) -> None:
-  """Saves curves (label, steps, values, optional (low, high) band) as a figure."""
+def plot_metric(sweep: Any, workdir: str, path: str, over_seeds: bool = False) -> None:
+  """Saves the evaluation metric against steps of every variant or, `over_seeds`, of each
+  seed group: the mean over its finished seeds at the steps they share, shaded from min to max."""
   from matplotlib import ticker  # pylint: disable=g-import-not-at-top
 
   judged = _judged(sweep)
+  groups = seed_groups(sweep) if over_seeds else [(v.name, [v]) for v in sweep.variants]
   figure, axes = new_axes((6.4, 4.4))
-  for label, steps, values, band in series:
-    (line,) = axes.plot(steps, values, marker='o', markersize=3, label=label)
-    if band is not None:
-      axes.fill_between(steps, band[0], band[1], color=line.get_color(), alpha=0.2)
+  for description, members in groups:
+    curves = [_curve(workdir, variant.name, judged.metric) for variant in members]
+    curves = [curve for curve in curves if curve]
+    if not curves:
+      continue
+    label = description
+    if over_seeds:
+      label = f'{_group_label(description, members)} ({len(curves)} of {len(members)} seeds)'
+    steps = sorted(set.intersection(*(set(curve) for curve in curves)))
+    values = [[curve[step] for curve in curves] for step in steps]
+    means = [statistics.mean(at_step) for at_step in values]
+    (line,) = axes.plot(steps, means, marker='o', markersize=3, label=label)
+    if len(curves) > 1:
+      low, high = [min(v) for v in values], [max(v) for v in values]
+      axes.fill_between(steps, low, high, color=line.get_color(), alpha=0.2)
   if judged.log_scale:
     axes.set_yscale('log')
     # Plain numbers (250, not 2.5 x 10^2): curves often span less than a decade.
@@ -266,16 +233,17 @@ def _draw(sweep: Any, workdir: str, path: str, series: List[Tuple[str, Any, Any,
 
 
 def write_report(sweep: Any, workdir: str) -> str:
-  """Writes workdir/results.md and the figure; returns the table."""
+  """Writes workdir/results.md and the figures; returns the table."""
   judged = _judged(sweep)
   table = report_table(sweep, workdir)
   seeds = seed_table(sweep, workdir)
+  by_step = steps_table(sweep, workdir)
+  seeds_figure = judged.figure.replace('.png', '_over_seeds.png')
   text = (
       f'# {sweep.title}\n\n{table}\n\nMetrics are on the evaluation split at the last step; '
       'wall time is that of the session that finished the run. Evaluation '
       f'{judged.label} against steps: {judged.figure}.\n'
   )
-  by_step = steps_table(sweep, workdir)
   if by_step:
     text += (
         f'\n## By step\n\n{by_step}\n\nValidation {judged.label} at each evaluation; a run '
@@ -285,11 +253,11 @@ def write_report(sweep: Any, workdir: str) -> str:
   if seeds:
     text += (
         f'\n## Over seeds\n\n{seeds}\n\nThe mean over seeds against steps, shaded from the '
-        f'lowest seed to the highest: {over_seeds_figure(judged.figure)}.\n'
+        f'lowest seed to the highest: {seeds_figure}.\n'
     )
   with open(os.path.join(workdir, REPORT_FILE), 'w') as f:
     f.write(text)
   plot_metric(sweep, workdir, os.path.join(workdir, judged.figure))
   if seeds:
-    plot_over_seeds(sweep, workdir, os.path.join(workdir, over_seeds_figure(judged.figure)))
+    plot_metric(sweep, workdir, os.path.join(workdir, seeds_figure), over_seeds=True)
   return table

@@ -20,10 +20,9 @@ import jax
 from linformer_jax.errors import ConfigError
 from linformer_jax.units import GIB
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Where `make xla-targets` installs the plugins; LINFORMER_XLA_TARGETS names another folder.
 PLUGIN_FOLDER_ENV = 'LINFORMER_XLA_TARGETS'
-DEFAULT_PLUGIN_FOLDER = REPO_ROOT / '.xla-targets'
+DEFAULT_PLUGIN_FOLDER = pathlib.Path(__file__).resolve().parents[2] / '.xla-targets'
 # Set in the process `enable_plugins` starts: the plugin folder it put on the path.
 _STARTED_WITH_PLUGINS = 'LINFORMER_XLA_TARGETS_ON_PATH'
 
@@ -109,11 +108,7 @@ class Target:
 
 
 def parse_target(name: str) -> Target:
-  """The target a name describes.
-
-  Raises:
-    ConfigError: a name that is not one of the forms above.
-  """
+  """The target a name describes, one of the forms of EXAMPLES; a ConfigError for any other."""
   text = name.strip().lower()
   gpu = re.fullmatch(r'h100(?:x(\d+))?', text)
   if gpu:
@@ -149,9 +144,8 @@ def enable_plugins(module: str) -> None:
   """Makes this process one whose JAX sees the plugins, JAX on the CPU.
 
   JAX looks for plugins (and the cuDNN version) when it is imported, so the
-  process runs itself again, `python -m module` with the same arguments,
-  with the plugin folder on PYTHONPATH and JAX_PLATFORMS=cpu; in that
-  process this returns at once.
+  process runs itself again (`python -m module`, the same arguments) with the
+  plugin folder on PYTHONPATH and JAX_PLATFORMS=cpu, where this returns at once.
 
   Raises:
     ConfigError: the folder does not hold the plugins.
@@ -165,10 +159,9 @@ def enable_plugins(module: str) -> None:
     )
   if os.environ.get(_STARTED_WITH_PLUGINS) == str(folder):
     return
-  paths = [str(folder), os.environ.get('PYTHONPATH', '')]
   environment = {
       **os.environ,
-      'PYTHONPATH': os.pathsep.join(path for path in paths if path),
+      'PYTHONPATH': os.pathsep.join(filter(None, [str(folder), os.environ.get('PYTHONPATH')])),
       # The host's own devices stay the CPU's; the plugins only describe targets.
       'JAX_PLATFORMS': 'cpu',
       # libtpu takes a lock file that keeps a second process from a TPU; nothing

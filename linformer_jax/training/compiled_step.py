@@ -17,10 +17,12 @@ the same one-line message.
 
 The readings of XLA's analyses live here once, for the run and for every
 analysis command: `cost_analysis` (FLOPs, bytes accessed), `planned_bytes`
-(the memory a compiled program plans) and `is_out_of_memory`.
+(the memory a compiled program plans), `is_out_of_memory` and
+`out_of_memory_need` (what XLA:TPU said a step it refused needs).
 """
 
 import dataclasses
+import re
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import jax
@@ -33,10 +35,22 @@ from linformer_jax.training import optimization
 from linformer_jax.training import run_builder
 from linformer_jax.training import sharding as sharding_lib
 from linformer_jax.units import GIB
+from linformer_jax.units import KIB
+from linformer_jax.units import MIB
+from linformer_jax.units import TIB
 from linformer_jax.units import size_text
 
 # Lower-cased phrases of XLA's allocation failures on CPU, GPU and TPU.
 _OUT_OF_MEMORY_MARKERS = ('resource_exhausted', 'out of memory', 'failed to allocate')
+
+# XLA:TPU's refusals: '... HLO temporaries (29.90G) exceeds available HBM
+# (15.75G).', or '... Exceeded hbm capacity by 2.56M.' with a breakdown that
+# names 'program 14.47G' and 'arguments 1.28G'.
+_SIZE = r'([\d.]+)([KMGT])'
+_TEMPORARIES_EXCEED = re.compile(r'temporaries \(' + _SIZE + r'\) exceeds available HBM')
+_PROGRAM = re.compile(r'^\s*program\s+' + _SIZE, re.MULTILINE)
+_ARGUMENTS = re.compile(r'^\s*arguments\s+' + _SIZE, re.MULTILINE)
+_UNITS = {'K': KIB, 'M': MIB, 'G': GIB, 'T': TIB}
 
 # Dense bfloat16 peak FLOP/s per device, by a substring of `device.device_kind`
 # (first match wins): NVIDIA's and Google's published figures, without sparsity.
@@ -242,6 +256,25 @@ def is_out_of_memory(error: BaseException) -> bool:
   """Whether an error of compiling or running a program says memory ran out."""
   message = str(error).lower()
   return any(marker in message for marker in _OUT_OF_MEMORY_MARKERS)
+
+
+def _bytes(match: Optional[re.Match]) -> int:
+  return int(float(match.group(1)) * _UNITS[match.group(2)]) if match else 0
+
+
+def out_of_memory_need(error: BaseException) -> Optional[Tuple[int, int]]:
+  """(arguments, temporaries) XLA:TPU said a refused step needs, or None if
+  the error is not such a refusal."""
+  if not is_out_of_memory(error):
+    return None
+  text = str(error)
+  exceeded = _TEMPORARIES_EXCEED.search(text)
+  if exceeded:
+    return 0, _bytes(exceeded)
+  program = _PROGRAM.search(text)
+  if program:
+    return _bytes(_ARGUMENTS.search(text)), _bytes(program)
+  return None
 
 
 def out_of_memory_error(error: BaseException, config: ml_collections.ConfigDict) -> ConfigError:

@@ -68,11 +68,15 @@ def check_pretrained_encoder(config: ml_collections.ConfigDict) -> Dict[str, Any
         f'config {config.model.num_segments}; set --config.model.num_segments={segments} to '
         'fine-tune it.'
     )
+  saved_data = saved.get('data', {})
   difference = run_config.first_difference(
-      saved.get('data', {}),
+      saved_data,
       config.data.to_dict(),
-      run_config.DATA_FIELDS_FIXED_BY_A_RUN,
-      skip_unsaved=True,
+      [
+          field
+          for field in run_config.DATA_FIELDS_FIXED_BY_A_RUN
+          if saved_data.get(field) is not None
+      ],
   )
   if difference:
     field, old, new = difference

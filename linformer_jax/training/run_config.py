@@ -207,28 +207,15 @@ def first_difference(
     saved: Mapping[str, Any],
     requested: Mapping[str, Any],
     fields: Iterable[str],
-    *,
     defaults: Optional[Mapping[str, Any]] = None,
-    skip_unsaved: bool = False,
 ) -> Optional[Tuple[str, Any, Any]]:
-  """The first field whose saved value differs from the requested one.
-
-  Args:
-    saved: a section ('model', 'data') of a saved run's config.
-    requested: the same section of the requested config.
-    fields: the fields to compare, in order.
-    defaults: values for fields a run saved before they existed.
-    skip_unsaved: ignore fields the saved run lacks (instead of None).
-
-  Returns:
-    (field, saved value, requested value), or None when all agree.
-  """
+  """The first of `fields` whose saved value differs from the requested one,
+  as (field, saved value, requested value); None when all agree. A field
+  either side lacks counts at its value in `defaults`."""
   defaults = defaults or {}
   for field in fields:
-    if skip_unsaved and saved.get(field) is None:
-      continue
     old = _comparable(saved.get(field, defaults.get(field)))
-    new = _comparable(requested.get(field))
+    new = _comparable(requested.get(field, defaults.get(field)))
     if old != new:
       return field, old, new
   return None
@@ -248,8 +235,10 @@ def check_same_model(
           'model',
           saved_model,
           requested_model,
+          # A saved field no kind imported now declares belongs to a kind this
+          # run does not use: a run of that kind differs in the kind's name.
           sorted(
-              (set(saved_model) | set(requested_model))
+              (set(requested_model) | set(model_defaults))
               - set(EXECUTION_FIELDS)
               - set(INITIALISATION_FIELDS)
           ),
@@ -263,7 +252,7 @@ def check_same_model(
           None,
       ),
   ):
-    difference = first_difference(old, new, fields, defaults=defaults)
+    difference = first_difference(old, new, fields, defaults)
     if difference:
       field, old_value, new_value = difference
       raise ConfigError(

@@ -122,6 +122,7 @@ def test_the_pallas_tpu_kernel_matches_float64_in_interpret_mode(q_length, kv_le
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.long
 def test_a_model_on_the_pallas_kernel_keeps_padding_out():
   """A tiny Linformer and Transformer in interpret mode: the einsums' logits,
   and a padded example's real positions as alone."""

@@ -83,6 +83,7 @@ def test_profile_steps_write_a_trace_tensorboard_reads(tmp_path):
   assert len(traces) == 1
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_profile_window_that_spans_a_resume_traces_the_rest_of_it(tmp_path):
   """Stopped at step 2 inside the window (2, 3) and resumed: the resumed run

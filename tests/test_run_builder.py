@@ -6,6 +6,7 @@ import json
 import jax
 from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec
+import ml_collections
 import numpy as np
 import optax
 import pytest
@@ -168,3 +169,15 @@ def test_a_saved_setting_of_a_kind_not_imported_now_does_not_block_the_run():
   config.model.hidden_dim += 8
   with pytest.raises(ConfigError, match='hidden_dim='):
     run_config.check_same_model(saved, config, 'runs/x')
+
+
+def test_the_loop_settings_are_the_configs_fields_typed_and_checked():
+  config = tiny_config(total_steps=7, log_every=2, profile_steps=(2, 3), seed=5)
+  loop = run_config.settings_of(config).loop
+  assert (loop.total_steps, loop.log_every, loop.seed) == (7, 2, 5)
+  assert loop.batch_size == config.batch_size and loop.keep_checkpoints == config.keep_checkpoints
+  assert loop.profile_steps == (2, 3)
+  assert run_config.settings_of(tiny_config(profile_steps=())).loop.profile_steps is None
+  config = ml_collections.ConfigDict({**tiny_config().to_dict(), 'seed': 1.5})  # as JSON may give
+  with pytest.raises(ConfigError, match=r'config.seed=1.5 is not allowed: use an integer'):
+    run_config.settings_of(config)

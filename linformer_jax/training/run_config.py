@@ -95,11 +95,26 @@ class OptimizerSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoopSettings:
+  """The training loop's length, periodic actions, checkpoints and seed."""
+
+  total_steps: int
+  batch_size: int
+  log_every: int
+  eval_every: int
+  checkpoint_every: int
+  keep_checkpoints: int
+  seed: int
+  profile_steps: Optional[Tuple[int, int]]  # (FIRST, LAST) traced; None for no trace
+
+
+@dataclasses.dataclass(frozen=True)
 class RunSettings:
-  """A run's checked settings: the model and the optimizer."""
+  """A run's checked settings: the model, the optimizer and the loop."""
 
   model: ModelConfig
   optimizer: OptimizerSettings
+  loop: LoopSettings
 
 
 def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -148,6 +163,8 @@ def settings_of(config: ml_collections.ConfigDict) -> RunSettings:
     # NaN passes every comparison, so finiteness is checked first.
     if isinstance(value, bool) or not math.isfinite(value) or value < 0:
       raise ConfigError(f'config.{field}={value!r} is not allowed: use a finite value >= 0.')
+  if not isinstance(config.seed, int) or isinstance(config.seed, bool):
+    raise ConfigError(f'config.seed={config.seed!r} is not allowed: use an integer.')
   for field in ('max_skipped_steps', 'restore_step'):
     value = config[field]
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -194,6 +211,14 @@ def settings_of(config: ml_collections.ConfigDict) -> RunSettings:
               if field.name != 'projection'
           },
           projection=config.model.projection,
+      ),
+      loop=LoopSettings(
+          **{
+              field.name: config[field.name]
+              for field in dataclasses.fields(LoopSettings)
+              if field.name != 'profile_steps'
+          },
+          profile_steps=profile_steps or None,
       ),
   )
 

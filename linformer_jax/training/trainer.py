@@ -127,12 +127,6 @@ def is_due(step: int, every: int, last_step: int) -> bool:
 PROFILE_FOLDER = 'profile'
 
 
-def _profile_steps(config: ml_collections.ConfigDict) -> Optional[Tuple[int, int]]:
-  """config.profile_steps (checked by run_config.settings_of) as (first, last), or None."""
-  steps = tuple(config.profile_steps or ())
-  return steps if steps else None
-
-
 def _profiler(profile: Optional[Tuple[int, int]], workdir: str, first_step: int) -> Optional[Any]:
   """clu's periodic profiler tracing steps profile = (FIRST, LAST) into
   WORKDIR/profile, called with each step done, and now with `first_step`
@@ -191,6 +185,7 @@ def _train_and_evaluate(
   start_time = time.time()
   run = training_run.Run(config, workdir)
   task = run.task
+  loop = run.parts.settings.loop
   first_step = int(run.state.step)
   parameter_count = int(sum(x.size for x in jax.tree_util.tree_leaves(run.state.params)))
   tokens_per_step = math.prod(task.batch_shapes(config)['inputs'][0])
@@ -198,12 +193,12 @@ def _train_and_evaluate(
       f'{config.model.attention} model, {parameter_count:,} parameters, attention kernel '
       f'{run.parts.model_config.attention_kernel} ({run.parts.kernel_reason}); '
       f'{run.data.train_sequences:,} training and {run.data.eval_sequences:,} '
-      f'{config.data.eval_split} sequences of {tokens_per_step // config.batch_size} tokens; '
-      f'training steps {first_step + 1}..{config.total_steps}.'
+      f'{config.data.eval_split} sequences of {tokens_per_step // loop.batch_size} tokens; '
+      f'training steps {first_step + 1}..{loop.total_steps}.'
   )
-  dropout_key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 1)
+  dropout_key = jax.random.fold_in(jax.random.PRNGKey(loop.seed), 1)
   cost = compiled_step.StepCost(0, 0, 0.0)
-  if first_step < config.total_steps:
+  if first_step < loop.total_steps:
     # Compiled before the loop writes anything: a step that cannot fit stops here.
     compile_start = time.monotonic()
     try:
@@ -220,18 +215,16 @@ def _train_and_evaluate(
   parameter_overview.log_parameter_overview(
       run.state.params, include_stats=False, msg='The parameters:', jax_logging_process=0
   )
-  logger = MetricLogger(
-      workdir, total_steps=config.total_steps, is_primary=jax.process_index() == 0
-  )
+  logger = MetricLogger(workdir, total_steps=loop.total_steps, is_primary=jax.process_index() == 0)
   logger.discard_after(first_step)
   termination = _TerminationRequest()
   guard = divergence.DivergenceGuard(
       config, workdir, run.store, run.ledger, resumed_step=first_step if first_step else None
   )
-  last = config.total_steps
+  last = loop.total_steps
   eval_metrics: Optional[Dict[str, float]] = None
   peak_flops = compiled_step.peak_flops(jax.devices()[0].device_kind)
-  profile = _profile_steps(config)
+  profile = loop.profile_steps
   if profile and first_step >= profile[0]:
     # A resume inside the window traces the rest of it; after it, nothing.
     profile = (first_step + 1, profile[1]) if first_step < profile[1] else None
@@ -253,7 +246,7 @@ def _train_and_evaluate(
         raise
       log, evaluate, save = (
           is_due(step, every, last)
-          for every in (config.log_every, config.eval_every, config.checkpoint_every)
+          for every in (loop.log_every, loop.eval_every, loop.checkpoint_every)
       )
       stop = stop_after is not None and stop_after <= step < last
       terminate = termination.at(step)

@@ -72,7 +72,7 @@ class Run:
     self.parts = run_builder.build_parts(config)
     self.task = self.parts.task
     self.store = CheckpointStore(
-        checkpoint_directory(workdir), keep=config.keep_checkpoints, owner=True
+        checkpoint_directory(workdir), keep=self.parts.settings.loop.keep_checkpoints, owner=True
     )
     self.ledger = sound_steps.SoundStepLedger(workdir)
     try:
@@ -120,7 +120,7 @@ class Run:
         ),
         out_shardings=run_builder.shardings_of(self.abstract_state),
     )
-    state = init(jax.random.PRNGKey(self.config.seed))
+    state = init(jax.random.PRNGKey(self.parts.settings.loop.seed))
     if self.config.init_from:
       state, message = self.task.initialize_from(state, self.abstract_state, self.config, init_from)
       report(message)

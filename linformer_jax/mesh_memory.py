@@ -129,7 +129,8 @@ def largest_batch(
 
   Starts from `first` (one compile already made), halves while it does not
   fit, then fits memory = fixed + batch x per_sequence through two batches,
-  checks the batch that predicts, and steps until a batch fits and the next
+  checks the batch that predicts, and steps from it (up while batches fit,
+  down while they do not, by 1, 2, 4, ...) until a batch fits and the next
   one up does not (`search_batches`, at most MAX_SEARCH_COMPILES compiles).
 
   Returns:
@@ -172,7 +173,19 @@ def largest_batch(
   probe = predicted if low < predicted and (high is None or predicted < high) else low + 1
   grow = lambda low: low + 1 if low == predicted else 2 * low  # past the prediction: 1, then x2
   more_calls = lambda: len(results) < MAX_SEARCH_COMPILES
-  low, high = search_batches(lambda batch: at(batch).fits, low, high, probe, grow, more_calls)
+  start, step = low, [1]
+
+  def narrow(low: int, high: int) -> int:
+    # The line is off by a few sequences where it misses: below a miss, step
+    # down 1, 2, 4, ... until a batch fits, then bisect.
+    if low > start:
+      return (low + high) // 2
+    step[0] *= 2
+    return max(high - step[0] // 2, (low + high) // 2)
+
+  low, high = search_batches(
+      lambda batch: at(batch).fits, low, high, probe, grow, more_calls, narrow
+  )
   return found(low, high == low + 1, slope if slope > 0 else None)
 
 

@@ -83,6 +83,26 @@ def test_largest_batch_is_the_last_that_fits(start):
   assert 31 in calls and found['compiles'] <= mesh_memory.MAX_SEARCH_COMPILES
 
 
+def test_a_prediction_that_misses_is_stepped_down_from_not_bisected():
+  """Memory a little above the line through the first two batches at large
+  batches (as XLA:GPU's was at n = 512: 167 predicted, 59.35 of 59.32 GiB):
+  the search steps down from the prediction, not back from the last fit."""
+  calls = []
+
+  def total(batch):
+    return 1000 + 300 * batch + 5 * max(batch - 100, 0)
+
+  def measure(batch):
+    calls.append(batch)
+    return mesh_memory.StepMemory(
+        batch, 100, total(batch) - 100, 51_000, total(batch) <= 51_000, 1.0, None, 0.0
+    )
+
+  found = mesh_memory.largest_batch(measure, measure(32))
+  assert found['batch'] == max(b for b in range(1, 200) if total(b) <= 51_000) and found['exact']
+  assert calls == [32, 64, 166, 165], calls
+
+
 def test_largest_batch_through_compiler_refusals():
   measure, _ = _linear_measure(fixed=1000, per_sequence=300, usable=10_000, refuse_above=10_000)
   assert mesh_memory.largest_batch(measure, measure(16))['batch'] == 30

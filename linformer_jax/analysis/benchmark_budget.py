@@ -80,18 +80,20 @@ def search_batches(
     probe: int,
     grow: Callable[[int], int],
     more_calls: Callable[[], bool] = lambda: True,
+    narrow: Callable[[int, int], int] = lambda fitting, missing: (fitting + missing) // 2,
 ) -> Tuple[int, Optional[int]]:
   """Narrows `fitting` (a batch that fits) and `missing` (the smallest batch known
   not to, None if none): tries `probe`, then `grow(fitting)` until a batch
-  misses, then bisects; stops where the next probe is not between the two or
-  `more_calls()` is False. Returns the last (fitting, missing).
+  misses, then `narrow(fitting, missing)` (bisection by default); stops where
+  the next probe is not between the two or `more_calls()` is False. Returns
+  the last (fitting, missing).
   """
   while more_calls() and fitting < probe and (missing is None or probe < missing):
     if fits(probe):
       fitting = probe
     else:
       missing = probe
-    probe = grow(fitting) if missing is None else (fitting + missing) // 2
+    probe = grow(fitting) if missing is None else narrow(fitting, missing)
   return fitting, missing
 
 

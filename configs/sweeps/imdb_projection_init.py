@@ -7,7 +7,9 @@ slots each mix about a third of the row; fixed local slots
 the mean of its 4 adjacent tokens, at zero noise exactly projection='mean'),
 with its learning rate a tenth of the rest's (`local-lr0.1`: at the full rate
 Adam's steps on the unigram plateau, alike for every slot, kept three of four
-seeds there), or starts as Glorot uniform (`xavier`). Each encoder is
+seeds there), or starts as Glorot uniform (`xavier`); `default` is configs/gutenberg.py's
+E as it is now (`local`, its updates centred, a 200-step warm-up), pretrained by
+configs/sweeps/gutenberg_plateau.py's `local-centred-warm200-n256-s*`. Each encoder is
 configs/gutenberg.py pretrained 500 steps (ENCODERS: the seed with the best
 validation perplexity); each is fine-tuned as the imdb_pooling sweep's `mean`
 variants (256-token rows, mean pooling, 1,000 steps), three seeds, then
@@ -31,6 +33,10 @@ from linformer_jax.sweep import Variant
 
 # Variant prefix -> (pretrained workdir, overrides its fine-tuning shares with it).
 ENCODERS = {
+    'default': (  # today's default E (local, centred updates, 200-step warm-up), seed 1 (432.7)
+        'runs/sweeps/gutenberg_plateau_500/local-centred-warm200-n256-s1',
+        {},
+    ),
     'local-lr0.1': (
         'runs/parity/pretrain_linformer_init_local_lr0.1_seed0',
         {'model.projection_init': 'local', 'projection_learning_rate_scale': 0.1},

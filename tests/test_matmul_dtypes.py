@@ -7,6 +7,7 @@ of its matrix FLOPs on bfloat16 operands, forward and backward, for the
 Linformer and the Transformer at n=512/k=128 and n=4096/k=256.
 """
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +16,9 @@ import pytest
 from configs import roberta_base
 from linformer_jax.matmul_dtypes import dot_flops
 from linformer_jax.matmul_dtypes import train_step_matmul_dtypes
+from linformer_jax.model import models
 from linformer_jax.model import precision
+from linformer_jax.model.model_config import ModelConfig
 
 
 def test_flops_are_counted_by_type_and_once_per_call():
@@ -106,3 +109,29 @@ def test_the_bf16_train_step_runs_its_matmuls_on_bf16_operands(attention, max_le
 def test_a_float32_step_stays_float32():
   counted = roberta_step('linformer', 512, 128, dtype='float32')
   assert counted.share_with_operands('f32') == 1.0
+
+
+def test_a_frequent_tokens_embedding_gradient_is_summed_in_float32():
+  # The mask token fills ~12% of a batch: its row's gradient sums thousands of
+  # terms. Gathered from the float32 table, they add in float32, as the float64
+  # reference does; a bfloat16 table's scatter-add would round the sum (2**-9).
+  config = ModelConfig(
+      vocab_size=16, max_len=4096, hidden_dim=8, num_layers=1, num_heads=2, mlp_dim=16,
+      projected_len=8, dtype='bfloat16',
+  )
+  encoder = models.Encoder(config)
+  tokens = jnp.full((1, 4096), 3, jnp.int32).at[0, ::7].set(5)
+  params = nn.meta.unbox(encoder.init(jax.random.PRNGKey(0), tokens[:, :8]))['params']
+  cotangent = jax.random.normal(jax.random.PRNGKey(1), (1, 4096, 8))
+
+  def loss(params):
+    rows = encoder.apply({'params': params}, tokens, method=models.Encoder.embed_tokens)
+    assert rows.dtype == jnp.bfloat16
+    return jnp.sum(rows.astype(jnp.float32) * cotangent)
+
+  grad = jax.grad(loss)(params)['token_embedding']['embedding']
+  assert grad.dtype == jnp.float32
+  terms = np.asarray(cotangent.astype(jnp.bfloat16), np.float64)[0]
+  for token in (3, 5):
+    expected = terms[np.asarray(tokens[0]) == token].sum(axis=0)
+    np.testing.assert_allclose(np.asarray(grad[token], np.float64), expected, rtol=1e-5, atol=1e-5)

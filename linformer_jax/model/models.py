@@ -108,7 +108,7 @@ class Encoder(nn.Module):
           f'{cfg.max_len}; truncate or window the input to at most '
           f'{cfg.max_len} tokens, or raise max_len.'
       )
-    x = self.token_embedding(tokens)
+    x = self.embed_tokens(tokens)
     if decode_position is None:
       positions = self.position_embedding[None, :length]
     else:
@@ -132,6 +132,20 @@ class Encoder(nn.Module):
     if cfg.pre_layer_norm:
       x = self.final_norm(x)
     return x
+
+  def embed_tokens(self, tokens: Array) -> Array:
+    """The tokens' rows of the float32 table, cast to the compute dtype.
+
+    `nn.Embed` casts the table first, so under model.dtype='bfloat16' its
+    gradient is a scatter-add into a bfloat16 table: the thousands of terms of a
+    frequent token's row (the mask token is ~12% of a batch) add in bfloat16,
+    3-25% off the float64 sum in `tests/test_matmul_dtypes.py`, and on an H100
+    that scatter took about half of a roberta_base step (docs/benchmarks.md).
+    Gathered from the float32 table, the gradient adds in float32; the forward
+    values are the same.
+    """
+    table = self.token_embedding.embedding
+    return jnp.take(table, tokens, axis=0).astype(self.config.compute_dtype)
 
   def logits_from_embedding(self, hidden: Array) -> Array:
     """Output logits with the token embedding as the (tied) decoder."""

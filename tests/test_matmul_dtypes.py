@@ -116,8 +116,14 @@ def test_a_frequent_tokens_embedding_gradient_is_summed_in_float32():
   # terms. Gathered from the float32 table, they add in float32, as the float64
   # reference does; a bfloat16 table's scatter-add would round the sum (2**-9).
   config = ModelConfig(
-      vocab_size=16, max_len=4096, hidden_dim=8, num_layers=1, num_heads=2, mlp_dim=16,
-      projected_len=8, dtype='bfloat16',
+      vocab_size=16,
+      max_len=4096,
+      hidden_dim=8,
+      num_layers=1,
+      num_heads=2,
+      mlp_dim=16,
+      projected_len=8,
+      dtype='bfloat16',
   )
   encoder = models.Encoder(config)
   tokens = jnp.full((1, 4096), 3, jnp.int32).at[0, ::7].set(5)

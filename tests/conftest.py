@@ -166,6 +166,10 @@ FAST_CASES = {
         'tempered_linformer-convex-layerwise',
     ),
     'test_the_report_has_probes_and_attention_per_layer': ('linformer',),
+    'test_the_pallas_tpu_kernel_matches_float64_in_interpret_mode': (
+        'linformer',
+        'transformer-padded',
+    ),
     'test_every_command_with_a_config_file_reports_it_in_one_line': (
         'train-raises_on_import',
         'evaluate-syntax_error',

@@ -110,6 +110,7 @@ def test_strided_sampling_keeps_the_first_position_of_each_window():
   np.testing.assert_array_equal(sampled_mask, [[True, True, True], [True, True, False]])
 
 
+@pytest.mark.long
 def test_the_strided_projection_changes_the_model_and_serves_causal_models():
   strided, variables = outputs(small_model_config(projection='strided'))
   # 'mean' holds no weights either: the same variables, another compression.

@@ -26,7 +26,6 @@ import re
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import psutil
 
@@ -140,7 +139,11 @@ def lowered_train_step(
   optimizer = optimization.create_optimizer(parts.settings.optimizer)
   abstract_state = parts.abstract_train_state(optimizer)
   train_step = parts.jit_train_step(optimizer, abstract_state)
-  key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding_lib.replicated(parts.mesh))
+  # The trainer's raw key: (2,) under threefry, (4,) under JAX_DEFAULT_PRNG_IMPL=rbg.
+  key_shape = jax.eval_shape(lambda: jax.random.PRNGKey(0))
+  key = jax.ShapeDtypeStruct(
+      key_shape.shape, key_shape.dtype, sharding=sharding_lib.replicated(parts.mesh)
+  )
   return train_step.lower(abstract_state, parts.abstract_batch(), key)
 
 

@@ -31,7 +31,6 @@ from configs import roberta_base_throughput
 from linformer_jax.training import compiled_step
 from linformer_jax.training import optimization
 from linformer_jax.training import run_builder
-from linformer_jax.training import train_steps
 
 _ATTENTION = flags.DEFINE_enum('attention', 'linformer', ['linformer', 'full'], 'The model.')
 _MAX_LEN = flags.DEFINE_integer('max_len', 512, 'n, tokens per sequence.')
@@ -88,13 +87,7 @@ def main(argv):
   parts = run_builder.build_parts(config)
   optimizer = optimization.create_optimizer(parts.settings.optimizer)
   abstract_state = parts.abstract_train_state(optimizer)
-  init = jax.jit(
-      lambda rng: train_steps.init_train_state(
-          rng, model=parts.model, optimizer=optimizer, seq_len=length
-      ),
-      out_shardings=run_builder.shardings_of(abstract_state),
-  )
-  state = init(jax.random.PRNGKey(0))
+  state = parts.initial_train_state(optimizer, abstract_state, seed=0)
   batch = parts.device_batch(synthetic_batch(_BATCH.value, length, config.data.vocab_size))
   key = jax.random.fold_in(jax.random.PRNGKey(0), 1)
   start = time.perf_counter()

@@ -63,13 +63,7 @@ def build_state(
   constants = abstract_state.constants
   if kept or jax.tree_util.tree_leaves(constants):
     # E/F (and fixed random projections) as a new run of this config draws them.
-    init = jax.jit(
-        lambda rng: train_steps.init_train_state(
-            rng, model=parts.model, optimizer=optimizer, seq_len=parts.model_config.max_len
-        ),
-        out_shardings=run_builder.shardings_of(abstract_state),
-    )
-    initial = init(jax.random.PRNGKey(config.seed))
+    initial = parts.initial_train_state(optimizer, abstract_state, config.seed)
     is_kept = lambda leaf: isinstance(leaf, jax.ShapeDtypeStruct)
     params = jax.tree_util.tree_map(
         lambda new, old: old if is_kept(new) else new, params, initial.params, is_leaf=is_kept

@@ -107,6 +107,22 @@ class RunParts:
     )
     return init(jax.random.PRNGKey(seed))
 
+  def initial_train_state(
+      self,
+      optimizer: optax.GradientTransformation,
+      abstract_state: train_steps.TrainState,
+      seed: int,
+  ) -> train_steps.TrainState:
+    """The train state a fresh run seeded by `seed` starts from, created split
+    over the mesh as `abstract_state` (`abstract_train_state`) lays it out."""
+    init = jax.jit(
+        lambda rng: train_steps.init_train_state(
+            rng, model=self.model, optimizer=optimizer, seq_len=self.model_config.max_len
+        ),
+        out_shardings=shardings_of(abstract_state),
+    )
+    return init(jax.random.PRNGKey(seed))
+
   def abstract_train_state(self, optimizer: optax.GradientTransformation) -> train_steps.TrainState:
     """The train state as `jax.ShapeDtypeStruct`s carrying their shardings.
 

@@ -111,16 +111,9 @@ class Run:
       report(f'Resumed from the checkpoint of step {step} in {self.workdir}.')
       return state
     # Created already split over the mesh: no device ever holds all of it.
-    init = jax.jit(
-        lambda rng: train_steps.init_train_state(
-            rng,
-            model=self.parts.model,
-            optimizer=self.optimizer,
-            seq_len=self.parts.model_config.max_len,
-        ),
-        out_shardings=run_builder.shardings_of(self.abstract_state),
+    state = self.parts.initial_train_state(
+        self.optimizer, self.abstract_state, self.parts.settings.loop.seed
     )
-    state = init(jax.random.PRNGKey(self.parts.settings.loop.seed))
     if self.config.init_from:
       state, message = self.task.initialize_from(state, self.abstract_state, self.config, init_from)
       report(message)

@@ -104,7 +104,6 @@ def format_table(rows: List[Dict[str, float]]) -> str:
 
 
 def define_flags() -> None:
-  """The command's flags: defined when it runs, so that importing it defines none."""
   settings_flags.define_flags(AttentionBenchmarkSettings)
 
 

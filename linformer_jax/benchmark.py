@@ -23,7 +23,6 @@ batch 1 does not fit the budget, is skipped with a note.
 
 import dataclasses
 import functools
-import statistics
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -81,10 +80,8 @@ def _train_tokens_per_s(
       return None, measuring.over_limit_note('train step', planned, settings.memory_limit_bytes)
     times = measuring.time_ms(lambda: compiled(params, opt_state, tokens), settings.repeats)
   except Exception as error:  # pylint: disable=broad-except
-    if not compiled_step.is_out_of_memory(error):
-      raise
-    return None, f'train step out of memory: {measuring.first_line(error)}'
-  return tokens.size / (statistics.median(times) * 1e-3), ''
+    return None, f'train step {measuring.out_of_memory(error)}'
+  return measuring.timing(times, tokens.size)['tokens_per_s'], ''
 
 
 def _add_note(row: Dict[str, Any], note: str) -> None:
@@ -136,9 +133,7 @@ def benchmark_cell(
     variables = measuring.random_variables(forward.abstract_variables, seed=0)
     times = measuring.time_ms(lambda: compiled(variables, tokens), settings.repeats)
   except Exception as error:  # pylint: disable=broad-except
-    if not compiled_step.is_out_of_memory(error):
-      raise
-    _add_note(row, f'cell skipped: out of memory: {measuring.first_line(error)}')
+    _add_note(row, f'cell skipped: {measuring.out_of_memory(error)}')
     return row
   row['peak_bytes'] = compiled_step.peak_device_bytes()
   row.update(measuring.timing(times, tokens.size))
@@ -203,7 +198,6 @@ def _print_progress(row: Dict[str, Any]) -> None:
 
 
 def define_flags() -> None:
-  """The command's flags: defined when it runs, so that importing it defines none."""
   settings_flags.define_flags(BenchmarkSettings)
 
 

@@ -45,7 +45,6 @@ from linformer_jax.model import models
 from linformer_jax.model import projections
 from linformer_jax.model.layers import CACHE
 from linformer_jax.model.model_config import SHARING_MODES
-from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.settings_flags import setting
 from linformer_jax.training import compiled_step
 from linformer_jax.units import GIB
@@ -127,14 +126,13 @@ class CausalBenchmarkSettings:
 
   def model_config(self, attention: str, max_len: int, query_blocks_per_step: int = 0):
     """The causal language model of one cell; r is unused (set to max_len) for 'full'."""
-    same = 'num_layers num_heads hidden_dim mlp_dim sharing projection dtype block_len'.split()
-    return ModelConfig(
+    same = ('sharing', 'projection', 'dtype', 'block_len')
+    return benchmark_settings.benchmark_model(
+        self,
         **{name: getattr(self, name) for name in same},
-        vocab_size=benchmark_settings.VOCAB_SIZE,
         max_len=max_len,
         attention=attention,
         projected_len=self.slots if attention == 'linformer' else max_len,
-        dropout_rate=0.0,
         causal=True,
         query_blocks_per_step=query_blocks_per_step,
     )
@@ -218,9 +216,7 @@ def _measure(row, settings, compile_step: Callable, make_args: Callable, tokens_
 
     row.update(measuring.timing(measuring.time_ms(call, settings.repeats), tokens_per_call))
   except Exception as error:  # pylint: disable=broad-except
-    if not compiled_step.is_out_of_memory(error):
-      raise
-    row['note'] = f'timing skipped: out of memory: {measuring.first_line(error)}'
+    row['note'] = f'timing skipped: {measuring.out_of_memory(error)}'
   return row
 
 
@@ -278,7 +274,6 @@ def _print_progress(row: Dict[str, Any]) -> None:
 
 
 def define_flags() -> None:
-  """The command's flags: defined when it runs, so that importing it defines none."""
   settings_flags.define_flags(CausalBenchmarkSettings)
 
 

@@ -284,7 +284,6 @@ def run_benchmark(settings: Settings, progress: Callable[[str], None] = print) -
 
 
 def define_flags() -> None:
-  """The command's flags: defined when it runs, so that importing it defines none."""
   cli.define_config_file_flag('configs/default.py', 'Config the commands run with.')
   settings_flags.define_flags(Settings)
 

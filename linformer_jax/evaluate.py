@@ -28,13 +28,10 @@ FLAGS = flags.FLAGS
 
 @dataclasses.dataclass(frozen=True)
 class EvaluateSettings:
-  """The command's own settings, each its flag; the run's are --config.FIELD."""
-
   split: str = setting('validation', "Split to evaluate: 'validation', 'test' or 'train'.")
 
 
 def define_flags() -> None:
-  """The command's flags: defined when it runs, so that importing it defines none."""
   settings_flags.define_flags(EvaluateSettings)
   cli.define_config_flags(reads_run=True)
 

@@ -27,8 +27,6 @@ FLAGS = flags.FLAGS
 
 @dataclasses.dataclass(frozen=True)
 class SamplingSettings:
-  """The command's own settings, each its flag; the run's are --config.FIELD."""
-
   prompt: str = setting('', 'Text to continue (may be empty: start from <s>).')
   max_new_tokens: int = setting(40, 'Tokens to generate.')
   temperature: float = setting(1.0, 'Sampling temperature; 0 is greedy.')
@@ -37,7 +35,6 @@ class SamplingSettings:
 
 
 def define_flags() -> None:
-  """The command's flags: defined when it runs, so that importing it defines none."""
   settings_flags.define_flags(SamplingSettings)
   cli.define_config_flags(reads_run=True)
 

@@ -25,8 +25,6 @@ FLAGS = flags.FLAGS
 
 @dataclasses.dataclass(frozen=True)
 class ImportSettings:
-  """The command's own settings, each its flag; the run's are --config.FIELD."""
-
   source: str = setting(
       help_text='The checkpoint: a Hugging Face folder, or a hub name (needs network).',
       flag='from',
@@ -34,7 +32,6 @@ class ImportSettings:
 
 
 def define_flags() -> None:
-  """The command's flags: defined when it runs, so that importing it defines none."""
   settings_flags.define_flags(ImportSettings)
   cli.define_config_flags()
 

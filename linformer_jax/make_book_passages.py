@@ -38,7 +38,6 @@ class TaskFiles:
 
 
 def define_flags() -> None:
-  """The command's flags: defined when it runs, so that importing it defines none."""
   settings_flags.define_flags(TaskFiles)
   settings_flags.define_flags(book_passages.PassageSettings)
 

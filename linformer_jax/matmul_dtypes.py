@@ -105,7 +105,6 @@ def train_step_matmul_dtypes(config: ml_collections.ConfigDict) -> MatmulDtypes:
 
 
 def define_flags() -> None:
-  """The command's flags: defined when it runs, so that importing it defines none."""
   cli.define_config_flags()
   flags.FLAGS.set_default('workdir', '')  # nothing is written; --workdir is not needed
 

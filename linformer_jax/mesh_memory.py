@@ -125,19 +125,14 @@ def compile_step(
 def largest_batch(
     measure: Callable[[int], StepMemory], first: StepMemory
 ) -> Dict[str, Optional[float]]:
-  """The largest per-device batch whose step fits, from `measure(batch)`.
-
-  Starts from `first` (one compile already made), halves while it does not
-  fit, then fits memory = fixed + batch x per_sequence through two batches,
-  checks the batch that predicts, and steps from it (up while batches fit,
-  down while they do not, by 1, 2, 4, ...) until a batch fits and the next
-  one up does not (`search_batches`, at most MAX_SEARCH_COMPILES compiles).
+  """The largest per-device batch whose step fits, from `measure(batch)` (`first`: one
+  compile already made) in at most MAX_SEARCH_COMPILES compiles, searched from the batch
+  that a line memory = fixed + batch x per_sequence through two batches predicts.
 
   Returns:
-    'batch' (0 if one sequence does not fit), 'exact' (False where the
-    compiles ran out before the next batch up failed: 'batch' is then a
-    floor), 'bytes_per_sequence' (the slope; None if it could not be
-    measured), 'total_bytes' at that batch and 'compiles'.
+    'batch' (0 if one sequence does not fit), 'exact' (False where the compiles ran
+    out first: 'batch' is then a floor), 'bytes_per_sequence' (the slope; None if it
+    could not be measured), 'total_bytes' at that batch and 'compiles'.
   """
   results = {first.per_device_batch: first}
 
@@ -230,13 +225,8 @@ def _largest_batch_text(found: Dict[str, Optional[float]]) -> str:
   )
 
 
-FLAGS = flags.FLAGS
-
-
 @dataclasses.dataclass(frozen=True)
 class MeshMemorySettings:
-  """The command's own settings, each its flag; the run's are --config.FIELD."""
-
   meshes: Sequence[str] = setting(('-1,1',), 'Mesh shapes DATA,MODEL.', repeated=True)
   target: Sequence[str] = setting(
       (),
@@ -252,7 +242,6 @@ class MeshMemorySettings:
 
 
 def define_flags() -> None:
-  """The command's flags: defined when it runs, so that importing it defines none."""
   cli.define_config_flags()
   flags.FLAGS.set_default('workdir', '')  # nothing is written; --workdir is not needed
   settings_flags.define_flags(MeshMemorySettings)
@@ -273,7 +262,7 @@ def _mesh_shapes(settings: MeshMemorySettings) -> List[tuple]:
 
 def _kernel_text(devices: Sequence[jax.Device]) -> str:
   """'attention kernel cudnn (auto: ...)': what the step takes on `devices`."""
-  model = run_config.settings_of(FLAGS.config).model
+  model = run_config.settings_of(flags.FLAGS.config).model
   resolved, why = model.with_kernel_for(devices[0].platform)
   return f'attention kernel {resolved.attention_kernel} ({why})'
 
@@ -303,7 +292,7 @@ def _places(target_names: Sequence[str]) -> List[Tuple[str, List[jax.Device], Op
 
 def _measure(name: str, mesh_shape, devices, usable: Optional[int], batch: int) -> StepMemory:
   """One compile, with its progress line on stderr."""
-  memory = compile_step(FLAGS.config, mesh_shape, devices, usable, per_device_batch=batch)
+  memory = compile_step(flags.FLAGS.config, mesh_shape, devices, usable, per_device_batch=batch)
   print(f'{name} {mesh_shape}: {memory.progress_text()}', file=sys.stderr, flush=True)
   return memory
 

@@ -139,13 +139,16 @@ def _pooled_features(
       logs = np.log(np.where(p > 0, p, 1.0))
       w = token_weights(p, values[layer], host_mask)
       negative = np.where(w < 0, -w, 0.0).sum(-1) / np.maximum(np.abs(w).sum(-1), 1e-30)
+      entropy = (-(p * logs).sum(-1)).mean(-1)  # nats
       found = {
           'first': np.asarray(h[:, 0], np.float64),
           'mean': np.asarray(models.mean_pool(h, mask), np.float64),
-          'entropy': (-(p * logs).sum(-1)).mean(-1),  # nats
-          'largest': p.max(-1).mean(-1),  # the largest <s> weight
-          'weight_sum': w.sum(-1).mean(-1),  # of <s>'s token weights
-          'negative_share': negative.mean(-1),
+          # Each report row's mean: <s>'s attention and its token weights.
+          's_entropy_nats': entropy,
+          's_effective_keys': np.exp(entropy),
+          's_largest_weight': p.max(-1).mean(-1),
+          's_token_weight_sum': w.sum(-1).mean(-1),
+          's_negative_token_weight_share': negative.mean(-1),
           'slot_positions': slot_positions(values[layer], host_mask),
       }
       for name, value in found.items():
@@ -163,12 +166,9 @@ def probe_accuracy(
     eval_x: np.ndarray,
     eval_y: np.ndarray,
     num_classes: int,
-    *,
-    l2: float = 1e-3,
-    steps: int = 500,
 ) -> float:
-  """The evaluation accuracy of an L2 logistic regression on standardised
-  features, fitted by full-batch Adam."""
+  """The evaluation accuracy of a logistic regression (L2 penalty 1e-3) on
+  standardised features, fitted by 500 steps of full-batch Adam."""
   center, scale = train_x.mean(0), train_x.std(0) + 1e-6
   train_x = jnp.asarray((train_x - center) / scale, jnp.float32)
   eval_x = jnp.asarray((eval_x - center) / scale, jnp.float32)
@@ -178,7 +178,7 @@ def probe_accuracy(
   def loss(params):
     logits = train_x @ params['w'] + params['b']
     nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), train_y[:, None], 1).mean()
-    return nll + l2 * jnp.sum(params['w'] ** 2)
+    return nll + 1e-3 * jnp.sum(params['w'] ** 2)
 
   @jax.jit
   def update(params, state):
@@ -187,7 +187,7 @@ def probe_accuracy(
     return optax.apply_updates(params, updates), state
 
   state = optimizer.init(params)
-  for _ in range(steps):
+  for _ in range(500):
     params, state = update(params, state)
   predictions = np.asarray(jnp.argmax(eval_x @ params['w'] + params['b'], -1))
   return float(np.mean(predictions == eval_y))
@@ -195,8 +195,6 @@ def probe_accuracy(
 
 @dataclasses.dataclass(frozen=True)
 class ProbeSettings:
-  """The command's own settings, each its flag; the run's are --config.FIELD."""
-
   train_batches: int = setting(64, 'Training batches the probes are fitted on.')
 
 
@@ -242,12 +240,7 @@ def probe(
       row[f'probe_{pooling}'] = probe_accuracy(
           train[pooling][layer], train_labels, evaluation[pooling][layer], eval_labels, num_classes
       )
-    entropy = evaluation['entropy'][layer]
-    row['s_entropy_nats'] = float(entropy.mean())
-    row['s_effective_keys'] = float(np.exp(entropy).mean())
-    row['s_largest_weight'] = float(evaluation['largest'][layer].mean())
-    row['s_token_weight_sum'] = float(evaluation['weight_sum'][layer].mean())
-    row['s_negative_token_weight_share'] = float(evaluation['negative_share'][layer].mean())
+    row.update({name: float(v[layer].mean()) for name, v in evaluation.items() if name[:2] == 's_'})
     slots = evaluation['slot_positions'][layer]
     row['real_tokens_per_slot'] = None if np.isnan(slots).all() else float(slots.mean())
     layers.append(row)
@@ -284,7 +277,6 @@ def summary_lines(report: Dict[str, Any]) -> List[str]:
 
 
 def define_flags() -> None:
-  """The command's flags; defined only when run, so importing stays side-free."""
   cli.define_config_flags()
   settings_flags.define_flags(ProbeSettings)
 

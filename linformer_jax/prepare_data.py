@@ -33,15 +33,12 @@ FLAGS = flags.FLAGS
 
 @dataclasses.dataclass(frozen=True)
 class PrepareSettings:
-  """The command's own settings, each its flag; the run's are --config.FIELD."""
-
   part_index: int = setting(0, "This host's part of the splits.")
   part_count: int = setting(1, 'How many hosts prepare the splits.')
   tokenizer_only: bool = setting(False, 'Only train (or check) the tokenizer.')
 
 
 def define_flags() -> None:
-  """The command's flags: defined when it runs, so that importing it defines none."""
   settings_flags.define_flags(PrepareSettings)
   cli.define_config_flags()
 

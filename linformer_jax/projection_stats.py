@@ -208,13 +208,10 @@ def summary_lines(report: Mapping[str, Any]) -> List[str]:
 
 @dataclasses.dataclass(frozen=True)
 class StatsSettings:
-  """The command's own settings, each its flag; the run's are --config.FIELD."""
-
   step: int = setting(0, 'A kept step to read instead of the newest (0).')
 
 
 def define_flags() -> None:
-  """The command's flags: defined when it runs, so that importing it defines none."""
   cli.define_config_flags(reads_run=True)
   settings_flags.define_flags(StatsSettings)
 

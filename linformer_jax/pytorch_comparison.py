@@ -34,6 +34,7 @@ from linformer_jax.analysis import measuring
 from linformer_jax.analysis import tables
 from linformer_jax.analysis.benchmark_budget import ForwardPass
 from linformer_jax.analysis.benchmark_settings import VOCAB_SIZE
+from linformer_jax.analysis.benchmark_settings import benchmark_model
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
@@ -127,19 +128,14 @@ class ComparisonSettings:
 
   def model_config(self, seq_len: int) -> ModelConfig:
     """Our model shaped as `linformer.Linformer(dim, seq_len, depth, k, heads)`."""
-    return ModelConfig(
-        vocab_size=VOCAB_SIZE,
+    return benchmark_model(
+        self,
         max_len=seq_len,
-        num_layers=self.num_layers,
-        num_heads=self.num_heads,
-        hidden_dim=self.hidden_dim,
-        mlp_dim=self.mlp_dim,
         attention='linformer',
         projected_len=self.projected_len,
         sharing='headwise',
         projection='linear',
         pre_layer_norm=True,
-        dropout_rate=0.0,
     )
 
 
@@ -340,7 +336,6 @@ def _print_progress(row: Dict[str, Any]) -> None:
 
 
 def define_flags() -> None:
-  """The command's flags: defined when it runs, so that importing it defines none."""
   settings_flags.define_flags(ComparisonSettings)
 
 

@@ -260,8 +260,7 @@ def write_outputs(report: Mapping[str, Any], out_dir: str) -> List[str]:
   """Writes spectrum.json and the two plots; returns their paths."""
   os.makedirs(out_dir, exist_ok=True)
   paths = [os.path.join(out_dir, name) for name in (SPECTRUM_FILE, CURVES_PLOT, HEATMAP_PLOT)]
-  with open(paths[0], 'w') as f:
-    json.dump(report, f, indent=1)
+  storage.write_text(paths[0], json.dumps(report, indent=1))
   plot_curves(report, paths[1])
   plot_heatmap(report, paths[2])
   return paths
@@ -269,8 +268,6 @@ def write_outputs(report: Mapping[str, Any], out_dir: str) -> List[str]:
 
 @dataclasses.dataclass(frozen=True)
 class SpectrumSettings:
-  """The command's own settings, each its flag; the run's are --config.FIELD."""
-
   out: str = setting('', 'Output folder (default WORKDIR/spectrum).')
   num_sequences: int = setting(64, 'Evaluation sequences to average over.')
   index: int = setting(
@@ -281,7 +278,6 @@ class SpectrumSettings:
 
 
 def define_flags() -> None:
-  """The command's flags: defined when it runs, so that importing it defines none."""
   cli.define_config_flags(reads_run=True)
   settings_flags.define_flags(SpectrumSettings)
 

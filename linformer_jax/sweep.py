@@ -292,9 +292,6 @@ def run_sweep(
   return finished
 
 
-__all__ = ['Sweep', 'Variant', 'main']
-
-
 @dataclasses.dataclass(frozen=True)
 class SweepSettings:
   """The command's settings, each its flag."""
@@ -311,7 +308,6 @@ class SweepSettings:
 
 
 def define_flags() -> None:
-  """The command's flags: defined when it runs, so that importing it defines none."""
   settings_flags.define_flags(SweepSettings)
 
 

@@ -25,7 +25,6 @@ FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-  """The command's flags: defined when it runs, so that importing it defines none."""
   cli.define_config_flags()
 
 

@@ -2,7 +2,7 @@
 
 import dataclasses
 import os
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import jax
 
@@ -31,6 +31,15 @@ _KERNEL_DEVICES = {'cudnn': ('gpu', 'an NVIDIA GPU'), 'pallas': ('tpu', 'a TPU')
 _POSITIVE_SETTINGS = tuple(
     'num_layers hidden_dim num_heads mlp_dim batch repeats max_batch'.split()
 )
+
+
+def benchmark_model(settings: Any, **fields: Any) -> ModelConfig:
+  """A benchmark's model: a vocabulary of VOCAB_SIZE, no dropout, the settings'
+  num_layers, num_heads, hidden_dim and mlp_dim, and the other `fields` given."""
+  dims = {name: getattr(settings, name) for name in 'num_layers num_heads hidden_dim'.split()}
+  return ModelConfig(
+      vocab_size=VOCAB_SIZE, dropout_rate=0.0, mlp_dim=settings.mlp_dim, **dims, **fields
+  )
 
 
 def memory_limit_of_flag(limit_gb: Optional[float]) -> float:
@@ -156,18 +165,13 @@ class BenchmarkSettings:
     """The encoder of one cell of `model`; k is unused (and set to n) but for Linformer."""
     if model not in benchmark_report.MODELS:
       raise ValueError(f'Unknown benchmark model {model!r}; use one of {benchmark_report.MODELS}.')
-    return ModelConfig(
-        vocab_size=VOCAB_SIZE,
+    return benchmark_model(
+        self,
         max_len=seq_len,
-        num_layers=self.num_layers,
-        num_heads=self.num_heads,
-        hidden_dim=self.hidden_dim,
-        mlp_dim=self.mlp_dim,
         attention='linformer' if model == LINFORMER else 'full',
         projected_len=projected_len if model == LINFORMER else seq_len,
         sharing='layerwise',
         projection='linear',
-        dropout_rate=0.0,
         dtype=self.dtype,
         inference_chunk=0 if model == TRANSFORMER else self.inference_chunk,
         attention_kernel=self.attention_kernel if model == EFFICIENT_TRANSFORMER else 'einsum',

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from linformer_jax.training import compiled_step
 from linformer_jax.units import GIB
 
 
@@ -43,8 +44,12 @@ def random_tokens(shape: Tuple[int, ...], vocab_size: int, seed: int) -> jax.Arr
   return jnp.asarray(ids)
 
 
-def first_line(error: Exception) -> str:
-  return ' '.join(str(error).split())[:200]
+def out_of_memory(error: Exception) -> str:
+  """'out of memory: ...' (the error's first 200 characters) for a device out of memory;
+  raises any other error again."""
+  if not compiled_step.is_out_of_memory(error):
+    raise error
+  return f'out of memory: {" ".join(str(error).split())[:200]}'
 
 
 def over_limit_note(what: str, planned: Dict[str, int], limit: float) -> str:

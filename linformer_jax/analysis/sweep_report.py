@@ -15,6 +15,7 @@ import re
 import statistics
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from linformer_jax import storage
 from linformer_jax.analysis.tables import MISSING
 from linformer_jax.analysis.tables import markdown_table
 from linformer_jax.analysis.tables import new_axes
@@ -82,8 +83,7 @@ def results_of(variant_dir: str) -> Optional[Dict[str, Any]]:
   path = os.path.join(variant_dir, trainer.RESULTS_FILE)
   if not os.path.exists(path):
     return None
-  with open(path) as f:
-    return json.load(f)
+  return json.loads(storage.read_text(path))
 
 
 def _all_results(sweep: Any, workdir: str) -> Dict[str, Optional[Dict[str, Any]]]:
@@ -255,8 +255,7 @@ def write_report(sweep: Any, workdir: str) -> str:
         f'\n## Over seeds\n\n{seeds}\n\nThe mean over seeds against steps, shaded from the '
         f'lowest seed to the highest: {seeds_figure}.\n'
     )
-  with open(os.path.join(workdir, REPORT_FILE), 'w') as f:
-    f.write(text)
+  storage.write_text(os.path.join(workdir, REPORT_FILE), text)
   plot_metric(sweep, workdir, os.path.join(workdir, judged.figure))
   if seeds:
     plot_metric(sweep, workdir, os.path.join(workdir, seeds_figure), over_seeds=True)

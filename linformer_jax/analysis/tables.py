@@ -11,14 +11,9 @@ _SEPARATORS = {'-': '---', 'r': '---:', 'l': ':---'}
 
 
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]], align: str = '') -> str:
-  """A markdown table: the header, then one line per row (cells through str).
-
-  Args:
-    header: the column names.
-    rows: the cells of each row, one per column.
-    align: one character per column, '-' (no alignment), 'r' (right) or 'l'
-      (left); '' = '-' for every column.
-  """
+  """A markdown table: the header, then one line per row (cells through str);
+  `align` has a character per column, '-' (no alignment), 'r' (right) or 'l'
+  (left), '' standing for '-' in every column."""
   align = align or '-' * len(header)
   if len(align) != len(header):
     raise ValueError(f'align={align!r} names {len(align)} columns, the header {len(header)}')

@@ -170,6 +170,8 @@ FAST_CASES = {
         'linformer',
         'transformer-padded',
     ),
+    # Both signals go through one handler; SIGTERM (a preemption) represents them.
+    'test_sigterm_and_ctrl_c_save_a_checkpoint_before_exiting': ('sigterm',),
     'test_every_command_with_a_config_file_reports_it_in_one_line': (
         'train-raises_on_import',
         'evaluate-syntax_error',

@@ -53,6 +53,9 @@ def test_a_tiny_run_writes_results_metrics_events_and_checkpoints(finished_run):
   assert last < first
 
 
+# `make test` checks exact resumption through
+# test_reliability.py::test_a_run_resumes_exactly_from_the_newest_intact_checkpoint.
+@pytest.mark.long
 @pytest.mark.slow
 def test_resume_is_exact(tmp_path):
   config = tiny_config(total_steps=12, log_every=1, eval_every=6, checkpoint_every=100)

@@ -36,10 +36,9 @@ _POSITIVE_SETTINGS = tuple(
 def benchmark_model(settings: Any, **fields: Any) -> ModelConfig:
   """A benchmark's model: a vocabulary of VOCAB_SIZE, no dropout, the settings'
   num_layers, num_heads, hidden_dim and mlp_dim, and the other `fields` given."""
-  dims = {name: getattr(settings, name) for name in 'num_layers num_heads hidden_dim'.split()}
-  return ModelConfig(
-      vocab_size=VOCAB_SIZE, dropout_rate=0.0, mlp_dim=settings.mlp_dim, **dims, **fields
-  )
+  sizes = ('num_layers', 'num_heads', 'hidden_dim', 'mlp_dim')
+  dims = {name: getattr(settings, name) for name in sizes}
+  return ModelConfig(vocab_size=VOCAB_SIZE, dropout_rate=0.0, **dims, **fields)
 
 
 def memory_limit_of_flag(limit_gb: Optional[float]) -> float:

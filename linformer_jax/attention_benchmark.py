@@ -16,7 +16,6 @@ import jax.numpy as jnp
 
 from linformer_jax import cli
 from linformer_jax import settings_flags
-from linformer_jax.analysis import flag_checks
 from linformer_jax.analysis import measuring
 from linformer_jax.analysis.benchmark_settings import DTYPES
 from linformer_jax.analysis.tables import markdown_table
@@ -25,28 +24,23 @@ from linformer_jax.settings_flags import setting
 from linformer_jax.training import compiled_step
 from linformer_jax.units import MIB
 
-_POSITIVE_SETTINGS = ('projected_len', 'batch', 'heads', 'head_dim', 'repeats')
-
 
 @dataclasses.dataclass(frozen=True)
 class AttentionBenchmarkSettings:
   """What to measure; each field is the flag of its name, and a bad value raises a ConfigError."""
 
-  seq_lens: Sequence[int] = setting((512, 1024, 2048, 4096, 8192), 'Sequence lengths n to measure.')
-  projected_len: int = setting(256, 'Projected length k.')
-  batch: int = setting(1, 'Batch size.')
-  heads: int = setting(12, 'Attention heads.')
-  head_dim: int = setting(64, 'Features per head.')
+  seq_lens: Sequence[int] = setting(
+      (512, 1024, 2048, 4096, 8192), 'Sequence lengths n to measure.', minimum=1
+  )
+  projected_len: int = setting(256, 'Projected length k.', minimum=1)
+  batch: int = setting(1, 'Batch size.', minimum=1)
+  heads: int = setting(12, 'Attention heads.', minimum=1)
+  head_dim: int = setting(64, 'Features per head.', minimum=1)
   dtype: str = setting('float32', 'Dtype of q, k, v.', choices=DTYPES)
-  repeats: int = setting(10, 'Timed runs per cell.')
+  repeats: int = setting(10, 'Timed runs per cell.', minimum=1)
 
   def __post_init__(self):
-    object.__setattr__(self, 'seq_lens', tuple(self.seq_lens))
-    flag_checks.require_lengths('seq_lens', self.seq_lens)
-    for name in _POSITIVE_SETTINGS:
-      value = getattr(self, name)
-      flag_checks.require(value >= 1, name, value, 'use a positive integer')
-    flag_checks.require(self.dtype in DTYPES, 'dtype', self.dtype, f'use one of {DTYPES}')
+    settings_flags.check(self)
 
 
 def measure(fn: Callable[..., Any], args: Sequence[Any], repeats: int) -> Tuple[float, float]:

@@ -33,7 +33,6 @@ import jax.numpy as jnp
 from linformer_jax import cli
 from linformer_jax import settings_flags
 from linformer_jax.analysis import benchmark_settings
-from linformer_jax.analysis import flag_checks
 from linformer_jax.analysis import measuring
 from linformer_jax.analysis.benchmark_budget import parameter_bytes
 from linformer_jax.analysis.benchmark_report import memory_bytes
@@ -45,11 +44,10 @@ from linformer_jax.model import models
 from linformer_jax.model import projections
 from linformer_jax.model.layers import CACHE
 from linformer_jax.model.model_config import SHARING_MODES
+from linformer_jax.settings_flags import require
 from linformer_jax.settings_flags import setting
 from linformer_jax.training import compiled_step
 from linformer_jax.units import GIB
-
-_POSITIVE = ('num_layers', 'hidden_dim', 'num_heads', 'mlp_dim', 'batch', 'repeats', 'block_len')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,14 +62,16 @@ class CausalBenchmarkSettings:
   seq_lens: Sequence[int] = setting(
       (1024, 2048, 4096, 8192, 16384), 'Sequence lengths n of the timed forward pass; empty: skip.'
   )
-  num_layers: int = setting(12, 'Layers.')
-  hidden_dim: int = setting(768, 'Model width.')
-  num_heads: int = setting(12, 'Attention heads.')
-  mlp_dim: int = setting(3072, 'Feed-forward hidden width.')
-  batch: int = setting(1, 'Sequences per call.')
-  repeats: int = setting(10, 'Timed runs per cell, after a warm-up.')
+  num_layers: int = setting(12, 'Layers.', minimum=1)
+  hidden_dim: int = setting(768, 'Model width.', minimum=1)
+  num_heads: int = setting(12, 'Attention heads.', minimum=1)
+  mlp_dim: int = setting(3072, 'Feed-forward hidden width.', minimum=1)
+  batch: int = setting(1, 'Sequences per call.', minimum=1)
+  repeats: int = setting(10, 'Timed runs per cell, after a warm-up.', minimum=1)
   dtype: str = setting('float32', 'Compute dtype.', choices=benchmark_settings.DTYPES)
-  block_len: int = setting(128, "Linformer's block b; lengths it does not divide are skipped.")
+  block_len: int = setting(
+      128, "Linformer's block b; lengths it does not divide are skipped.", minimum=1
+  )
   slots: int = setting(16, "Linformer's summaries per block r (projected_len).")
   sharing: str = setting('layerwise', "Linformer's E/F sharing.", choices=SHARING_MODES)
   projection: str = setting(
@@ -81,6 +81,7 @@ class CausalBenchmarkSettings:
       (0,),
       'Forward pass: one Linformer row per query_blocks_per_step '
       '(0: all blocks at once), e.g. 0,4.',
+      minimum=0,
   )
   memory_limit_bytes: float = setting(
       float('inf'),
@@ -95,34 +96,24 @@ class CausalBenchmarkSettings:
   )
 
   def __post_init__(self):
-    for name in ('contexts', 'seq_lens', 'linformer_query_blocks'):
-      object.__setattr__(self, name, tuple(getattr(self, name)))
+    settings_flags.check(self)
     for name in ('contexts', 'seq_lens'):
       lengths = getattr(self, name)
-      flag_checks.require(all(n >= 1 for n in lengths), name, lengths, 'give positive integers')
-    blocks = self.linformer_query_blocks
-    advice = 'give integers >= 0 (0: all query blocks at once)'
-    flag_checks.require(blocks and min(blocks) >= 0, 'linformer_query_blocks', blocks, advice)
-    flag_checks.require_model_dims(self, _POSITIVE)
+      require(all(n >= 1 for n in lengths), name, lengths, 'give positive integers')
+    benchmark_settings.require_heads_divide_width(self)
     advice = f'use 1 <= slots <= --block_len={self.block_len}'
-    flag_checks.require(1 <= self.slots <= self.block_len, 'slots', self.slots, advice)
-    known = self.projection in projections.REGISTRY
-    windowed = known and projections.kind(self.projection).windowed
-    ok = not windowed or self.block_len % self.slots == 0
+    require(1 <= self.slots <= self.block_len, 'slots', self.slots, advice)
+    ok = not projections.kind(self.projection).windowed or self.block_len % self.slots == 0
     advice = f'--projection={self.projection} needs it to divide --block_len={self.block_len}'
-    flag_checks.require(ok, 'slots', self.slots, advice)
-    advice = f'use {SHARING_MODES}'
-    flag_checks.require(self.sharing in SHARING_MODES, 'sharing', self.sharing, advice)
-    advice = f'use {projections.REGISTRY.names()}'
-    flag_checks.require(known, 'projection', self.projection, advice)
+    require(ok, 'slots', self.slots, advice)
     advice = f'no Linformer cell is left: --block_len={self.block_len} divides none of them'
     for name in ('contexts', 'seq_lens'):
       lengths = getattr(self, name)
       ok = not lengths or min(n % self.block_len for n in lengths) == 0
-      flag_checks.require(ok, name, lengths, advice)
+      require(ok, name, lengths, advice)
     limit_gb = self.memory_limit_bytes / GIB
     ok = self.memory_limit_bytes > 0
-    flag_checks.require(ok, 'memory_limit_gb', limit_gb, 'use a positive size')
+    require(ok, 'memory_limit_gb', limit_gb, 'use a positive size')
 
   def model_config(self, attention: str, max_len: int, query_blocks_per_step: int = 0):
     """The causal language model of one cell; r is unused (set to max_len) for 'full'."""

@@ -29,7 +29,6 @@ from linformer_jax import cli
 from linformer_jax import settings_flags
 from linformer_jax.analysis import data_benchmark_corpus
 from linformer_jax.analysis import data_benchmark_report as report
-from linformer_jax.analysis import flag_checks
 from linformer_jax.analysis import loader_throughput
 from linformer_jax.analysis.process_memory import Measurement
 from linformer_jax.analysis.process_memory import run_measured
@@ -37,6 +36,7 @@ from linformer_jax.data import prepare
 from linformer_jax.data import shards
 from linformer_jax.data import tokenizer_files
 from linformer_jax.errors import ConfigError
+from linformer_jax.settings_flags import require
 from linformer_jax.settings_flags import setting
 from linformer_jax.training import run_config
 from linformer_jax.units import GIB
@@ -58,40 +58,38 @@ class Settings:
   config_path: str
   config: ml_collections.ConfigDict
   out: str = setting(help_text='Folder of the corpora, runs and results.')
-  sizes_mb: Sequence[int] = setting((256, 1024), 'Training corpus sizes, in MiB.')
+  sizes_mb: Sequence[int] = setting((256, 1024), 'Training corpus sizes, in MiB.', minimum=1)
   config_overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   seq_len: int = setting(0, "Packed sequence length (config.model.max_len); 0 keeps the config's.")
-  stages: Sequence[str] = setting(STAGES, 'Stages to run (the corpus is always made).')
+  stages: Sequence[str] = setting(
+      STAGES, 'Stages to run (the corpus is always made).', choices=STAGES
+  )
   seed: int = setting(0, "Seeds the corpus's document order.")
-  loader_batch_size: int = setting(32, 'Sequences per loader batch.')
+  loader_batch_size: int = setting(32, 'Sequences per loader batch.', minimum=1)
   loader_seconds: float = setting(10.0, 'Seconds the loader is timed.')
-  loader_warmup_batches: int = setting(5, 'Loader batches read before the timing starts.')
+  loader_warmup_batches: int = setting(
+      5, 'Loader batches read before the timing starts.', minimum=1
+  )
   loader_settings: Sequence[str] = setting(
       (),
       'Loader settings timed, WORKERS:THREADS:PREFETCH each (config.data.worker_count, '
       "read_threads, prefetch_buffer); none: the config's.",
   )
-  loader_repeats: int = setting(1, 'Timings of each loader setting; the table gives the best.')
+  loader_repeats: int = setting(
+      1, 'Timings of each loader setting; the table gives the best.', minimum=1
+  )
 
   def __post_init__(self):
-    for name in ('sizes_mb', 'stages', 'loader_settings'):
-      object.__setattr__(self, name, tuple(getattr(self, name)))
+    settings_flags.check(self)
     object.__setattr__(self, 'seq_len', self.seq_len or self.config.model.max_len)
     # The commands run in the repository root.
     object.__setattr__(self, 'config_path', os.path.abspath(self.config_path))
     if not self.out:
       raise ConfigError('--out is empty; name a folder for the corpora and results.')
-    sizes, stages = self.sizes_mb, self.stages
-    advice = 'give positive sizes in MiB, e.g. 256,1024'
-    flag_checks.require(sizes and min(sizes) >= 1, 'sizes_mb', sizes, advice)
-    advice = f'use some of {",".join(STAGES)}'
-    flag_checks.require(stages and not set(stages) - set(STAGES), 'stages', stages, advice)
-    flag_checks.require(self.seq_len >= 3, 'seq_len', self.seq_len, 'use an int >= 3')
+    require(self.seq_len >= 3, 'seq_len', self.seq_len, 'use an int >= 3')
     for text in self.loader_settings:
       loader_throughput.LoaderSetting.parse(text)
-    for name in ('loader_batch_size', 'loader_warmup_batches', 'loader_seconds', 'loader_repeats'):
-      value = getattr(self, name)
-      flag_checks.require(value > 0, name, value, 'use a positive value')
+    require(self.loader_seconds > 0, 'loader_seconds', self.loader_seconds, 'use a positive value')
     # Now, not after an hour of preparation: the model must take seq_len, and so on.
     run_config.settings_of(apply_overrides(self.config, self.train_overrides('', '', 2)))
 

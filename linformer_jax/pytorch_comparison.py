@@ -29,15 +29,15 @@ import optax
 
 from linformer_jax import cli
 from linformer_jax import settings_flags
-from linformer_jax.analysis import flag_checks
+from linformer_jax.analysis import benchmark_settings
 from linformer_jax.analysis import measuring
 from linformer_jax.analysis import tables
 from linformer_jax.analysis.benchmark_budget import ForwardPass
 from linformer_jax.analysis.benchmark_settings import VOCAB_SIZE
-from linformer_jax.analysis.benchmark_settings import benchmark_model
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.settings_flags import require
 from linformer_jax.settings_flags import setting
 
 MODES = ('forward', 'train')
@@ -77,21 +77,22 @@ class ComparisonSettings:
   """What to measure, each field a flag of its name; bad values raise a ConfigError naming it."""
 
   seq_lens: Sequence[int] = setting(
-      (512, 1024, 2048, 4096, 8192), 'Sequence lengths n; only n > k run.'
+      (512, 1024, 2048, 4096, 8192), 'Sequence lengths n; only n > k run.', minimum=1
   )
-  projected_len: int = setting(256, "Linformer's projected length k.")
-  num_layers: int = setting(2, 'Encoder layers.')
-  hidden_dim: int = setting(768, 'Model width (the MLP is 4 times as wide).')
-  num_heads: int = setting(12, 'Attention heads.')
-  batch: int = setting(1, 'Sequences per pass or step.')
-  repeats: int = setting(5, 'Timed runs per (n, mode), after a warm-up.')
+  projected_len: int = setting(256, "Linformer's projected length k.", minimum=1)
+  num_layers: int = setting(2, 'Encoder layers.', minimum=1)
+  hidden_dim: int = setting(768, 'Model width (the MLP is 4 times as wide).', minimum=1)
+  num_heads: int = setting(12, 'Attention heads.', minimum=1)
+  batch: int = setting(1, 'Sequences per pass or step.', minimum=1)
+  repeats: int = setting(5, 'Timed runs per (n, mode), after a warm-up.', minimum=1)
   modes: Sequence[str] = setting(
-      MODES, 'forward (inference pass), train (forward, backward, AdamW).'
+      MODES, 'forward (inference pass), train (forward, backward, AdamW).', choices=MODES
   )
   threads: int = setting(
       help_text="PyTorch's intra-op threads; default os.cpu_count() "
       '(JAX on CPU uses one per core).',
       default_factory=lambda: os.cpu_count() or 1,
+      minimum=1,
   )
   torch_python: str = setting(
       '.venv-torch/bin/python',
@@ -102,13 +103,9 @@ class ComparisonSettings:
   )
 
   def __post_init__(self):
-    object.__setattr__(self, 'seq_lens', tuple(self.seq_lens))
-    object.__setattr__(self, 'modes', tuple(self.modes))
-    flag_checks.require_lengths('seq_lens', self.seq_lens)
-    flag_checks.require_model_dims(self, INTEGER_SETTINGS)
-    ok = self.modes and not set(self.modes) - set(MODES) and len(set(self.modes)) == len(self.modes)
-    advice = f'give one or more of {",".join(MODES)}, each once'
-    flag_checks.require(ok, 'modes', self.modes, advice)
+    settings_flags.check(self)
+    benchmark_settings.require_heads_divide_width(self)
+    require(len(set(self.modes)) == len(self.modes), 'modes', self.modes, 'give each mode once')
     if not self.measured_seq_lens:
       raise ConfigError(
           f'--projected_len={self.projected_len} leaves nothing to measure: it is >= every n '
@@ -128,7 +125,7 @@ class ComparisonSettings:
 
   def model_config(self, seq_len: int) -> ModelConfig:
     """Our model shaped as `linformer.Linformer(dim, seq_len, depth, k, heads)`."""
-    return benchmark_model(
+    return benchmark_settings.benchmark_model(
         self,
         max_len=seq_len,
         attention='linformer',

@@ -16,9 +16,12 @@ name, type and default) and the command's absl flag at the same time:
 
 The flag's kind follows the field's type: int, float, bool, str (an enum with
 `choices`), and a sequence of ints or strings as a comma-separated list, or
-with `repeated=True` a flag given once per string (`--set=a=1 --set=b=2`). The
-dataclass's own checks (`__post_init__`) then raise a ConfigError naming the
-flag, which the command prints as one line. A flag may differ from its field
+with `repeated=True` a flag given once per string (`--set=a=1 --set=b=2`). A
+field's bounds are part of its declaration (`choices`, `minimum`): the
+dataclass's `__post_init__` calls `check(self)`, which makes every sequence a
+tuple and refuses a value out of bounds, then adds its own checks with
+`require`. Each raises a ConfigError naming the flag, which the command prints
+as one line. A flag may differ from its field
 in name and unit (`--memory_limit_gb` fills `memory_limit_bytes`), told by
 `flag`, `flag_default` and `from_flag`. Fields made without `setting` are no
 flags; the command passes them to `from_flags` itself.
@@ -52,6 +55,7 @@ class _FlagSpec:
   choices: Optional[Sequence[str]]
   required: bool
   repeated: bool = False
+  minimum: Optional[int] = None
 
 
 def setting(
@@ -65,6 +69,7 @@ def setting(
     choices: Optional[Sequence[str]] = None,
     required: bool = False,
     repeated: bool = False,
+    minimum: Optional[int] = None,
 ) -> Any:
   """A dataclass field that is also a command-line flag.
 
@@ -79,11 +84,14 @@ def setting(
       a value worked out at run time by `from_flag`.
     from_flag: turns the parsed flag value into the field's value (called
       with None too); without it a None flag leaves the field's default.
-    choices: the allowed strings of a str setting (an enum flag).
+    choices: the allowed strings of a str setting (an enum flag), or of each
+      string of a sequence, which must then hold one or more.
     required: the flag must be given even though the field has a default.
     repeated: a sequence of strings given as one flag per string.
+    minimum: the smallest value of an int setting, or of each value of a
+      sequence of ints, which must then hold one or more.
   """
-  spec = _FlagSpec(help_text, flag, flag_default, from_flag, choices, required, repeated)
+  spec = _FlagSpec(help_text, flag, flag_default, from_flag, choices, required, repeated, minimum)
   return dataclasses.field(default=default, default_factory=default_factory, metadata={_FLAG: spec})
 
 
@@ -158,6 +166,41 @@ def int_list(flag: str, values: Sequence[str]) -> list:
     raise ConfigError(
         f'--{flag}={",".join(values)} is not allowed: give comma-separated integers.'
     ) from None
+
+
+def require(ok: bool, flag: str, value: Any, advice: str) -> None:
+  """Raises `--FLAG=VALUE is not allowed: ADVICE.` unless ok."""
+  if not ok:
+    shown = ','.join(map(str, value)) if isinstance(value, (tuple, list)) else value
+    raise ConfigError(f'--{flag}={shown} is not allowed: {advice}.')
+
+
+def check(settings: Any) -> None:
+  """Makes each sequence field of the frozen dataclass `settings` a tuple, and checks
+  every value against the `choices` and `minimum` its `setting` declares."""
+  for field, spec, field_type in _flag_fields(type(settings)):
+    value, name = getattr(settings, field.name), flag_name(field)
+    if value is None:  # an Optional setting left unset
+      continue
+    if spec.repeated or _item_type(field_type) is not None:
+      value = tuple(value)
+      object.__setattr__(settings, field.name, value)
+    choices = ', '.join(spec.choices or ())
+    if spec.choices is not None and isinstance(value, tuple):
+      ok = bool(value) and set(value) <= set(spec.choices)
+      require(ok, name, value, f'give one or more of {choices}')
+    elif spec.choices is not None:
+      require(value in spec.choices, name, value, f'use one of {choices}')
+    if spec.minimum is None:
+      continue
+    positive = spec.minimum == 1
+    if isinstance(value, tuple):
+      ok = bool(value) and min(value) >= spec.minimum
+      items = 'positive integers' if positive else f'integers >= {spec.minimum}'
+      require(ok, name, value, f'give one or more {items}')
+    else:
+      advice = 'use a positive integer' if positive else f'use an integer >= {spec.minimum}'
+      require(value >= spec.minimum, name, value, advice)
 
 
 def from_flags(

@@ -81,6 +81,41 @@ def test_a_required_setting_and_a_bad_list_are_refused():
     settings_flags.from_flags(Toy, parsed('--name=n', '--lengths=4,x'))
 
 
+@dataclasses.dataclass(frozen=True)
+class Bounded:
+  lengths: Sequence[int] = setting((8, 16), 'Lengths.', minimum=1)
+  blocks: Sequence[int] = setting((0,), 'Blocks.', minimum=0)
+  modes: Sequence[str] = setting(('a',), 'Modes.', choices=('a', 'b'))
+  depth: int = setting(2, 'Depth.', minimum=1)
+  kind: str = setting('x', 'Kind.', choices=('x', 'y'))
+
+  def __post_init__(self):
+    settings_flags.check(self)
+
+
+@pytest.mark.parametrize(
+    'fields, message',
+    [
+        (dict(lengths=()), '--lengths= is not allowed: give one or more positive integers.'),
+        (dict(lengths=[8, 0]), '--lengths=8,0 is not allowed: give one or more positive integers.'),
+        (dict(blocks=[-1]), '--blocks=-1 is not allowed: give one or more integers >= 0.'),
+        (dict(modes=['a', 'c']), '--modes=a,c is not allowed: give one or more of a, b.'),
+        (dict(modes=[]), '--modes= is not allowed: give one or more of a, b.'),
+        (dict(depth=0), '--depth=0 is not allowed: use a positive integer.'),
+        (dict(kind='z'), '--kind=z is not allowed: use one of x, y.'),
+    ],
+)
+def test_declared_bounds_refuse_a_value_naming_its_flag(fields, message):
+  with pytest.raises(ConfigError) as raised:
+    Bounded(**fields)
+  assert str(raised.value) == message
+
+
+def test_declared_bounds_pass_edge_values_and_make_lists_tuples():
+  bounded = Bounded(lengths=[1], blocks=[0, 3], modes=['b', 'a'], depth=1, kind='y')
+  assert (bounded.lengths, bounded.blocks, bounded.modes) == ((1,), (0, 3), ('b', 'a'))
+
+
 # The defaults each command had on its own flags, by flag name.
 COMMAND_DEFAULTS = {
     benchmark.BenchmarkSettings: {

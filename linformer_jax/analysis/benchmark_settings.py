@@ -6,8 +6,8 @@ from typing import Any, Optional, Sequence
 
 import jax
 
+from linformer_jax import settings_flags
 from linformer_jax.analysis import benchmark_report
-from linformer_jax.analysis import flag_checks
 from linformer_jax.analysis.benchmark_report import EFFICIENT_TRANSFORMER
 from linformer_jax.analysis.benchmark_report import LINFORMER
 from linformer_jax.analysis.benchmark_report import TRANSFORMER
@@ -27,10 +27,6 @@ DEFAULT_MEMORY_FRACTION = 0.8
 BUDGET_RUNTIME_FACTOR = 1.5
 # The attention kernels that run on one backend only: its name and the device.
 _KERNEL_DEVICES = {'cudnn': ('gpu', 'an NVIDIA GPU'), 'pallas': ('tpu', 'a TPU')}
-# The settings that must be positive integers (each is the flag of its name).
-_POSITIVE_SETTINGS = tuple(
-    'num_layers hidden_dim num_heads mlp_dim batch repeats max_batch'.split()
-)
 
 
 def benchmark_model(settings: Any, **fields: Any) -> ModelConfig:
@@ -39,6 +35,13 @@ def benchmark_model(settings: Any, **fields: Any) -> ModelConfig:
   sizes = ('num_layers', 'num_heads', 'hidden_dim', 'mlp_dim')
   dims = {name: getattr(settings, name) for name in sizes}
   return ModelConfig(vocab_size=VOCAB_SIZE, dropout_rate=0.0, **dims, **fields)
+
+
+def require_heads_divide_width(settings: Any) -> None:
+  """--num_heads must divide --hidden_dim."""
+  advice = f'it must be divisible by --num_heads={settings.num_heads}'
+  ok = settings.hidden_dim % settings.num_heads == 0
+  settings_flags.require(ok, 'hidden_dim', settings.hidden_dim, advice)
 
 
 def memory_limit_of_flag(limit_gb: Optional[float]) -> float:
@@ -53,21 +56,26 @@ class BenchmarkSettings:
   Invalid values raise a ConfigError naming the flag.
   """
 
-  seq_lens: Sequence[int] = setting(tuple(2**p for p in range(9, 17)), 'Sequence lengths n.')
-  projected_lens: Sequence[int] = setting(
-      (128, 256, 512, 1024, 2048), "Linformer's projected lengths k; only k < n are measured."
+  seq_lens: Sequence[int] = setting(
+      tuple(2**p for p in range(9, 17)), 'Sequence lengths n.', minimum=1
   )
-  num_layers: int = setting(12, 'Encoder layers.')
-  hidden_dim: int = setting(768, 'Model width.')
-  num_heads: int = setting(12, 'Attention heads.')
-  mlp_dim: int = setting(3072, 'Feed-forward hidden width.')
-  batch: int = setting(1, 'Sequences per forward pass; ignored with --memory_budget_gb.')
-  repeats: int = setting(10, 'Timed runs per cell.')
+  projected_lens: Sequence[int] = setting(
+      (128, 256, 512, 1024, 2048),
+      "Linformer's projected lengths k; only k < n are measured.",
+      minimum=1,
+  )
+  num_layers: int = setting(12, 'Encoder layers.', minimum=1)
+  hidden_dim: int = setting(768, 'Model width.', minimum=1)
+  num_heads: int = setting(12, 'Attention heads.', minimum=1)
+  mlp_dim: int = setting(3072, 'Feed-forward hidden width.', minimum=1)
+  batch: int = setting(1, 'Sequences per forward pass; ignored with --memory_budget_gb.', minimum=1)
+  repeats: int = setting(10, 'Timed runs per cell.', minimum=1)
   dtype: str = setting('float32', 'Compute dtype.', choices=DTYPES)
   train_throughput: bool = setting(False, 'Also time an MLM training step per cell.')
   matmul_sizes: Sequence[int] = setting(
       (1024, 2048, 4096),
       'Sides of the square jnp.dots timed for the matmul rate (the best counts).',
+      minimum=1,
   )
   memory_limit_bytes: float = setting(
       float('inf'),
@@ -82,6 +90,7 @@ class BenchmarkSettings:
       0,
       'Positions per chunk of the queries and MLP of Linformer and of an added '
       "memory-efficient Transformer ('transformer-efficient'); 0 runs one pass.",
+      minimum=0,
   )
   attention_kernel: str = setting(
       'einsum',
@@ -98,20 +107,16 @@ class BenchmarkSettings:
       flag='memory_budget_gb',
       from_flag=lambda budget_gb: None if budget_gb is None else budget_gb * GIB,
   )
-  max_batch: int = setting(4096, 'The largest batch the --memory_budget_gb search tries.')
+  max_batch: int = setting(
+      4096, 'The largest batch the --memory_budget_gb search tries.', minimum=1
+  )
   out: Optional[str] = setting(
       None, 'Directory for results.csv, table.md and the plots.', required=True
   )
 
   def __post_init__(self):
-    for name in ('seq_lens', 'projected_lens', 'matmul_sizes'):
-      object.__setattr__(self, name, tuple(getattr(self, name)))
-    flag_checks.require_lengths('seq_lens', self.seq_lens)
-    flag_checks.require_lengths('projected_lens', self.projected_lens)
-    flag_checks.require_model_dims(self, _POSITIVE_SETTINGS)
-    advice = 'give positive matrix sides, e.g. 1024,2048,4096'
-    ok = bool(self.matmul_sizes) and min(self.matmul_sizes) >= 1
-    flag_checks.require(ok, 'matmul_sizes', self.matmul_sizes, advice)
+    settings_flags.check(self)
+    require_heads_divide_width(self)
     if min(self.projected_lens) >= max(self.seq_lens):
       raise ConfigError(
           f'--projected_lens={",".join(map(str, self.projected_lens))} leaves no Linformer cell: '
@@ -124,7 +129,7 @@ class BenchmarkSettings:
     if budget is None:
       return
     advice = 'give a positive number of GiB, e.g. 16, or leave it unset to time a fixed --batch'
-    flag_checks.require(budget > 0, 'memory_budget_gb', f'{budget / GIB:g}', advice)
+    settings_flags.require(budget > 0, 'memory_budget_gb', f'{budget / GIB:g}', advice)
     if budget * BUDGET_RUNTIME_FACTOR > self.memory_limit_bytes:
       limit = self.memory_limit_bytes / GIB
       raise ConfigError(
@@ -136,11 +141,7 @@ class BenchmarkSettings:
       )
 
   def _validate_efficient_transformer(self) -> None:
-    advice = 'use 0 (one pass) or a positive number of positions per chunk, e.g. 512'
-    flag_checks.require(self.inference_chunk >= 0, 'inference_chunk', self.inference_chunk, advice)
     kernel = self.attention_kernel
-    advice = f'use one of {", ".join(ATTENTION_KERNELS)}'
-    flag_checks.require(kernel in ATTENTION_KERNELS, 'attention_kernel', kernel, advice)
     if kernel == 'cudnn' and self.dtype != 'bfloat16':
       raise ConfigError(
           '--attention_kernel=cudnn needs --dtype=bfloat16 (cuDNN attention takes '

@@ -14,11 +14,11 @@ from typing import Any, Dict, List, Sequence
 
 import psutil
 
-from linformer_jax.analysis import flag_checks
 from linformer_jax.analysis import process_memory
 from linformer_jax.data import masked_lm
 from linformer_jax.data import packed_batches
 from linformer_jax.data import tokenizer as tokenizer_lib
+from linformer_jax.settings_flags import require
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +35,7 @@ class LoaderSetting:
     parts = text.split(':')
     ok = len(parts) == 3 and all(part.isdigit() for part in parts)
     advice = 'give WORKERS:THREADS:PREFETCH as integers >= 0, e.g. 2:0:0 or 0:1:4'
-    flag_checks.require(ok, 'loader_settings', repr(text), advice)
+    require(ok, 'loader_settings', repr(text), advice)
     return cls(*map(int, parts))
 
   @property

@@ -37,7 +37,6 @@ from linformer_jax.analysis import benchmark_report
 from linformer_jax.analysis import benchmark_settings
 from linformer_jax.analysis import measuring
 from linformer_jax.analysis.benchmark_settings import BenchmarkSettings
-from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.training import compiled_step
 from linformer_jax.units import GIB
@@ -67,14 +66,9 @@ def _train_tokens_per_s(
   """Tokens per second of a training step, or None and a note saying why it was skipped."""
   # One pass, as in training: the step is deterministic only to drop dropout,
   # which would otherwise turn on the inference chunks.
-  model = models.MaskedLanguageModel(dataclasses.replace(config, inference_chunk=0))
-  optimizer = optax.sgd(1e-3)
+  config = dataclasses.replace(config, inference_chunk=0)
   try:
-    abstract_params = jax.eval_shape(model.init, jax.random.PRNGKey(0), tokens)['params']
-    params = measuring.random_variables(abstract_params, seed=1)
-    opt_state = optimizer.init(params)
-    step = jax.jit(functools.partial(measuring.mlm_train_step, model, optimizer))
-    compiled = step.lower(params, opt_state, tokens).compile()
+    compiled, params, opt_state = measuring.compiled_mlm_train_step(config, optax.sgd(1e-3), tokens)
     planned = compiled_step.planned_bytes(compiled)
     if benchmark_report.memory_bytes(planned) > settings.memory_limit_bytes:
       return None, measuring.over_limit_note('train step', planned, settings.memory_limit_bytes)

@@ -191,13 +191,14 @@ _reads_run = False
 _config_from_workdir = None
 
 
-def define_config_flags(reads_run: bool = False) -> None:
+def define_config_flags(reads_run: bool = False, writes: bool = True) -> None:
   """Defines --config (a Python config file, overridable per field, or a run
   folder whose config.json is read) and --workdir.
 
   With `reads_run`, for commands that read a trained run, --config may be left
   out: the run's own WORKDIR/config.json is the config (its extensions
-  imported), and --config.X overrides apply to it as to a file's.
+  imported), and --config.X overrides apply to it as to a file's. A command
+  that writes nothing (not `writes`) needs no --workdir.
   """
   global _reads_run
   _reads_run = reads_run
@@ -213,9 +214,11 @@ def define_config_flags(reads_run: bool = False) -> None:
   )
   flags.FLAGS['config'].parser = ConfigFileParser('config')
   flags.DEFINE_string(
-      'workdir', None, 'Directory of the run: checkpoints, metrics, TensorBoard events, results.'
+      'workdir',
+      None if writes else '',
+      'Directory of the run: checkpoints, metrics, TensorBoard events, results.',
   )
-  flags.mark_flags_as_required(['workdir'] if reads_run else ['config', 'workdir'])
+  flags.mark_flags_as_required(['workdir'] * writes + ([] if reads_run else ['config']))
   flags.DEFINE_string(
       'coordinator_address',
       '',

@@ -105,8 +105,7 @@ def train_step_matmul_dtypes(config: ml_collections.ConfigDict) -> MatmulDtypes:
 
 
 def define_flags() -> None:
-  cli.define_config_flags()
-  flags.FLAGS.set_default('workdir', '')  # nothing is written; --workdir is not needed
+  cli.define_config_flags(writes=False)
 
 
 def main(_: List[str]) -> None:

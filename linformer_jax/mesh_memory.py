@@ -242,8 +242,7 @@ class MeshMemorySettings:
 
 
 def define_flags() -> None:
-  cli.define_config_flags()
-  flags.FLAGS.set_default('workdir', '')  # nothing is written; --workdir is not needed
+  cli.define_config_flags(writes=False)
   settings_flags.define_flags(MeshMemorySettings)
 
 

@@ -33,12 +33,12 @@ import optax
 from linformer_jax import cli
 from linformer_jax import settings_flags
 from linformer_jax import storage
-from linformer_jax.checkpoints import partial_restore
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import attention_capture
 from linformer_jax.model import layers
 from linformer_jax.model import models
 from linformer_jax.settings_flags import setting
+from linformer_jax.training import fine_tuning
 from linformer_jax.training import run_builder
 
 
@@ -219,14 +219,10 @@ def probe(
   attention_capture.require_plain_softmax(parts.model_config, 'pooling_probe')
   parts.task.check_init_from(config)
   data = parts.build_data(workdir)
-  abstract = parts.abstract_variables()
-  subtrees = {('params', 'encoder'): abstract['params']['encoder']}
-  for collection, variables in abstract.items():
-    if collection != 'params' and 'encoder' in variables:
-      subtrees[('constants', collection, 'encoder')] = variables['encoder']
-  restored = partial_restore.restore_subtrees(config.init_from, subtrees)
-  # ('params', 'encoder') -> 'params'; ('constants', COLLECTION, 'encoder') -> COLLECTION.
-  variables = {path[-2]: value for path, value in restored.items()}
+  abstract = dict(parts.abstract_variables())
+  encoder_params = abstract.pop('params')['encoder']
+  params, constants = fine_tuning.restore_encoder(config.init_from, encoder_params, abstract)
+  variables = {'params': params, **constants}
   model_config = parts.model_config
   step = _encoder_step(model_config)
   train_data = [next(data.train_iterator) for _ in range(train_batches)]

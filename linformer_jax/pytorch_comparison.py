@@ -29,13 +29,13 @@ import optax
 
 from linformer_jax import cli
 from linformer_jax import settings_flags
+from linformer_jax import storage
 from linformer_jax.analysis import benchmark_settings
 from linformer_jax.analysis import measuring
 from linformer_jax.analysis import tables
 from linformer_jax.analysis.benchmark_budget import ForwardPass
 from linformer_jax.analysis.benchmark_settings import VOCAB_SIZE
 from linformer_jax.errors import ConfigError
-from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.settings_flags import require
 from linformer_jax.settings_flags import setting
@@ -140,9 +140,6 @@ class TorchBaselineError(RuntimeError):
   """The PyTorch script failed or printed something other than its rows."""
 
 
-_jitted_train_step = jax.jit(measuring.mlm_train_step, static_argnums=(0, 1), donate_argnums=(2, 3))
-
-
 def _forward_times(config: ModelConfig, tokens: jax.Array, repeats: int) -> List[float]:
   forward = ForwardPass(config)
   compiled = forward.compile(tokens.shape[0])
@@ -151,17 +148,12 @@ def _forward_times(config: ModelConfig, tokens: jax.Array, repeats: int) -> List
 
 
 def _train_step_times(config: ModelConfig, tokens: jax.Array, repeats: int) -> List[float]:
-  model = models.MaskedLanguageModel(config)
   optimizer = optax.adamw(LEARNING_RATE)
-  params = measuring.random_variables(
-      jax.eval_shape(model.init, jax.random.PRNGKey(0), tokens)['params'], seed=1
-  )
-  # The step donates its inputs, so every call feeds it the previous outputs.
-  state = {'params': params, 'opt_state': optimizer.init(params)}
+  compiled, *state = measuring.compiled_mlm_train_step(config, optimizer, tokens, donate=True)
 
-  def step():
-    outputs = _jitted_train_step(model, optimizer, state['params'], state['opt_state'], tokens)
-    state['params'], state['opt_state'], _ = outputs
+  def step():  # the step donates its inputs: each call takes the previous outputs
+    outputs = compiled(*state, tokens)
+    state[:] = outputs[:2]
     return outputs
 
   return measuring.time_ms(step, repeats)
@@ -317,8 +309,7 @@ def write_report(rows: Sequence[Dict[str, Any]], out_dir: str, header: str) -> s
   )
   markdown = f'{header}\n\n{table}\n'
   os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, 'comparison.md'), 'w') as f:
-    f.write(markdown)
+  storage.write_text(os.path.join(out_dir, 'comparison.md'), markdown)
   tables.write_csv(os.path.join(out_dir, 'comparison.csv'), rows, COLUMNS)
   return markdown
 

@@ -9,6 +9,7 @@ import functools
 import os
 from typing import Any, Callable, Dict, List, Optional
 
+from linformer_jax import storage
 from linformer_jax.analysis import tables
 from linformer_jax.units import GIB
 from linformer_jax.units import MIB
@@ -212,8 +213,7 @@ def write_outputs(
       format_summary(rows, matmul_gflops),
   ]
   text = '\n\n'.join(part for part in parts if part) + '\n'
-  with open(os.path.join(out_dir, 'table.md'), 'w') as f:
-    f.write(text)
+  storage.write_text(os.path.join(out_dir, 'table.md'), text)
   _plot(
       rows,
       lambda row: row['us_per_token'],

@@ -4,6 +4,7 @@ its plots and its CSV."""
 import os
 from typing import Any, Dict, List
 
+from linformer_jax import storage
 from linformer_jax.analysis import tables
 from linformer_jax.analysis.benchmark_report import memory_bytes
 from linformer_jax.units import MIB
@@ -127,8 +128,7 @@ def write_outputs(rows: List[Dict[str, Any]], out_dir: str, header: str = '') ->
   notes = [f"- {cell_name(r)}: {r['note']}" for r in rows if r['note']]
   parts.append('Skipped or partial cells:\n' + '\n'.join(notes) if notes else '')
   text = '\n\n'.join(part for part in parts if part) + '\n'
-  with open(os.path.join(out_dir, 'table.md'), 'w') as f:
-    f.write(text)
+  storage.write_text(os.path.join(out_dir, 'table.md'), text)
   _plot(rows, 'generation', 'context C', 'ms per token', 'Generation: time per token', out_dir)
   _plot(rows, 'forward', 'sequence length n', 'forward time (ms)', 'Causal forward pass', out_dir)
   return text

@@ -103,15 +103,26 @@ def with_pretrained_encoder(
       for name, field in FRESH_ENCODER_PARAMS.items()
       if name in encoder and not saved_model.get(field)
   ]
-  subtrees = {('params', 'encoder'): {k: v for k, v in encoder.items() if k not in fresh}}
-  for collection, variables in abstract_state.constants.items():
+  kept = {name: value for name, value in encoder.items() if name not in fresh}
+  encoder_params, encoder_constants = restore_encoder(init_from, kept, abstract_state.constants)
+  params = dict(state.params)
+  params['encoder'] = {**state.params['encoder'], **encoder_params}
+  constants = {collection: dict(variables) for collection, variables in state.constants.items()}
+  for collection, value in encoder_constants.items():
+    constants[collection]['encoder'] = value
+  return state.replace(params=params, constants=constants), fresh
+
+
+def restore_encoder(
+    init_from: str, abstract_params: Dict[str, Any], abstract_constants: Dict[str, Any]
+) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+  """The encoder's parameters named in `abstract_params` (the encoder's subtree) and,
+  by collection, its constants (of `abstract_constants`, the model's), from run
+  `init_from`'s newest checkpoint."""
+  subtrees = {('params', 'encoder'): abstract_params}
+  for collection, variables in abstract_constants.items():
     if 'encoder' in variables:
       subtrees[('constants', collection, 'encoder')] = variables['encoder']
   restored = partial_restore.restore_subtrees(init_from, subtrees)
-  params = dict(state.params)
-  params['encoder'] = {**state.params['encoder'], **restored[('params', 'encoder')]}
-  constants = {collection: dict(variables) for collection, variables in state.constants.items()}
-  for path, value in restored.items():
-    if path[0] == 'constants':
-      constants[path[1]]['encoder'] = value
-  return state.replace(params=params, constants=constants), fresh
+  constants = {path[1]: value for path, value in restored.items() if path[0] == 'constants'}
+  return restored[('params', 'encoder')], constants

@@ -218,7 +218,8 @@ def define_config_flags(reads_run: bool = False, writes: bool = True) -> None:
       None if writes else '',
       'Directory of the run: checkpoints, metrics, TensorBoard events, results.',
   )
-  flags.mark_flags_as_required(['workdir'] * writes + ([] if reads_run else ['config']))
+  required = ([] if reads_run else ['config']) + (['workdir'] if writes else [])
+  flags.mark_flags_as_required(required)
   flags.DEFINE_string(
       'coordinator_address',
       '',

@@ -185,12 +185,11 @@ def check(settings: Any) -> None:
     if spec.repeated or _item_type(field_type) is not None:
       value = tuple(value)
       object.__setattr__(settings, field.name, value)
-    choices = ', '.join(spec.choices or ())
     if spec.choices is not None and isinstance(value, tuple):
       ok = bool(value) and set(value) <= set(spec.choices)
-      require(ok, name, value, f'give one or more of {choices}')
+      require(ok, name, value, f'give one or more of {", ".join(spec.choices)}')
     elif spec.choices is not None:
-      require(value in spec.choices, name, value, f'use one of {choices}')
+      require(value in spec.choices, name, value, f'use one of {", ".join(spec.choices)}')
     if spec.minimum is None:
       continue
     positive = spec.minimum == 1

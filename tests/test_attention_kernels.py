@@ -1,5 +1,12 @@
 """model.attention_kernel='auto': the kernel a step takes on the devices it is
-compiled for, and the one-line refusals of a kernel the devices cannot run."""
+compiled for, the one-line refusals of a kernel the devices cannot run, and a
+fused kernel split over a mesh, per device, inside a shard_map."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
@@ -14,6 +21,7 @@ from linformer_jax.model import attention
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.training import run_builder
+from linformer_jax.training import sharding
 
 
 @pytest.mark.parametrize(
@@ -148,3 +156,74 @@ def test_a_model_on_the_pallas_kernel_keeps_padding_out():
     np.testing.assert_allclose(
         np.asarray(logits[1, :128]), np.asarray(alone[0]), rtol=1e-5, atol=1e-5
     )
+
+
+def _partition(data: int, model: int) -> attention.MeshPartition:
+  mesh = jax.sharding.AbstractMesh((data, model), sharding.MESH_AXES)
+  return sharding.kernel_partition(mesh, sharding.DEFAULT_AXIS_RULES)
+
+
+def test_the_partition_follows_the_axis_rules():
+  assert _partition(2, 4)[1:] == (('data',), ('model',))
+  mesh = jax.sharding.AbstractMesh((2, 4), sharding.MESH_AXES)
+  heads_replicated = sharding.kernel_partition(mesh, (('batch', 'data'), ('heads', None)))
+  assert heads_replicated[1:] == (('data',), ())
+  assert _partition(2, 4).refusal(batch=6, heads=8) is None
+  assert _partition(2, 4).refusal(batch=3, heads=8) == (
+      "the 2-way mesh axes ('data',) do not divide a batch of 3"
+  )
+  assert 'a heads of 6' in _partition(2, 4).refusal(batch=2, heads=6)
+
+
+@pytest.mark.parametrize(
+    'platform, dtype, kept',
+    [('tpu', 'bfloat16', True), ('gpu', 'bfloat16', True), ('gpu', 'float32', False)],
+)
+def test_a_fused_kernel_keeps_the_mesh_it_runs_over(platform, dtype, kept):
+  """cuDNN and Pallas run per device inside a shard_map; the einsums need none."""
+  config = ModelConfig(
+      vocab_size=50, max_len=256, projected_len=128, dtype=dtype, num_heads=4, hidden_dim=256
+  )
+  resolved, _ = config.with_kernel_for(platform, _partition(2, 2))
+  assert (resolved.kernel_partition is not None) == kept
+  if kept:
+    assert resolved.kernel == attention.PartitionedKernel(
+        resolved.attention_kernel, _partition(2, 2)
+    )
+  else:
+    assert resolved.kernel == 'einsum'
+  one_device, _ = config.with_kernel_for(platform, _partition(1, 1))
+  assert one_device.kernel_partition is None and isinstance(one_device.kernel, str)
+
+
+def test_auto_in_a_causal_model_is_the_einsums_it_attends_by():
+  config = ModelConfig(vocab_size=50, max_len=256, projected_len=8, block_len=64, causal=True)
+  resolved, why = config.with_kernel_for('tpu', _partition(2, 2))
+  assert (resolved.attention_kernel, resolved.kernel_partition) == ('einsum', None)
+  assert why == 'auto: einsum on tpu, since a causal model attends by its own einsums'
+
+
+def test_the_kernel_partition_is_no_config_field():
+  with pytest.raises(ConfigError, match=r'Unknown field\(s\) config.model.kernel_partition'):
+    ModelConfig.from_config({'vocab_size': 50, 'max_len': 256, 'kernel_partition': None})
+
+
+@pytest.mark.slow
+def test_the_pallas_kernel_on_a_mesh_runs_per_device_and_matches_the_einsums(tmp_path):
+  """On 4 CPU devices, (2, 2): batch over 'data' and heads over 'model' inside a
+  shard_map, outputs and gradients as the einsums on one device; a batch and
+  heads that do not divide over the mesh attend by the einsums."""
+  out = tmp_path / 'partition.json'
+  worker = pathlib.Path(__file__).with_name('kernel_partition_worker.py')
+  env = {key: value for key, value in os.environ.items() if key != 'XLA_FLAGS'}
+  result = subprocess.run(
+      [sys.executable, str(worker), str(out)], env=env, capture_output=True, text=True, timeout=300
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  found = json.loads(out.read_text())
+  assert found['partition'] == [['data'], ['model']]
+  assert found['manual_computation'] and found['per_device_query']
+  assert found['output_spec'] == "P('data', None, 'model')"
+  assert found['output'] < 2e-6 and found['unmasked'] < 2e-6
+  assert found['gradients'] < 2e-5
+  assert found['odd_shapes'] < 1e-6 and not found['odd_shapes_manual']

@@ -28,7 +28,9 @@ and accumulate in float32 (`precision.einsum`); the softmax runs in float32;
 outputs come back in the input dtype.
 """
 
-from typing import Optional, Sequence
+import functools
+import math
+from typing import Callable, NamedTuple, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -186,28 +188,117 @@ def kernel_for_platform(
   return requested, 'as configured'
 
 
+# The kernels XLA cannot split over a mesh by itself (a Mosaic kernel cannot be
+# partitioned at all; cuDNN's partitions by rules of its own): on a mesh of more
+# than one device they run inside a shard_map, one call per device.
+FUSED_KERNELS = ('cudnn', 'pallas')
+
+
+class MeshPartition(NamedTuple):
+  """How attention's [batch, length, heads, head_dim] arrays split over a mesh.
+
+  A fused kernel runs inside `jax.shard_map` over `mesh`: each device attends
+  over its own rows of the batch and its own heads, which is all attention
+  needs (no head or batch row reads another). The sequence axis is never
+  split, so a Linformer's compression E K, outside the kernel, partitions as
+  XLA chooses and the kernel reads the k compressed rows whole.
+
+  Attributes:
+    mesh: the run's device mesh.
+    batch_axes: the mesh axes that split the batch (config.axis_rules' 'batch').
+    heads_axes: the mesh axes that split the heads ('heads').
+  """
+
+  mesh: jax.sharding.Mesh
+  batch_axes: Tuple[str, ...] = ()
+  heads_axes: Tuple[str, ...] = ()
+
+  def ways(self, axes: Tuple[str, ...]) -> int:
+    """Into how many parts `axes` of the mesh split a dimension."""
+    return math.prod(self.mesh.shape[axis] for axis in axes)
+
+  def refusal(self, batch: int, heads: int) -> Optional[str]:
+    """Why inputs of this batch and head count cannot split over the mesh, or None."""
+    for what, size, axes in (('batch', batch, self.batch_axes), ('heads', heads, self.heads_axes)):
+      if size % self.ways(axes):
+        return f'the {self.ways(axes)}-way mesh axes {axes} do not divide a {what} of {size}'
+    return None
+
+  def run(
+      self, fused: Callable[..., Array], q: Array, k: Array, v: Array, key_mask: Optional[Array]
+  ) -> Array:
+    """`fused(q, k, v, key_mask)` on each device's slice of the batch and heads."""
+    batch = self.batch_axes or None
+    rows = jax.sharding.PartitionSpec(batch, None, self.heads_axes or None, None)
+    mask = jax.sharding.PartitionSpec(batch, None)
+    if key_mask is None:
+      per_device = lambda q, k, v: fused(q, k, v, None)
+      in_specs, args = (rows, rows, rows), (q, k, v)
+    else:
+      per_device, in_specs, args = fused, (rows, rows, rows, mask), (q, k, v, key_mask)
+    # check_vma=False: a pallas_call does not declare how its outputs vary over the mesh.
+    split = jax.shard_map(
+        per_device, mesh=self.mesh, in_specs=in_specs, out_specs=rows, check_vma=False
+    )
+    return split(*args)
+
+
+class PartitionedKernel(NamedTuple):
+  """A fused kernel (`FUSED_KERNELS`) and the mesh it runs over, per device.
+
+  What `ModelConfig.kernel` hands the attention kinds for a run on a mesh of
+  more than one device; `attend_with` takes it wherever it takes a kernel name.
+  """
+
+  name: str
+  partition: MeshPartition
+
+
 def attend_with(
-    kernel: str, q: Array, k: Array, v: Array, key_mask: Optional[Array] = None
+    kernel: Union[str, PartitionedKernel],
+    q: Array,
+    k: Array,
+    v: Array,
+    key_mask: Optional[Array] = None,
 ) -> Array:
   """`attend` by the chosen kernel; key_mask is [batch, kv_length] or None.
+
+  A `PartitionedKernel` runs inside a shard_map over its mesh; a call whose
+  batch or heads do not divide over the mesh (a generation batch of one, a
+  micro-batch smaller than the data axis) attends by the einsums instead,
+  which XLA partitions by itself, as does an input shorter than the Pallas
+  kernel's block.
 
   cuDNN's kernel takes a padding mask as the number of keys per row (a
   boolean mask would be a [q_length, kv_length] bias, the memory the kernel
   exists to save): each row's padding must come after its real tokens, as
   this project's data pipelines lay it out.
   """
+  partition = None
+  if isinstance(kernel, PartitionedKernel):
+    kernel, partition = kernel.name, kernel.partition
   if kernel == AUTO_KERNEL:  # a model built outside a run: by JAX's default backend
     kernel, _ = kernel_for_platform(
         kernel, jax.default_backend(), dtype=jnp.dtype(q.dtype).name, head_dim=q.shape[-1]
     )
-  if kernel == 'einsum':
-    return attend(q, k, v, key_mask)
-  if kernel == 'pallas':
-    if pallas_refusal((q.shape[1], k.shape[1])):  # a shorter input than the model's n
-      return attend(q, k, v, key_mask)
-    return tpu_flash_attention(q, k, v, key_mask)
   if kernel not in ATTENTION_KERNELS:
     raise ValueError(f'attention kernel {kernel!r} is unknown; use one of {ATTENTION_KERNELS}.')
+  if kernel == 'einsum':
+    return attend(q, k, v, key_mask)
+  if kernel == 'pallas' and pallas_refusal((q.shape[1], k.shape[1])):
+    return attend(q, k, v, key_mask)  # a shorter input than the model's n
+  fused = tpu_flash_attention if kernel == 'pallas' else functools.partial(_jax_attention, kernel)
+  if partition is None or kernel not in FUSED_KERNELS:
+    return fused(q, k, v, key_mask)
+  if partition.refusal(q.shape[0], q.shape[2]):
+    return attend(q, k, v, key_mask)
+  return partition.run(fused, q, k, v, key_mask)
+
+
+def _jax_attention(
+    kernel: str, q: Array, k: Array, v: Array, key_mask: Optional[Array] = None
+) -> Array:
+  """`attend` by jax.nn.dot_product_attention's implementation `kernel`."""
   if kernel == 'cudnn' and key_mask is not None:
     lengths = jnp.sum(key_mask, axis=-1, dtype=jnp.int32)
     out = jax.nn.dot_product_attention(

@@ -204,7 +204,7 @@ class SelfAttention(nn.Module):
         compress_first=self.compress_first,
         record=functools.partial(self.sow, 'intermediates'),
     )
-    kernel = cfg.attention_kernel
+    kernel = cfg.kernel
     chunk = inference_chunk(cfg, x.shape[1], deterministic)
     if chunk is None or self.is_initializing():
       out = out_dense(kind.attend(query_dense(x), keys, values, key_mask, kernel=kernel))

@@ -15,7 +15,7 @@ that differ from their defaults, and a kind reads one with `setting(name)`.
 
 import dataclasses
 import math
-from typing import Any, Mapping, Tuple, Union
+from typing import Any, Mapping, Optional, Tuple, Union
 
 import jax.numpy as jnp
 
@@ -23,7 +23,11 @@ from linformer_jax import registry
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import attention_kinds
 from linformer_jax.model import projections
+from linformer_jax.model.attention import AUTO_KERNEL
+from linformer_jax.model.attention import FUSED_KERNELS
 from linformer_jax.model.attention import KERNEL_CHOICES
+from linformer_jax.model.attention import MeshPartition
+from linformer_jax.model.attention import PartitionedKernel
 from linformer_jax.model.attention import kernel_for_platform
 
 SHARING_MODES = ('none', 'headwise', 'kv', 'layerwise')
@@ -39,6 +43,9 @@ REMAT_POLICIES = ('none', 'full', 'dots', 'dots_no_batch')
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 # The config section whose fields the model kinds' declared settings are.
 SETTINGS_SECTION = 'config.model'
+# ModelConfig's fields that are not fields of config.model: the kinds' own
+# settings (each its own config.model field) and what a run derives.
+NOT_CONFIG_FIELDS = ('extension_settings', 'kernel_partition')
 
 
 def _field_error(field: str, value: Any, allowed: str) -> ConfigError:
@@ -82,6 +89,9 @@ class ModelConfig:
   # The registered kinds' own settings that differ from their defaults, as
   # sorted (name, value) pairs (a mapping is taken too); see `setting`.
   extension_settings: Tuple[Tuple[str, Any], ...] = ()
+  # Not a config field: the mesh a fused attention kernel runs over, per device,
+  # set by `with_kernel_for` for a run on more than one device; see `kernel`.
+  kernel_partition: Optional[MeshPartition] = None
 
   def __post_init__(self):
     if isinstance(self.projected_len, list):
@@ -96,7 +106,7 @@ class ModelConfig:
     `extension_settings`.
     """
     values = dict(model_config)
-    known = {f.name for f in dataclasses.fields(cls)} - {'extension_settings'}
+    known = {f.name for f in dataclasses.fields(cls)} - set(NOT_CONFIG_FIELDS)
     declared = registry.declared_settings(SETTINGS_SECTION)
     extension_fields = set(declared) - known  # a clash with a built-in field is refused later
     settings = {name: values.pop(name) for name in list(values) if name in extension_fields}
@@ -146,10 +156,23 @@ class ModelConfig:
         self.projected_len_for_layer(layer) for layer in range(self.num_layers)
     )
 
-  def with_kernel_for(self, platform: str) -> Tuple['ModelConfig', str]:
+  def with_kernel_for(
+      self, platform: str, partition: Optional[MeshPartition] = None
+  ) -> Tuple['ModelConfig', str]:
     """This config with `attention_kernel` resolved for devices of `platform`
     ('auto' becomes a kernel), and why that kernel; a ConfigError if the
-    explicit kernel cannot run there."""
+    explicit kernel cannot run there.
+
+    `partition` is how the run's mesh splits the batch and heads; a fused
+    kernel (`attention.FUSED_KERNELS`) keeps it, to run inside a shard_map
+    over the mesh. A mesh of one device needs none.
+
+    A causal model attends by its kind's own einsums (`causal_attention` and
+    `decode` take no kernel), so there 'auto' is einsum on every platform.
+    """
+    if self.causal and self.attention_kernel == AUTO_KERNEL:
+      why = f'auto: einsum on {platform}, since a causal model attends by its own einsums'
+      return dataclasses.replace(self, attention_kernel='einsum', kernel_partition=None), why
     try:
       kernel, why = kernel_for_platform(
           self.attention_kernel,
@@ -160,7 +183,17 @@ class ModelConfig:
       )
     except ValueError as error:
       raise ConfigError(str(error)) from None
-    return dataclasses.replace(self, attention_kernel=kernel), why
+    if kernel not in FUSED_KERNELS or partition is None or partition.mesh.size == 1:
+      partition = None
+    return dataclasses.replace(self, attention_kernel=kernel, kernel_partition=partition), why
+
+  @property
+  def kernel(self) -> Union[str, PartitionedKernel]:
+    """What the layers attend with (`attention.attend_with`): the kernel's name,
+    or the fused kernel with the mesh it runs over."""
+    if self.kernel_partition is None:
+      return self.attention_kernel
+    return PartitionedKernel(self.attention_kernel, self.kernel_partition)
 
   @property
   def compute_dtype(self):

@@ -259,11 +259,14 @@ def build_parts(
   """
   settings = run_config.settings_of(config)
   mesh = sharding_lib.create_mesh(config.mesh_shape, devices)
-  # 'auto' takes its kernel from the devices the step is compiled for, not the host.
-  model_config, kernel_reason = settings.model.with_kernel_for(mesh.devices.flat[0].platform)
+  rules = sharding_lib.axis_rules(config)
+  # 'auto' takes its kernel from the devices the step is compiled for, not the host;
+  # a fused kernel runs per device, inside a shard_map over the mesh.
+  model_config, kernel_reason = settings.model.with_kernel_for(
+      mesh.devices.flat[0].platform, sharding_lib.kernel_partition(mesh, rules)
+  )
   settings = dataclasses.replace(settings, model=model_config)
   task = tasks.task_of(config)
-  rules = sharding_lib.axis_rules(config)
   sharding_lib.check_divisibility(
       model_config,
       mesh,

@@ -64,7 +64,7 @@ _NON_NEGATIVE_FLOATS = ('learning_rate', 'end_learning_rate', 'weight_decay', 'g
 MODEL_DEFAULTS = {
     field.name: field.default
     for field in dataclasses.fields(ModelConfig)
-    if field.name != 'extension_settings'
+    if field.name not in model_config.NOT_CONFIG_FIELDS
 }
 # Model fields that change how a pass is computed, not what it computes: a run
 # may be resumed or evaluated with other values.

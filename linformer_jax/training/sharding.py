@@ -26,6 +26,7 @@ from jax.sharding import PartitionSpec
 import numpy as np
 
 from linformer_jax.errors import ConfigError
+from linformer_jax.model.attention import MeshPartition
 from linformer_jax.model.model_config import ModelConfig
 
 MESH_AXES = ('data', 'model')
@@ -174,6 +175,14 @@ def parameter_shardings(boxed_variables: Any, mesh: Mesh, rules, fsdp: bool = Fa
     return NamedSharding(mesh, _over_data(spec, leaf.shape, mesh) if fsdp else spec)
 
   return jax.tree_util.tree_map(sharding, logical_specs, unboxed, is_leaf=is_spec)
+
+
+def kernel_partition(mesh: Mesh, rules) -> MeshPartition:
+  """How a fused attention kernel splits over the mesh: the batch over the
+  mesh axis of 'batch', the heads over that of 'heads' (as the dense layers'
+  head axis is split)."""
+  batch, heads = _mesh_axis_of('batch', rules), _mesh_axis_of('heads', rules)
+  return MeshPartition(mesh, (batch,) if batch else (), (heads,) if heads else ())
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

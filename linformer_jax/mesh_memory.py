@@ -281,7 +281,8 @@ def _places(target_names: Sequence[str]) -> List[Tuple[str, List[jax.Device], Op
     usable = target.usable_bytes_per_device(xla_targets.devices_per_chip(devices))
     print(
         f'{target.name}: {len(devices)} x {devices[0].device_kind} '
-        f'({target.topology}), usable {usable / GIB:.2f} GiB per device '
+        f'({target.topology}{f" x {target.slices} slices" if target.slices > 1 else ""}), '
+        f'usable {usable / GIB:.2f} GiB per device '
         f'({target.memory_note()}); {_kernel_text(devices)}',
         flush=True,
     )

@@ -2,6 +2,7 @@
 compiled for, the one-line refusals of a kernel the devices cannot run, and a
 fused kernel split over a mesh, per device, inside a shard_map."""
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -170,9 +171,11 @@ def test_the_partition_follows_the_axis_rules():
   assert heads_replicated[1:] == (('data',), ())
   assert _partition(2, 4).refusal(batch=6, heads=8) is None
   assert _partition(2, 4).refusal(batch=3, heads=8) == (
-      "the 2-way mesh axes ('data',) do not divide a batch of 3"
+      'a batch of 3 does not divide over the 2-way mesh axis data'
   )
-  assert 'a heads of 6' in _partition(2, 4).refusal(batch=2, heads=6)
+  assert _partition(2, 4).refusal(batch=2, heads=6) == (
+      'a head count of 6 does not divide over the 4-way mesh axis model'
+  )
 
 
 @pytest.mark.parametrize(
@@ -227,3 +230,21 @@ def test_the_pallas_kernel_on_a_mesh_runs_per_device_and_matches_the_einsums(tmp
   assert found['output'] < 2e-6 and found['unmasked'] < 2e-6
   assert found['gradients'] < 2e-5
   assert found['odd_shapes'] < 1e-6 and not found['odd_shapes_manual']
+
+
+def test_the_run_says_when_its_micro_batches_are_too_small_for_the_kernel():
+  """8 sequences in 8 micro-batches on an (8, 1) mesh: one row a micro-batch
+  cannot split 8 ways, so the train step attends by the einsums, and says so."""
+  config = tiny.get_config()
+  config.batch_size, config.grad_accum_steps = 8, 8
+  model_config = dataclasses.replace(
+      ModelConfig(vocab_size=50, max_len=256, projected_len=128, num_heads=8, hidden_dim=512),
+      attention_kernel='pallas',
+      kernel_partition=_partition(8, 1),
+  )
+  assert run_builder.train_step_kernel_note(model_config, config) == (
+      '; the train step attends by einsum, since a batch of 1 does not divide over the '
+      '8-way mesh axis data'
+  )
+  config.grad_accum_steps = 1
+  assert run_builder.train_step_kernel_note(model_config, config) == ''

@@ -42,7 +42,13 @@ def test_target_names_give_slices(name, platform, topology, chips):
   assert (target.platform, target.topology, target.chips) == (platform, topology, chips)
 
 
-@pytest.mark.parametrize('name', ['v5e-3', 'v4-31', 'a100', 'h100x12', 'v5e', 'tpu'])
+def test_a_multi_slice_target_counts_every_slice():
+  target = xla_targets.parse_target('2xv5e-8')
+  assert (target.topology, target.slices, target.chips) == ('v5e:2x4', 2, 16)
+  assert xla_targets.parse_target('v4-8').slices == 1
+
+
+@pytest.mark.parametrize('name', ['v5e-3', 'v4-31', 'a100', 'h100x12', 'v5e', 'tpu', '0xv5e-4'])
 def test_bad_target_names_say_what_to_use(name):
   with pytest.raises(ConfigError, match=re.escape(f'--target={name!r}')):
     xla_targets.parse_target(name)
@@ -158,12 +164,12 @@ def plugins():
   return folder
 
 
-def _mesh_memory(*flags):
+def _mesh_memory(*flags, config='configs/tiny.py'):
   env = {**os.environ, 'PYTHONPATH': str(REPO)}
   env.pop('JAX_PLATFORMS', None)
   env.pop('XLA_FLAGS', None)
   return subprocess.run(
-      [sys.executable, '-m', 'linformer_jax.mesh_memory', '--config', 'configs/tiny.py', *flags],
+      [sys.executable, '-m', 'linformer_jax.mesh_memory', '--config', config, *flags],
       cwd=REPO,
       env=env,
       capture_output=True,
@@ -244,3 +250,105 @@ def test_every_compile_of_a_search_is_one_progress_line():
   assert fits.progress_text() == 'batch 32 per device: fits, 21.00 GiB, compiled in 41.2 s'
   assert refused.progress_text().startswith('batch 64 per device: refused by XLA, 70.00 GiB')
   assert too_big.progress_text().startswith('batch 48 per device: does not fit, 63.00 GiB')
+
+
+# What users launch on a slice: configs/roberta_base.py (bfloat16, 64-wide heads,
+# so 'auto' takes a fused kernel), cut to 2 layers to compile in about a minute.
+ROBERTA_TWO_LAYERS = (
+    '--config.batch_size=8',
+    '--config.model.max_len=1024',
+    '--config.model.projected_len=128',
+    '--config.model.num_layers=2',
+)
+ATTENTION_KINDS = {
+    'linformer': (),
+    'transformer': ('--config.model.attention=full',),
+    'causal_linformer': (
+        '--config.task=causal_lm',
+        '--config.model.causal=True',
+        '--config.model.block_len=256',  # a block holds the k = 128 summaries' tokens
+    ),
+}
+# Two slices of a v5e-4 (multi-slice): 'data' spans the slices.
+MULTI_SLICE = '2xv5e-4'
+# Slices and meshes (data, model); -1 takes the remaining devices: (2, 2) on a
+# v5e-4, (4, 2) on a v5e-8. A v4-8 is a 3D slice of 4 chips, 8 TensorCores.
+SLICE_MESHES = (
+    ('v5e-4', '-1,1'),
+    ('v5e-4', '-1,2'),
+    ('v5e-8', '-1,1'),
+    ('v5e-8', '-1,2'),
+    ('v4-8', '-1,1'),
+    ('h100x8', '4,2'),
+    (MULTI_SLICE, '-1,2'),
+)
+# `make test` compiles one cell; `make test-all` every kind on every slice.
+REPRESENTATIVE_CELL = ('linformer', 'v5e-4', '-1,2')
+
+
+def _default_kernel_line(kind, target):
+  if kind == 'causal_linformer':
+    platform = 'gpu' if target.startswith('h100') else 'tpu'
+    return f'attention kernel einsum (auto: einsum on {platform}, since a causal model'
+  if target.startswith('h100'):
+    return 'attention kernel cudnn (auto: cuDNN fused attention on gpu)'
+  return 'attention kernel pallas (auto: Pallas flash attention on tpu)'
+
+
+@pytest.mark.parametrize(
+    'kind, target, mesh',
+    [
+        pytest.param(
+            kind,
+            target,
+            mesh,
+            marks=() if (kind, target, mesh) == REPRESENTATIVE_CELL else pytest.mark.long,
+        )
+        for kind in ATTENTION_KINDS
+        for target, mesh in SLICE_MESHES
+    ],
+)
+def test_the_default_kernel_compiles_on_a_multi_chip_slice(plugins, kind, target, mesh):
+  """The train step of a RoBERTa-sized model with the default kernel, compiled
+  for the slice: a fused kernel runs per device inside a shard_map over the
+  batch ('data') and heads ('model'), which a Mosaic kernel needs to compile."""
+  del plugins
+  result = _mesh_memory(
+      f'--target={target}',
+      f'--meshes={mesh}',
+      *ROBERTA_TWO_LAYERS,
+      *ATTENTION_KINDS[kind],
+      config='configs/roberta_base.py',
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert _default_kernel_line(kind, target) in result.stdout, result.stdout
+  cells = _rows(result.stdout)[target]
+  assert cells[7] == 'yes', cells  # fits
+  assert float(cells[8]) > 0, cells  # the model's GFLOP per device
+
+
+@pytest.mark.long
+def test_the_default_kernel_compiles_with_fsdp_on_a_slice(plugins):
+  """Parameters and optimizer state split over 'data' too (config.fsdp)."""
+  del plugins
+  result = _mesh_memory(
+      '--target=v5e-8',
+      '--meshes=-1,2',
+      '--config.fsdp=True',
+      *ROBERTA_TWO_LAYERS,
+      config='configs/roberta_base.py',
+  )
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert _default_kernel_line('linformer', 'v5e-8') in result.stdout
+  assert _rows(result.stdout)['v5e-8'][7] == 'yes'
+
+
+@pytest.mark.slow
+def test_a_mesh_whose_data_axis_cannot_span_the_slices_is_one_line(plugins):
+  del plugins
+  result = _mesh_memory(f'--target={MULTI_SLICE}', '--meshes=1,8', '--config.batch_size=8')
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert result.stderr.strip().splitlines()[-1] == (
+      'error: config.mesh_shape=(1, 8) on 2 TPU slices: the data axis (1) spans the slices, '
+      'so it must be a multiple of 2; use e.g. (2, 4).'
+  )

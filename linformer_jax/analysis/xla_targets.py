@@ -78,19 +78,20 @@ def _by_chips(*shapes: str) -> Dict[int, str]:
 # Chips of a slice -> its shape, for 2D (v5e, v6e) and 3D (v4, v5p) tori.
 SLICE_SHAPES_2D = _by_chips('1x1', '2x2', '2x4', '4x4', '4x8', '8x8', '8x16', '16x16')
 SLICE_SHAPES_3D = _by_chips('2x2x1', '2x2x2', '2x2x4', '2x4x4', '4x4x4', '4x4x8', '4x8x8', '8x8x8')
-EXAMPLES = "'v5e-8', 'v6e-4', 'v4-32', 'v5p-64', 'h100' or 'h100x8'"
+EXAMPLES = "'v5e-8', 'v6e-4', 'v4-32', 'v5p-64', '2xv5e-8' (two slices), 'h100' or 'h100x8'"
 
 
 @dataclasses.dataclass(frozen=True)
 class Target:
   """An accelerator to compile for."""
 
-  name: str  # as the user gave it ('v5e-8')
+  name: str  # as the user gave it ('v5e-8', '2xv5e-8')
   platform: str  # 'tpu' or 'cuda'
   # The slice shape for libtpu ('v5e:2x4'), or GPUs as 'slices x hosts x GPUs per host' ('1x1x8').
   topology: str
-  chips: int  # chips (GPUs) in the target
+  chips: int  # chips (GPUs) in the target, every slice together
   chip_memory_bytes: int  # memory of one chip
+  slices: int = 1  # TPU slices joined by the data-centre network (multi-slice)
 
   def usable_bytes_per_device(self, devices_per_chip: int) -> int:
     """What one JAX device of the target may allocate."""
@@ -120,10 +121,12 @@ def parse_target(name: str) -> Target:
       )
     hosts = max(count // GPUS_PER_HOST, 1)
     return Target(name, 'cuda', f'1x{hosts}x{min(count, GPUS_PER_HOST)}', count, H100_MEMORY_BYTES)
-  tpu = re.fullmatch(r'(v4|v5e|v5p|v6e)-(\d+)', text)
+  tpu = re.fullmatch(r'(?:(\d+)x)?(v4|v5e|v5p|v6e)-(\d+)', text)
   if not tpu:
     raise ConfigError(f'--target={name!r} is not a target this host compiles for; use {EXAMPLES}.')
-  generation, count = tpu.group(1), int(tpu.group(2))
+  slices, generation, count = int(tpu.group(1) or 1), tpu.group(2), int(tpu.group(3))
+  if slices < 1:
+    raise ConfigError(f'--target={name!r}: give one slice or more, e.g. 2xv5e-8.')
   memory, counts_cores = TPU_CHIPS[generation]
   chips = count // 2 if counts_cores else count
   shapes = SLICE_SHAPES_3D if generation in ('v4', 'v5p') else SLICE_SHAPES_2D
@@ -133,7 +136,7 @@ def parse_target(name: str) -> Target:
         f'--target={name!r}: {generation} slices here have '
         f'{", ".join(str(size) for size in sizes)} {"TensorCores" if counts_cores else "chips"}.'
     )
-  return Target(name, 'tpu', f'{generation}:{shapes[chips]}', chips, memory)
+  return Target(name, 'tpu', f'{generation}:{shapes[chips]}', chips * slices, memory, slices)
 
 
 def plugin_folder() -> pathlib.Path:
@@ -185,8 +188,13 @@ def target_devices(target: Target) -> List[jax.Device]:
       )
     else:
       # One chip is a host of its own (libtpu assumes hosts of 2x2 chips).
-      single = {'chips_per_host_bounds': (1, 1, 1)} if target.chips == 1 else {}
-      description = topologies.get_topology_desc(target.topology, platform='tpu', **single)
+      options = {'chips_per_host_bounds': (1, 1, 1)} if target.chips == 1 else {}
+      if TPU_CHIPS[target.topology.split(':')[0]][1]:
+        # Two TensorCores a chip as one device (megacore), as JAX runs v4 and v5p.
+        options['chip_config_name'] = 'megacore'
+      description = topologies.get_topology_desc(
+          target.topology, platform='tpu', num_slices=target.slices, **options
+      )
   except Exception as error:  # the plugin's own error, whatever its type
     raise ConfigError(
         f'XLA could not describe --target={target.name} ({target.topology}): '
@@ -196,8 +204,9 @@ def target_devices(target: Target) -> List[jax.Device]:
 
 
 def devices_per_chip(devices: Sequence[jax.Device]) -> int:
-  """JAX devices per chip: 2 where each TensorCore is a device (v4 here), else 1."""
+  """JAX devices per chip: 2 where each TensorCore is a device of its own (a v4
+  outside megacore), else 1."""
   if devices[0].platform != 'tpu':
     return 1
-  chips = {tuple(device.coords) for device in devices}
+  chips = {(getattr(device, 'slice_index', 0), tuple(device.coords)) for device in devices}
   return max(len(devices) // len(chips), 1)

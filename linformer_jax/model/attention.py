@@ -219,9 +219,14 @@ class MeshPartition(NamedTuple):
 
   def refusal(self, batch: int, heads: int) -> Optional[str]:
     """Why inputs of this batch and head count cannot split over the mesh, or None."""
-    for what, size, axes in (('batch', batch, self.batch_axes), ('heads', heads, self.heads_axes)):
+    for what, size, axes in (
+        ('batch', batch, self.batch_axes),
+        ('head count', heads, self.heads_axes),
+    ):
       if size % self.ways(axes):
-        return f'the {self.ways(axes)}-way mesh axes {axes} do not divide a {what} of {size}'
+        return (
+            f'a {what} of {size} does not divide over the {self.ways(axes)}-way mesh axis {axes[0]}'
+        )
     return None
 
   def run(

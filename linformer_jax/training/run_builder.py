@@ -245,6 +245,18 @@ def check_same_tokenizer(data_state: Mapping[str, Any], data: Any, workdir: str)
   )
 
 
+def train_step_kernel_note(model_config: ModelConfig, config: ml_collections.ConfigDict) -> str:
+  """'; the train step attends by einsum, since ...' where the fused kernel's
+  mesh cannot split the train step's micro-batches (`attention.attend_with`
+  then attends by the einsums), else ''."""
+  partition = model_config.kernel_partition
+  if partition is None:
+    return ''
+  micro_batch = config.batch_size // config.grad_accum_steps
+  refusal = partition.refusal(micro_batch, model_config.num_heads)
+  return f'; the train step attends by einsum, since {refusal}' if refusal else ''
+
+
 def build_parts(
     config: ml_collections.ConfigDict, devices: Optional[Sequence[jax.Device]] = None
 ) -> RunParts:
@@ -265,6 +277,7 @@ def build_parts(
   model_config, kernel_reason = settings.model.with_kernel_for(
       mesh.devices.flat[0].platform, sharding_lib.kernel_partition(mesh, rules)
   )
+  kernel_reason += train_step_kernel_note(model_config, config)
   settings = dataclasses.replace(settings, model=model_config)
   task = tasks.task_of(config)
   sharding_lib.check_divisibility(

@@ -20,6 +20,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec
@@ -75,13 +76,29 @@ def resolve_mesh_shape(mesh_shape: Sequence[int], device_count: int) -> Tuple[in
 
 
 def create_mesh(mesh_shape: Sequence[int], devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
-  """A ('data', 'model') mesh over all devices (or the given ones)."""
+  """A ('data', 'model') mesh over all devices (or the given ones).
+
+  On several TPU slices (devices of more than one `slice_index`, joined by the
+  data-centre network) 'data' spans the slices and 'model' stays inside one:
+  only the gradients' all-reduce crosses between slices.
+  """
   devices = list(devices) if devices is not None else jax.devices()
   shape = resolve_mesh_shape(mesh_shape, len(devices))
   # Auto axes: XLA propagates the parameter and batch shardings through the
   # model (GSPMD), so the model code needs no sharding annotations.
   auto = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
-  return jax.make_mesh(shape, MESH_AXES, axis_types=auto, devices=devices)
+  slices = len({getattr(device, 'slice_index', 0) for device in devices})
+  if slices == 1:
+    return jax.make_mesh(shape, MESH_AXES, axis_types=auto, devices=devices)
+  data, model = shape
+  if data % slices:
+    raise ConfigError(
+        f'config.mesh_shape={tuple(mesh_shape)!r} on {slices} TPU slices: the data axis '
+        f'({data}) spans the slices, so it must be a multiple of {slices}; use e.g. '
+        f'({slices}, {len(devices) // slices}).'
+    )
+  grid = mesh_utils.create_hybrid_device_mesh((data // slices, model), (slices, 1), devices)
+  return Mesh(grid, MESH_AXES, axis_types=auto)
 
 
 def axis_rules(config) -> Tuple[Tuple[str, Any], ...]:

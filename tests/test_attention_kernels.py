@@ -248,3 +248,13 @@ def test_the_run_says_when_its_micro_batches_are_too_small_for_the_kernel():
   )
   config.grad_accum_steps = 1
   assert run_builder.train_step_kernel_note(model_config, config) == ''
+
+
+@pytest.mark.parametrize('attention_name', ['performer', 'linear_transformer'])
+def test_auto_in_a_kind_without_a_softmax_kernel_is_the_einsums(attention_name):
+  config = ModelConfig(vocab_size=50, max_len=256, attention=attention_name, dtype='bfloat16')
+  resolved, why = config.with_kernel_for('gpu', _partition(2, 2))
+  assert (resolved.attention_kernel, resolved.kernel_partition) == ('einsum', None)
+  assert (
+      why == f'auto: einsum on gpu, since attention={attention_name!r} attends by its own einsums'
+  )

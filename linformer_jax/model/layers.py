@@ -16,7 +16,9 @@ or pooling window is block_len / r.
 The weights themselves are the projection kind's: learned matrices ('linear',
 from the paper's Johnson-Lindenstrauss construction or as
 `config.model.projection_init` says), the JL matrices never trained ('random',
-in the 'constants' collection), convolution kernels ('conv').
+in the 'constants' collection), convolution kernels ('conv'). An attention
+kind's own fixed arrays (`AttentionKind.constants`, the Performer's random
+features) are in the 'constants' collection too.
 
 Decoding (`decode_position` given) reads one token per call and keeps what
 later tokens need in the 'cache' collection, as the attention kind lays it
@@ -129,8 +131,9 @@ class SelfAttention(nn.Module):
   """Multi-head self-attention of the configured kind, bidirectional or causal.
 
   The layer holds the query, key, value and output dense layers, the
-  sequence projection's weights and the parameters the attention kind
-  declares (`AttentionKind.parameters`, bound to the kind before any pass);
+  sequence projection's weights, and the parameters and fixed arrays the
+  attention kind declares (`AttentionKind.parameters` and `constants`, bound
+  to the kind before any pass);
   the kind (`config.model.attention`, see `attention_kinds`) does the rest:
   the keys and values queries attend over, the causal pass, decoding through
   the cache. Bidirectional inference passes with `config.inference_chunk`
@@ -218,8 +221,8 @@ class SelfAttention(nn.Module):
     return dropout(out, deterministic=deterministic)
 
   def _attention_kind(self) -> attention_kinds.AttentionKind:
-    """The configured kind, holding the layer's values of the parameters it
-    declares (`AttentionKind.parameters`)."""
+    """The configured kind, holding the layer's values of the parameters and
+    fixed arrays it declares (`AttentionKind.parameters` and `constants`)."""
     kind = self.config.attention_kind
     values = {}
     for name, parameter in kind.parameters(self.config).items():
@@ -235,7 +238,19 @@ class SelfAttention(nn.Module):
         )
       init = partitioned(parameter.init, tuple(parameter.axes))
       values[name] = self.param(name, init, tuple(parameter.shape), jnp.float32)
-    return kind.with_parameters(values)
+    constant_values = {}
+    for name, constant in kind.constants(self.config).items():
+      if name in ATTENTION_SUBMODULES or name in values:
+        raise ValueError(
+            f'attention={kind.name!r} declares a constant {name!r}, the name of one of the '
+            f"layer's own weights {ATTENTION_SUBMODULES} or of one of its parameters; rename it."
+        )
+      # Drawn once, at init, from the 'params' stream: the run's seed decides it.
+      draw = lambda constant=constant: constant.init(
+          self.make_rng('params'), tuple(constant.shape), jnp.float32
+      )
+      constant_values[name] = self.variable(projections.CONSTANTS, name, draw).value
+    return kind.with_parameters(values).with_constants(constant_values)
 
   def _projection(self, shared_projection) -> projections.LayerProjection:
     """This layer's sequence projection: the model's shared weights or its own."""
@@ -347,13 +362,15 @@ class ScannedLayer(nn.Module):
 
 
 def scanned_layers(cfg: ModelConfig, name: str) -> nn.Module:
-  """All encoder layers as one `nn.scan`: each parameter (and decoding cache)
-  gains a leading axis of num_layers, logical axis `layers`; the layer is
-  compiled once. The call is (x, padding_mask, shared_projection,
+  """All encoder layers as one `nn.scan`: each parameter (and constant and
+  decoding cache) gains a leading axis of num_layers, logical axis `layers`;
+  the layer is compiled once. The call is (x, padding_mask, shared_projection,
   deterministic, decode_position) -> (x, None)."""
   return nn.scan(
       ScannedLayer,
-      variable_axes={'params': 0, 'cache': 0},
+      # Constants are per layer too ('random' E/F, a kind's fixed arrays), each
+      # layer's drawn with its own split of the 'params' key.
+      variable_axes={'params': 0, projections.CONSTANTS: 0, 'cache': 0},
       split_rngs={'params': True, 'dropout': True},
       in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
       length=cfg.num_layers,

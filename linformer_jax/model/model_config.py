@@ -168,10 +168,14 @@ class ModelConfig:
     over the mesh. A mesh of one device needs none.
 
     A causal model attends by its kind's own einsums (`causal_attention` and
-    `decode` take no kernel), so there 'auto' is einsum on every platform.
+    `decode` take no kernel), as does a kind without a softmax kernel
+    (`AttentionKind.uses_kernel`), so there 'auto' is einsum on every platform.
     """
-    if self.causal and self.attention_kernel == AUTO_KERNEL:
-      why = f'auto: einsum on {platform}, since a causal model attends by its own einsums'
+    if self.attention_kernel == AUTO_KERNEL and (
+        self.causal or not self.attention_kind.uses_kernel
+    ):
+      model = 'a causal model' if self.causal else f'attention={self.attention!r}'
+      why = f'auto: einsum on {platform}, since {model} attends by its own einsums'
       return dataclasses.replace(self, attention_kernel='einsum', kernel_partition=None), why
     try:
       kernel, why = kernel_for_platform(

@@ -1,28 +1,44 @@
 """Attention kinds, one module per kind, chosen by `config.model.attention`.
 
-  'full'       softmax over every position, the Transformer baseline (full.py)
-  'linformer'  keys and values compressed by the sequence projection
-               (linformer.py); its causal form, block by block, is
-               causal_linformer.py
+  'full'                softmax over every position, the Transformer baseline
+                        (full.py)
+  'linformer'           keys and values compressed by the sequence projection
+                        (linformer.py); its causal form, block by block, is
+                        causal_linformer.py
+  'linear_transformer'  phi(q) . phi(k) with phi = elu + 1 instead of the
+                        softmax, Katharopoulos et al. 2020
+                        (linear_transformer.py)
+  'performer'           FAVOR+, positive orthogonal random features of the
+                        softmax kernel, Choromanski et al. 2021 (performer.py;
+                        setting model.performer_features)
 Each kind is an `AttentionKind` subclass registered under its name (base.py
 says what a kind provides: the bidirectional, causal and decoding passes). A
 variant of your own is one file that subclasses a kind and registers it,
-named in `config.extensions`; it may declare learned parameters (`Parameter`)
-and settings of its own.
+named in `config.extensions`; it may declare learned parameters (`Parameter`),
+fixed arrays (`Constant`) and settings of its own.
 """
 
 import importlib
 
 from linformer_jax.model.attention_kinds.base import REGISTRY
 from linformer_jax.model.attention_kinds.base import AttentionKind
+from linformer_jax.model.attention_kinds.base import Constant
 from linformer_jax.model.attention_kinds.base import KeyValueDense
 from linformer_jax.model.attention_kinds.base import Parameter
 from linformer_jax.model.attention_kinds.base import kind
 
 # The package's own kinds, each in the module of its config name; importing
 # one registers it.
-BUILT_IN = ('full', 'linformer')
+BUILT_IN = ('full', 'linformer', 'linear_transformer', 'performer')
 for _name in BUILT_IN:
   importlib.import_module(f'{__name__}.{_name}')
 
-__all__ = ['BUILT_IN', 'REGISTRY', 'AttentionKind', 'KeyValueDense', 'Parameter', 'kind']
+__all__ = [
+    'BUILT_IN',
+    'REGISTRY',
+    'AttentionKind',
+    'Constant',
+    'KeyValueDense',
+    'Parameter',
+    'kind',
+]

@@ -6,11 +6,15 @@ one of them. Each is an `AttentionKind` registered under its
 `config.model.attention` name; `layers.SelfAttention` holds the dense layers
 and the projection weights and calls the kind, which never sees a Flax module.
 
-A kind may also own what a layer learns or a config sets for it: learned
-parameters it declares in `parameters(config)`, which `layers.SelfAttention`
-creates in the layer and hands back as `self.params` (`with_parameters`), and
-settings of its own (`settings`, fields of config.model; see
-`linformer_jax.registry.Setting`), read with `config.setting(name)`.
+A kind may also own what a layer learns, holds or a config sets for it:
+learned parameters it declares in `parameters(config)`, which
+`layers.SelfAttention` creates in the layer and hands back as `self.params`
+(`with_parameters`); fixed arrays it declares in `constants(config)` (random
+features, say), which the layer draws once at init in the 'constants'
+collection, never trained, and hands back as `self.constant_values`
+(`with_constants`); and settings of its own (`settings`, fields of
+config.model; see `linformer_jax.registry.Setting`), read with
+`config.setting(name)`.
 
 A kind serves three passes, each a method:
   bidirectional  `keys_and_values`, then `attend` (per chunk of queries);
@@ -54,6 +58,26 @@ class Parameter(NamedTuple):
   axes: Tuple[str, ...]
 
 
+class Constant(NamedTuple):
+  """A fixed array each attention layer of a kind holds, drawn once, never trained.
+
+  It lives in the 'constants' collection (`projections.CONSTANTS`), outside
+  'params': no gradient, optimizer update or weight decay reaches it, while
+  checkpoints save it with the parameters, so a restored run has the very
+  values it trained with.
+
+  Attributes:
+    shape: its shape, e.g. (features, config.head_dim).
+    init: a Flax initializer, (key, shape, dtype) -> array, called once when
+      the model is initialised, with a key of the 'params' stream (so the
+      draw follows the run's seed, and differs from layer to layer); the
+      array is float32. Replicated on a mesh.
+  """
+
+  shape: Tuple[int, ...]
+  init: Callable[..., Array]
+
+
 class KeyValueDense(NamedTuple):
   """A layer's key and value dense layers, as functions.
 
@@ -78,17 +102,27 @@ class AttentionKind:
     name: the `config.model.attention` value it was chosen by.
     uses_projection: its layers hold sequence projections E and F (so
       config.model.projection, sharing and projected_len apply to it).
+    uses_kernel: its `attend` takes config.model.attention_kernel (softmax
+      through `attention.attend_with`).
     supports_causal: it has a left-to-right form (config.model.causal=True).
     settings: the config.model fields it declares (`registry.Setting`).
     params: the values of the parameters `parameters` declares, by name, in
       a kind that `with_parameters` returned (SelfAttention binds them before
       any pass); empty otherwise.
+    constant_values: the values of the arrays `constants` declares, by name,
+      in a kind that `with_constants` returned (bound as `params` are).
   """
 
   uses_projection: bool = False
+  # Its bidirectional pass attends by softmax over keys through
+  # `attention.attend_with`, so model.attention_kernel applies; a kind that
+  # computes its own attention (feature maps) sets False, and 'auto' is then
+  # the einsums.
+  uses_kernel: bool = True
   supports_causal: bool = True
   settings: Tuple[Setting, ...] = ()
   params: Mapping[str, Array] = types.MappingProxyType({})
+  constant_values: Mapping[str, Array] = types.MappingProxyType({})
 
   def __init__(self, name: str):
     self.name = name
@@ -115,6 +149,29 @@ class AttentionKind:
     """A copy of this kind whose `params` are `values` (name -> array)."""
     bound = copy.copy(self)
     bound.params = types.MappingProxyType(dict(values))
+    return bound
+
+  def constants(self, config: Any) -> Dict[str, Constant]:
+    """The fixed arrays each layer of this kind holds, by name.
+
+    `layers.SelfAttention` creates them in the 'constants' collection when
+    the model is initialised (one per layer, stacked by model.scan_layers),
+    then calls the passes on `with_constants(values)`. A name must be neither
+    one of the layer's own nor one of the kind's `parameters`.
+
+    Args:
+      config: the `ModelConfig` (its sizes and `config.setting(name)`).
+
+    Returns:
+      name -> `Constant`; none by default.
+    """
+    del config
+    return {}
+
+  def with_constants(self, values: Mapping[str, Array]) -> 'AttentionKind':
+    """A copy of this kind whose `constant_values` are `values` (name -> array)."""
+    bound = copy.copy(self)
+    bound.constant_values = types.MappingProxyType(dict(values))
     return bound
 
   def compressed_span(self, config: Any) -> int:

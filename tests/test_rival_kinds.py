@@ -298,3 +298,27 @@ def test_a_bad_feature_count_is_one_line_naming_the_field(value):
   message = str(error.value)
   assert message.startswith(f'config.model.performer_features={value!r} is not allowed')
   assert 'positive integer' in message and '\n' not in message
+
+
+@attention_kinds.REGISTRY.register('whole_sequence_probe')
+class WholeSequenceProbe(attention_kinds.AttentionKind):
+  """Softmax attention that refuses a chunk of queries: its queries are not
+  independent rows (`queries_independent`), as a windowed kind's are not."""
+
+  queries_independent = False
+
+  def attend(self, q, keys, values, key_mask, *, kernel):
+    if q.shape[1] != keys.shape[1]:
+      raise AssertionError(f'attend got {q.shape[1]} queries for {keys.shape[1]} keys')
+    return super().attend(q, keys, values, key_mask, kernel=kernel)
+
+
+def test_a_kind_whose_queries_are_not_independent_always_gets_the_whole_sequence():
+  tokens = jax.random.randint(jax.random.PRNGKey(12), (2, 16), 0, 40)
+  whole = models.MaskedLanguageModel(model_config('whole_sequence_probe'))
+  variables = nn.meta.unbox(whole.init(jax.random.PRNGKey(13), tokens))
+  chunked = models.MaskedLanguageModel(model_config('whole_sequence_probe', inference_chunk=4))
+  # The MLP still runs chunk by chunk: the same sums in another order.
+  np.testing.assert_allclose(
+      chunked.apply(variables, tokens), whole.apply(variables, tokens), rtol=1e-6, atol=1e-6
+  )

@@ -209,7 +209,7 @@ class SelfAttention(nn.Module):
     )
     kernel = cfg.kernel
     chunk = inference_chunk(cfg, x.shape[1], deterministic)
-    if chunk is None or self.is_initializing():
+    if chunk is None or self.is_initializing() or not kind.queries_independent:
       out = out_dense(kind.attend(query_dense(x), keys, values, key_mask, kernel=kernel))
     else:  # queries chunk by chunk: temporaries of chunk x (k or n) per head
       query, output = pure(query_dense), pure(out_dense)

@@ -104,6 +104,9 @@ class AttentionKind:
       config.model.projection, sharing and projected_len apply to it).
     uses_kernel: its `attend` takes config.model.attention_kernel (softmax
       through `attention.attend_with`).
+    queries_independent: its `attend` may be called chunk by chunk of queries
+      (config.model.inference_chunk); False: always with every query, q then
+      aligned with the keys position by position.
     supports_causal: it has a left-to-right form (config.model.causal=True).
     settings: the config.model fields it declares (`registry.Setting`).
     params: the values of the parameters `parameters` declares, by name, in
@@ -119,6 +122,11 @@ class AttentionKind:
   # computes its own attention (feature maps) sets False, and 'auto' is then
   # the einsums.
   uses_kernel: bool = True
+  # Its `attend` treats queries as independent rows, so inference may call it
+  # chunk by chunk of queries; a kind whose output for a query depends on the
+  # other queries (landmarks, shared hashing) or on the query's position
+  # (windows) sets False and always receives the whole sequence.
+  queries_independent: bool = True
   supports_causal: bool = True
   settings: Tuple[Setting, ...] = ()
   params: Mapping[str, Array] = types.MappingProxyType({})
@@ -215,7 +223,7 @@ class AttentionKind:
     """Queries [batch, q_length, heads, head_dim] over `keys_and_values`'s output.
 
     Queries are independent rows here: inference passes may call this chunk by
-    chunk of queries.
+    chunk of queries (unless `queries_independent` is False).
     """
     return attention.attend_with(kernel, q, keys, values, key_mask)
 

@@ -35,6 +35,7 @@ COMMANDS = (
     'sweep',
     'mesh_memory',
     'attention_benchmark',
+    'rival_benchmark',
     'pooling_probe',
     'generate',
     'causal_benchmark',

@@ -93,17 +93,21 @@ def compiled_mlm_train_step(
   parameters and optimizer state, and the loss. With `donate` it updates them in place.
   """
   model = models.MaskedLanguageModel(config)
+  variables = random_variables(jax.eval_shape(model.init, jax.random.key(0), tokens), 1)
+  # The fixed arrays beside the parameters ('constants': random projections, a
+  # kind's random features) are inputs of the step, never trained.
+  fixed = {name: value for name, value in variables.items() if name != 'params'}
 
   def step(params, opt_state, tokens):
     def loss_fn(p):
-      logits = model.apply({'params': p}, tokens, deterministic=True)
+      logits = model.apply({'params': p, **fixed}, tokens, deterministic=True)
       return optax.softmax_cross_entropy_with_integer_labels(logits, tokens).mean()
 
     loss, grads = jax.value_and_grad(loss_fn)(params)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 
-  params = random_variables(jax.eval_shape(model.init, jax.random.key(0), tokens)['params'], 1)
+  params = variables['params']
   opt_state = optimizer.init(params)
   jitted = jax.jit(step, donate_argnums=(0, 1) if donate else ())
   return jitted.lower(params, opt_state, tokens).compile(), params, opt_state

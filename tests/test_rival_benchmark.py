@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from linformer_jax import rival_benchmark
+from linformer_jax.analysis import rival_benchmark_report
 from linformer_jax.analysis import xla_targets
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import attention_kinds
@@ -61,7 +62,7 @@ def test_every_kind_is_timed_at_every_n_with_its_compiled_memory(tiny_rows):
 
 @pytest.mark.slow
 def test_the_table_has_a_row_per_n_and_a_column_group_per_kind(tiny_rows):
-  lines = rival_benchmark.format_table(tiny_rows).splitlines()
+  lines = rival_benchmark_report.format_table(tiny_rows).splitlines()
   assert lines[0] == (
       '| n | full steps/s | full MiB | linformer steps/s | linformer MiB | '
       'performer steps/s | performer MiB |'
@@ -71,7 +72,7 @@ def test_the_table_has_a_row_per_n_and_a_column_group_per_kind(tiny_rows):
   assert cells[0] == '128' and len(cells) == 1 + 2 * 3
   assert '(' not in cells[1] and '(' not in cells[2]  # the Transformer has no ratio to itself
   assert cells[3].endswith('x)') and cells[4].endswith('x)')
-  exponents = rival_benchmark.format_exponents(rival_benchmark.exponents(tiny_rows))
+  exponents = rival_benchmark_report.format_exponents(rival_benchmark_report.exponents(tiny_rows))
   assert [line.split('|')[1].strip() for line in exponents.splitlines()[2:]] == [
       'full',
       'linformer',
@@ -86,7 +87,7 @@ def test_ratios_are_speed_up_and_memory_saving_against_the_transformer():
       dict(kind='full', seq_len=2048, steps_per_s=None, memory_bytes=None),
       dict(kind='linformer', seq_len=2048, steps_per_s=3.0, memory_bytes=300 * 2**20),
   ]
-  lines = rival_benchmark.format_table(rows).splitlines()
+  lines = rival_benchmark_report.format_table(rows).splitlines()
   assert lines[2] == '| 1024 | 2.00 | 600.0 | 5.00 (2.5x) | 200.0 (3.0x) |'
   assert lines[3] == '| 2048 | – | – | 3.00 (–) | 300.0 (–) |'  # the Transformer was skipped
 
@@ -95,12 +96,12 @@ def test_ratios_are_speed_up_and_memory_saving_against_the_transformer():
 def test_the_exponent_fit_recovers_a_power_law(power):
   seq_lens = [1024, 2048, 4096, 8192, 16384]
   values = [3.0 * n**power for n in seq_lens]
-  assert rival_benchmark.fit_exponent(seq_lens, values) == pytest.approx(power)
+  assert rival_benchmark_report.fit_exponent(seq_lens, values) == pytest.approx(power)
   rows = [
       dict(kind='full', seq_len=n, time_ms=value, memory_bytes=value if n > 1024 else None)
       for n, value in zip(seq_lens, values)
   ]
-  fitted = rival_benchmark.exponents(rows)['full']
+  fitted = rival_benchmark_report.exponents(rows)['full']
   assert fitted['time_ms'] == pytest.approx(power)
   assert fitted['memory_bytes'] == pytest.approx(power)  # over the n that were measured
   assert fitted['memory_bytes_seq_lens'] == seq_lens[1:]
@@ -111,8 +112,8 @@ def test_the_exponent_fit_is_least_squares_and_needs_two_lengths():
   seq_lens = np.array([1024, 2048, 4096, 8192])
   values = seq_lens**1.5 * np.exp(rng.normal(0, 0.05, 4))
   expected = np.polyfit(np.log(seq_lens), np.log(values), 1)[0]
-  assert rival_benchmark.fit_exponent(seq_lens, values) == pytest.approx(expected)
-  assert rival_benchmark.fit_exponent([1024], [5.0]) is None
+  assert rival_benchmark_report.fit_exponent(seq_lens, values) == pytest.approx(expected)
+  assert rival_benchmark_report.fit_exponent([1024], [5.0]) is None
 
 
 @pytest.mark.slow

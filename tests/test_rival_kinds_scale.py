@@ -12,21 +12,15 @@ import sys
 
 import pytest
 
+from linformer_jax.model import attention_kinds
 from linformer_jax.training.metric_writers import read_metrics
 from tests.run_helpers import tiny_flags
 from tests.test_xla_targets import _mesh_memory
 from tests.test_xla_targets import _rows
 from tests.test_xla_targets import plugins  # noqa: F401  pylint: disable=unused-import
 
-RIVALS = (
-    'linear_transformer',
-    'performer',
-    'nystromformer',
-    'reformer',
-    'longformer',
-    'bigbird',
-    'sparse_transformer',
-)
+# The built-in kinds but the two the rest of the suite checks at scale.
+RIVALS = tuple(name for name in attention_kinds.BUILT_IN if name not in ('full', 'linformer'))
 REPRESENTATIVE = 'performer'  # fixed random features in the 'constants' collection
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -102,7 +102,9 @@ def test_the_loader_rate_counts_masked_batches_and_their_cpu_time_per_core(tmp_p
 
 
 def test_the_cpu_time_of_a_process_tree_counts_its_children():
-  busy = 'import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass'
+  # The child spins past the 0.4 s the test waits for: /proc counts CPU time in
+  # clock ticks, which may round a spin of exactly 0.4 s down to 0.39.
+  busy = 'import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass'
   child = subprocess.Popen([sys.executable, '-c', busy + '\ntime.sleep(30)'])
   try:
     process, deadline = psutil.Process(), time.monotonic() + 20

@@ -479,15 +479,22 @@ def test_a_summary_longer_than_its_block_is_one_line_naming_the_field():
   assert 'sparse_block_size=4' in message and '\n' not in message
 
 
-def test_attend_outside_a_model_needs_its_pattern():
+def test_attend_outside_a_model_needs_a_bound_config():
   q, k, v = random_qkv(seed=14)
   kind = longformer.Longformer('longformer')
-  with pytest.raises(ValueError, match='with_pattern'):
+  with pytest.raises(ValueError, match=r'with_config\(config\)'):
     kind.attend(q, k, v, None, kernel='einsum')
-  bound = kind.with_pattern(LONGFORMER)
+  config = small_model_config(
+      attention='longformer',
+      extension_settings={
+          'longformer_window': LONGFORMER.window,
+          'longformer_global_tokens': LONGFORMER.global_tokens,
+      },
+  )
+  bound = kind.with_config(config)
   out = jax.jit(lambda q, k, v: bound.attend(q, k, v, None, kernel='einsum'))(q, k, v)
   np.testing.assert_allclose(out, run('longformer', LONGFORMER, q, k, v, None), atol=1e-6)
-  assert kind.pattern is None
+  assert kind.config is None
 
 
 LONG = 1024

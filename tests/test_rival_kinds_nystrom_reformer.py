@@ -356,6 +356,18 @@ def test_both_kinds_declare_what_the_layers_need():
   assert not nystrom_kind.supports_causal and lsh_kind.supports_causal
 
 
+def test_nystrom_attend_reads_its_landmarks_from_the_bound_config():
+  q, k, v = random_qkv(seed=9)
+  kind = attention_kinds.kind('nystromformer').with_parameters({'value_conv': conv_taps()})
+  with pytest.raises(ValueError, match=r'with_config\(config\)'):
+    kind.attend(q, k, v, None, kernel='einsum')
+  bound = kind.with_config(model_config('nystromformer'))  # 5 landmarks
+  attend = jax.jit(lambda q, k, v, mask: bound.attend(q, k, v, mask, kernel='einsum'))
+  for mask in (None, holey_mask()):
+    expected = nystrom(q, k, v, mask, landmarks=5, value_conv=conv_taps())
+    np.testing.assert_array_equal(attend(q, k, v, mask), expected)
+
+
 def model_config(kind, **overrides):
   settings = {
       'nystromformer': {'nystrom_landmarks': 5, 'nystrom_conv_kernel': CONV_WIDTH},

@@ -3,15 +3,17 @@
 The budget is r = n / 4 positions (or rank) per query, the Linformer's k = n / 4
 of configs/gutenberg.py, given to each kind in its own terms:
 
-| kind | its settings at budget r |
-|---|---|
-| linformer | k = r |
-| performer | r random features |
-| nystromformer | r landmarks, no convolutional skip |
-| reformer | 2 hash rounds, buckets of r / 4: each round a query sees its chunk and the one before, 2 x r / 4 keys |
-| longformer | a window of r (r / 2 each side), no global tokens (every task here pools all positions or scores each one) |
-| bigbird | blocks of r / 8: 3 window, 2 global and 3 random blocks, 8 blocks of keys per query block |
-| sparse_transformer | the fixed pattern, blocks of r / 2 ending in r / 16 summary positions: r / 2 local keys and n / 8 = r / 2 summary keys |
+- linformer: k = r.
+- performer: r random features.
+- nystromformer: r landmarks, no convolutional skip.
+- reformer: 2 hash rounds, buckets of r / 4; each round a query sees its
+  chunk and the one before, 2 x r / 4 keys.
+- longformer: a window of r (r / 2 each side), no global tokens (every task
+  here pools all positions or scores each one).
+- bigbird: blocks of r / 8; 3 window, 2 global and 3 random blocks, 8 blocks
+  of keys per query block.
+- sparse_transformer: the fixed pattern, blocks of r / 2 ending in r / 16
+  summary positions; r / 2 local keys and n / 8 = r / 2 summary keys.
 
 The Transformer ('full') sees all n. Sizes are rounded to whole positions.
 """

@@ -221,8 +221,9 @@ class SelfAttention(nn.Module):
     return dropout(out, deterministic=deterministic)
 
   def _attention_kind(self) -> attention_kinds.AttentionKind:
-    """The configured kind, holding the layer's values of the parameters and
-    fixed arrays it declares (`AttentionKind.parameters` and `constants`)."""
+    """The configured kind, holding the layer's config and its values of the
+    parameters and fixed arrays it declares (`AttentionKind.parameters` and
+    `constants`)."""
     kind = self.config.attention_kind
     values = {}
     for name, parameter in kind.parameters(self.config).items():
@@ -250,7 +251,7 @@ class SelfAttention(nn.Module):
           self.make_rng('params'), tuple(constant.shape), jnp.float32
       )
       constant_values[name] = self.variable(projections.CONSTANTS, name, draw).value
-    return kind.with_parameters(values).with_constants(constant_values)
+    return kind.with_parameters(values).with_constants(constant_values).with_config(self.config)
 
   def _projection(self, shared_projection) -> projections.LayerProjection:
     """This layer's sequence projection: the model's shared weights or its own."""

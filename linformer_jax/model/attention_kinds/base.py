@@ -5,6 +5,9 @@ softmax attention, Linformer's compressed keys and values, or a variant of
 one of them. Each is an `AttentionKind` registered under its
 `config.model.attention` name; `layers.SelfAttention` holds the dense layers
 and the projection weights and calls the kind, which never sees a Flax module.
+Before any pass the layer binds its `ModelConfig` to a copy of the kind
+(`with_config`), which reads it as `self.config` where a pass takes no config
+argument (`attend`).
 
 A kind may also own what a layer learns, holds or a config sets for it:
 learned parameters it declares in `parameters(config)`, which
@@ -114,6 +117,9 @@ class AttentionKind:
       any pass); empty otherwise.
     constant_values: the values of the arrays `constants` declares, by name,
       in a kind that `with_constants` returned (bound as `params` are).
+    config: the layer's `ModelConfig` in a kind that `with_config` returned
+      (bound as `params` are), for the passes that take no config argument
+      (`attend`); None otherwise.
   """
 
   uses_projection: bool = False
@@ -131,6 +137,7 @@ class AttentionKind:
   settings: Tuple[Setting, ...] = ()
   params: Mapping[str, Array] = types.MappingProxyType({})
   constant_values: Mapping[str, Array] = types.MappingProxyType({})
+  config: Any = None
 
   def __init__(self, name: str):
     self.name = name
@@ -182,6 +189,12 @@ class AttentionKind:
     bound.constant_values = types.MappingProxyType(dict(values))
     return bound
 
+  def with_config(self, config: Any) -> 'AttentionKind':
+    """A copy of this kind whose `config` is `config` (the layer's `ModelConfig`)."""
+    bound = copy.copy(self)
+    bound.config = config
+    return bound
+
   def compressed_span(self, config: Any) -> int:
     """The positions one sequence compression covers (max_len by default)."""
     return config.max_len
@@ -223,7 +236,8 @@ class AttentionKind:
     """Queries [batch, q_length, heads, head_dim] over `keys_and_values`'s output.
 
     Queries are independent rows here: inference passes may call this chunk by
-    chunk of queries (unless `queries_independent` is False).
+    chunk of queries (unless `queries_independent` is False). A kind that needs
+    the config here reads `self.config` (see `with_config`).
     """
     return attention.attend_with(kernel, q, keys, values, key_mask)
 

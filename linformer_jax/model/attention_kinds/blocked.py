@@ -35,11 +35,10 @@ come from `precision.einsum` in the inputs' dtype with float32 results; the
 softmax runs in float32; outputs take q's dtype.
 
 `PatternKind` is what the three kinds share as attention kinds: no softmax
-kernel, queries that depend on their position, and settings that reach
-`attend`.
+kernel, queries that depend on their position, and a pattern that `attend`
+reads from the config bound to the kind.
 """
 
-import copy
 from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 
 import jax
@@ -276,11 +275,9 @@ class PatternKind(AttentionKind):
 
   A subclass defines `pattern_of(config)` (its settings, hashable, read from
   the config) and `bidirectional(q, k, v, key_padding_mask, pattern)`.
-  `attend` takes no config, so `keys_and_values`, the bidirectional pass's
-  first call, binds the pattern to the kind: `layers.SelfAttention` makes a
-  new copy of the kind for every call (`with_parameters`, `with_constants`),
-  so what one layer binds never reaches another. A test that calls `attend`
-  directly binds it with `with_pattern`.
+  `attend` reads the pattern from the config `layers.SelfAttention` binds to
+  the kind (`with_config`); a test that calls `attend` directly binds one the
+  same way.
 
   The causal kinds decode through a cache of every position's key and value
   (as 'full' does): a token at position p attends with the pattern's row
@@ -290,7 +287,6 @@ class PatternKind(AttentionKind):
   uses_kernel = False  # its own blocked softmax, no softmax kernel
   # A query's keys depend on its position (its block, window or stride).
   queries_independent = False
-  pattern: Any = None
 
   def pattern_of(self, config: Any) -> Any:
     """The pattern's settings, read from config.model."""
@@ -302,26 +298,14 @@ class PatternKind(AttentionKind):
     """The bidirectional pass: [batch, length, heads, head_dim] in q's dtype."""
     raise NotImplementedError
 
-  def with_pattern(self, pattern: Any) -> 'PatternKind':
-    """A copy of this kind whose `attend` uses `pattern`."""
-    bound = copy.copy(self)
-    bound.pattern = pattern
-    return bound
-
-  def keys_and_values(self, x, padding_mask, dense, projection, config, *, compress_first, record):
-    self.pattern = self.pattern_of(config)
-    return super().keys_and_values(
-        x, padding_mask, dense, projection, config, compress_first=compress_first, record=record
-    )
-
   def attend(self, q, keys, values, key_mask, *, kernel):
     del kernel  # the kernels attend over every key; this kind gathers its own
-    if self.pattern is None:
+    if self.config is None:
       raise ValueError(
-          f'attention={self.name!r}: attend needs the pattern that keys_and_values binds '
-          '(or with_pattern, outside a model).'
+          f'attention={self.name!r}: attend reads its pattern from the model config; bind '
+          'one with with_config(config) (layers.SelfAttention does) before calling it.'
       )
-    return self.bidirectional(q, keys, values, key_mask, self.pattern)
+    return self.bidirectional(q, keys, values, key_mask, self.pattern_of(self.config))
 
 
 def init_position_cache(batch: int, config: Any, dtype) -> Dict[str, Array]:

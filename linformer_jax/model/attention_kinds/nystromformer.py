@@ -32,9 +32,8 @@ its head_dim features (a `Parameter` 'value_conv' [w, heads] of each layer),
 centred, zero beyond the sequence's ends and at padded positions.
 
 The landmarks mix every query, so `attend` always receives the whole sequence
-(`queries_independent` False). It needs m, which `attend`'s arguments do not
-carry: `keys_and_values` hands it the keys together with the segment
-membership it cut (`SegmentedKeys`) where other kinds hand an array.
+(`queries_independent` False); it cuts the segments from the key mask and
+reads m from the config bound to the kind (`AttentionKind.with_config`).
 Softmaxes and the pseudo-inverse are float32; the products with n rows take the
 inputs' dtype and accumulate in float32 (`precision.einsum`). There is no
 causal form: a segment mean would mix later tokens into every query.
@@ -42,7 +41,7 @@ causal form: a segment mean would mix later tokens into every query.
 
 import functools
 import math
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import flax.linen as nn
 import jax
@@ -64,19 +63,6 @@ PINV_ITERATIONS = 6
 # The m x m products of the pseudo-inverse are tiny and compound over the
 # steps: full float32, where an accelerator's default would round to bfloat16.
 _exact_matmul = functools.partial(jnp.matmul, precision=jax.lax.Precision.HIGHEST)
-
-
-class SegmentedKeys(NamedTuple):
-  """The keys `Nystromformer.keys_and_values` hands `attend`.
-
-  Attributes:
-    keys: [batch, length, heads, head_dim], K.
-    membership: bool [batch, length, landmarks], True where a real token is in
-      a segment (`segment_membership`); a padded token is in none.
-  """
-
-  keys: Array
-  membership: Array
 
 
 def segment_membership(padding_mask: Optional[Array], length: int, landmarks: int) -> Array:
@@ -295,13 +281,18 @@ class Nystromformer(AttentionKind):
         )
     }
 
-  def keys_and_values(self, x, padding_mask, dense, projection, config, *, compress_first, record):
-    del projection, compress_first, record
-    landmarks = config.setting('nystrom_landmarks')
-    membership = segment_membership(padding_mask, x.shape[1], landmarks)
-    membership = jnp.broadcast_to(membership, (x.shape[0],) + membership.shape[1:])
-    return SegmentedKeys(dense.keys(x), membership), dense.values(x), padding_mask
-
   def attend(self, q, keys, values, key_mask, *, kernel):
-    del key_mask, kernel  # the membership marks the padding; no kernel computes this
-    return landmark_attention(q, keys.keys, values, keys.membership, self.params.get('value_conv'))
+    del kernel  # its own three softmaxes, no kernel computes this
+    if self.config is None:
+      raise ValueError(
+          f'attention={self.name!r}: attend reads nystrom_landmarks from the model config; '
+          'bind one with with_config(config) (layers.SelfAttention does) before calling it.'
+      )
+    return nystrom_attention(
+        q,
+        keys,
+        values,
+        key_mask,
+        landmarks=self.config.setting('nystrom_landmarks'),
+        value_conv=self.params.get('value_conv'),
+    )

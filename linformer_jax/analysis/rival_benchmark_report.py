@@ -40,7 +40,7 @@ RUN_QUANTITIES = (
 )
 TARGET_QUANTITIES = (
     Quantity('memory_per_sequence', 'MiB/seq', ',.1f', MIB, False),
-    Quantity('flops_per_sequence', 'GFLOP/seq', ',.3g', 1e9, False),
+    Quantity('flops_per_sequence', 'GFLOP/seq', ',.1f', 1e9, False),
 )
 # The fields whose exponent in n is fitted, of a run and of a target.
 RUN_FITS = ('time_ms', 'memory_bytes')

@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 VENV_PYTHON := $(VENV)/bin/python
 
-.PHONY: train test test-all test-fast lint format venv venv-gpu venv-tpu xla-targets torch-baseline
+.PHONY: train test test-all test-fast lint format venv venv-gpu venv-tpu venv-hf xla-targets torch-baseline
 
 venv: $(VENV)/.installed
 
@@ -34,6 +34,18 @@ $(XLA_TARGETS)/.installed: requirements-xla-targets.txt | venv
 	$(VENV_PYTHON) -m pip install --quiet --no-deps --target $(XLA_TARGETS) -r requirements-xla-targets.txt
 	touch $@
 
+# PyTorch and transformers for the export tests (tests/test_hf_export.py), which
+# load an exported folder as its users do: an environment of their own, .venv-hf,
+# at the versions of requirements-hf.txt, so that .venv never holds torch.
+VENV_HF := .venv-hf
+venv-hf: $(VENV_HF)/.installed
+
+$(VENV_HF)/.installed: requirements-hf.txt
+	$(PYTHON) -m venv $(VENV_HF)
+	$(VENV_HF)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV_HF)/bin/python -m pip install --quiet -r requirements-hf.txt
+	touch $@
+
 # Pretrains the default small Linformer on the embedded corpus (Python's own
 # documentation): under 10 minutes on 2 CPU cores, prints validation perplexity.
 train: venv
@@ -48,15 +60,15 @@ PYTEST = $(VENV_PYTHON) -m pytest -q $(PYTEST_PARALLEL)
 NO_TESTS_FAIL = status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$status
-test: venv xla-targets
+test: venv xla-targets venv-hf
 	$(PYTEST) -m "not long"; $(NO_TESTS_FAIL)
 
-test-all: venv xla-targets
+test-all: venv xla-targets venv-hf
 	$(PYTEST); $(NO_TESTS_FAIL)
 
 # The edit loop: the suite without the tests marked slow (end-to-end runs of
 # the training loop and the benchmarks, subprocesses, the notebook).
-test-fast: venv xla-targets
+test-fast: venv xla-targets venv-hf
 	$(VENV_PYTHON) -m pytest -q $(PYTEST_PARALLEL) -m "not slow"
 
 # Lint (ruff) and format check (pyink, Google style as Flax writes it); both are

@@ -7,10 +7,12 @@
   logits = run.logits(token_ids, padding_mask)    # the task head's output
 
   fresh = linformer_jax.build(config)             # initialised as a new run of config
+  run.save_pretrained('/tmp/tiny_hf')             # a folder transformers loads
 
 `load` and `build` give the same `Run`: the run's config, model, variables
 and tokenizer, and the passes a researcher reaches for (`logits`,
-`hidden_states`, `attention`). Both build through the training code's own path
+`hidden_states`, `attention`) and the export to a Hugging Face folder
+(`save_pretrained`). Both build through the training code's own path
 (`training.run_builder.build_parts`, `training.run_loading.load_run`),
 and both import the config's `extensions` first, so a run of a projection or
 attention kind of your own loads as a built-in one does.
@@ -31,6 +33,7 @@ import numpy as np
 
 from linformer_jax import extensions
 from linformer_jax import registry
+from linformer_jax.checkpoints import hf_export
 from linformer_jax.data import encoding
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.model import attention_capture
@@ -87,6 +90,25 @@ class Run(run_loading.LoadedRun):
   def params(self) -> Dict[str, Any]:
     """The trained (or freshly drawn) parameters, `variables['params']`."""
     return self.variables['params']
+
+  def save_pretrained(self, out_dir: str) -> Dict[str, Any]:
+    """Writes the run as a Hugging Face folder, as `export_checkpoint` does.
+
+    A RoBERTa- or BERT-shaped Transformer becomes a plain transformers folder;
+    any other Linformer or Transformer a `model_type: linformer` folder with its
+    PyTorch code (`trust_remote_code=True`). docs/checkpoint_import.md.
+
+    Args:
+      out_dir: the folder to write; it must not exist, or be empty.
+
+    Returns:
+      What was written: the class, the auto class, the tensors, the tokenizer.
+
+    Raises:
+      ConfigError: a run that cannot be exported (a rival attention kind, an
+        extension's parts) or a used out_dir; nothing is written.
+    """
+    return hf_export.export_folder(self.config, self.variables, self.tokenizer, out_dir)
 
   def encode(self, texts: Sequence[str]) -> Tuple[np.ndarray, np.ndarray]:
     """Texts as rows the model reads: `[bos] text [eos]`, cut to max_len and padded.

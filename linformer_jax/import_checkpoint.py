@@ -1,4 +1,5 @@
-"""Imports a Hugging Face RoBERTa or BERT checkpoint as a run of this project.
+"""Imports a Hugging Face RoBERTa or BERT checkpoint, or a folder that
+`export_checkpoint` wrote, as a run of this project.
 
   python -m linformer_jax.import_checkpoint --from /path/to/roberta-base \
       --workdir runs/roberta --config configs/imported.py

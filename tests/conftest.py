@@ -99,6 +99,7 @@ LONGEST_FILES_FIRST = (
     'test_classification.py',
     'test_extending_walkthrough.py',
     'test_reliability.py',
+    'test_hf_export.py',
     'test_pooling.py',
     'test_divergence.py',
     'test_xla_targets.py',  # last alphabetically: left unranked it ends the run alone
@@ -121,6 +122,7 @@ END_TO_END_FIXTURES = {
     'test_classification.py': ('pretrained',),
     'test_divergence.py': ('diverged_run',),
     'test_generation.py': ('causal_run',),
+    'test_hf_export.py': ('exported',),
     'test_pooling_probe.py': ('pretrained',),
     'test_sweep.py': ('finished_sweep',),
     'test_tokenizer_safety.py': ('stopped_run',),

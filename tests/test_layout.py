@@ -41,6 +41,7 @@ COMMANDS = (
     'causal_benchmark',
     'pytorch_comparison',
     'import_checkpoint',
+    'export_checkpoint',
     'projection_stats',
     'make_book_passages',
     'matmul_dtypes',

@@ -1,25 +1,34 @@
-"""Hugging Face RoBERTa and BERT checkpoints, read and mapped onto this project's model.
+"""Hugging Face checkpoints read, checked and mapped onto this project's model:
+RoBERTa, BERT, and the Linformer folders this project exports (`hf_export`).
 
 A checkpoint folder in the Hugging Face layout holds `config.json`,
 `model.safetensors` (or shards listed in `model.safetensors.index.json`) and
 `tokenizer.json`. `read_folder` reads and checks it; `model_fields` gives the
 `config.model` fields of its architecture; `hf_tensors.to_params` maps every
-tensor onto the parameters of `models.MaskedLanguageModel`.
+tensor onto the variables of `models.MaskedLanguageModel`. `ENCODER_FIELDS`
+and `LINFORMER_FIELDS` name config.json's fields as config.model's, for the
+import and the export alike.
 
-Both architectures are the post-LN encoder of `models.Encoder` with the
+RoBERTa and BERT are the post-LN encoder of `models.Encoder` with the
 masked-LM head of `models.MaskedLanguageModel` (dense, exact GELU, layer norm,
 the tied embedding as decoder, a bias). What differs is taken from config.json:
 
 * the layer norms' epsilon (`layer_norm_epsilon`: RoBERTa 1e-5, BERT 1e-12);
 * the token-type embedding (`num_segments` = type_vocab_size: BERT 2, whose row
-  0 every masked-LM input gets; RoBERTa 1, added to every token);
+  0 every masked-LM input gets; RoBERTa 1, added to every token; a RoBERTa
+  row of zeros, as a run without segments exports, adds nothing: 0);
 * RoBERTa's positions, which start at pad_token_id + 1: its table's rows from
   there on are this model's rows 0, 1, ... (the rows before serve only HF's
   padding positions, whose outputs no real token sees).
 
+A Linformer folder (model_type 'linformer', `hf_remote/`) is this project's
+model itself: its config.json holds every field the model needs (k per layer,
+sharing, projection, pre-LN, ...) and its max_len, and its weights the E/F
+projections; it is read when it is a masked LM (LinformerForMaskedLM).
+
 Anything else is refused rather than approximated: another model_type, an
 activation other than exact GELU, relative position embeddings, a decoder
-that is not the embedding, cross-attention.
+that is not the embedding, cross-attention, a Linformer folder of another head.
 """
 
 import dataclasses
@@ -37,7 +46,34 @@ CONFIG_FILE = 'config.json'
 WEIGHTS_FILE = 'model.safetensors'
 WEIGHTS_INDEX_FILE = 'model.safetensors.index.json'
 TOKENIZER_CONFIG_FILE = 'tokenizer_config.json'
-ARCHITECTURES = ('roberta', 'bert')
+ARCHITECTURES = ('roberta', 'bert', 'linformer')
+# config.json's fields and the config.model fields they are, for every architecture.
+ENCODER_FIELDS = (
+    ('vocab_size', 'vocab_size'),
+    ('num_hidden_layers', 'num_layers'),
+    ('num_attention_heads', 'num_heads'),
+    ('hidden_size', 'hidden_dim'),
+    ('intermediate_size', 'mlp_dim'),
+    ('type_vocab_size', 'num_segments'),
+    ('layer_norm_eps', 'layer_norm_epsilon'),
+)
+# A Linformer's own config.json fields, named as the config.model fields they
+# are; its max_position_embeddings is config.model.max_len.
+LINFORMER_FIELDS = (
+    'attention',
+    'projected_len',
+    'sharing',
+    'projection',
+    'projection_init',
+    'projection_init_noise',
+    'causal',
+    'block_len',
+    'pre_layer_norm',
+    'pooling',
+)
+# The Linformer head the import reads (a masked LM).
+LINFORMER_MASKED_LM = 'LinformerForMaskedLM'
+SEGMENT_TABLE = 'embeddings.token_type_embeddings.weight'
 # tokenizer_config.json's names of the special tokens -> the tokenizer's roles.
 TOKENIZER_CONFIG_ROLES = {
     'cls_token': 'bos_id',
@@ -74,6 +110,18 @@ class Checkpoint:
     return prefix if f'{prefix}embeddings.word_embeddings.weight' in self.tensors else ''
 
   @property
+  def zero_token_types(self) -> bool:
+    """RoBERTa's one token-type row, all zeros: it adds nothing (an export of
+    a run without segments writes it)."""
+    table = self.tensors.get(self.prefix + SEGMENT_TABLE)
+    return (
+        self.architecture == 'roberta'
+        and self.config['type_vocab_size'] == 1
+        and table is not None
+        and not np.any(table)
+    )
+
+  @property
   def position_offset(self) -> int:
     """The row of the position table that position 0 reads."""
     return self.config['pad_token_id'] + 1 if self.architecture == 'roberta' else 0
@@ -106,6 +154,13 @@ def _check_config(folder: pathlib.Path, hf_fields: Mapping[str, Any]) -> str:
         f'({", ".join(hf_fields.get("architectures") or [])}); the import reads '
         f'model_type {" or ".join(ARCHITECTURES)}.',
     )
+  architectures = hf_fields.get('architectures') or []
+  if architecture == 'linformer' and architectures != [LINFORMER_MASKED_LM]:
+    raise fail(
+        folder,
+        f'architectures={architectures}: the import reads a masked LM ({LINFORMER_MASKED_LM}); '
+        'a classifier or causal LM folder cannot be imported.',
+    )
   refusals = (
       (
           hf_fields.get('position_embedding_type', 'absolute') != 'absolute',
@@ -132,16 +187,10 @@ def _check_config(folder: pathlib.Path, hf_fields: Mapping[str, Any]) -> str:
   for refused, why in refusals:
     if refused:
       raise fail(folder, f'unsupported architecture: {why}.')
-  for field in (
-      'vocab_size',
-      'hidden_size',
-      'num_hidden_layers',
-      'num_attention_heads',
-      'intermediate_size',
-      'max_position_embeddings',
-      'type_vocab_size',
-      'layer_norm_eps',
-  ):
+  required = [theirs for theirs, _ in ENCODER_FIELDS] + ['max_position_embeddings']
+  if architecture == 'linformer':
+    required += LINFORMER_FIELDS
+  for field in required:
     if field not in hf_fields:
       raise fail(folder, f'config.json has no {field}; it is not a {architecture} config.')
   return architecture
@@ -233,17 +282,19 @@ def read_folder(folder: str) -> Checkpoint:
 
 
 def model_fields(checkpoint: Checkpoint) -> Dict[str, Any]:
-  """The `config.model` fields the checkpoint fixes (all but max_len and the
-  attention settings)."""
+  """The `config.model` fields the checkpoint fixes: for RoBERTa and BERT all but
+  max_len and the attention settings; for a Linformer every field of its
+  model, max_len included."""
   config = checkpoint.config
-  return {
-      'vocab_size': config['vocab_size'],
-      'num_layers': config['num_hidden_layers'],
-      'num_heads': config['num_attention_heads'],
-      'hidden_dim': config['hidden_size'],
-      'mlp_dim': config['intermediate_size'],
-      'num_segments': config['type_vocab_size'],
-      'layer_norm_epsilon': float(config['layer_norm_eps']),
-      'pre_layer_norm': False,
-      'causal': False,
-  }
+  fields = {ours: config[theirs] for theirs, ours in ENCODER_FIELDS}
+  fields['layer_norm_epsilon'] = float(fields['layer_norm_epsilon'])
+  if checkpoint.architecture == 'linformer':
+    fields.update({name: config[name] for name in LINFORMER_FIELDS})
+    if isinstance(fields['projected_len'], list):
+      fields['projected_len'] = tuple(fields['projected_len'])
+    fields['max_len'] = config['max_position_embeddings']
+    return fields
+  if checkpoint.zero_token_types:
+    fields['num_segments'] = 0
+  fields.update(pre_layer_norm=False, causal=False)
+  return fields

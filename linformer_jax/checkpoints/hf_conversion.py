@@ -3,10 +3,10 @@ and its parameters.
 
 `resolve_source` finds the checkpoint folder (a path, or a hub name it
 downloads); `imported_config` puts the checkpoint's model fields and tokenizer
-on top of a run's config; `params_with` places the converted tensors
-(`hf_tensors.to_params`) into the model's parameter tree, leaving the
-sequence projections E/F, which no checkpoint holds, to the model's own
-initialisation.
+on top of a run's config; `variables_with` places the converted tensors
+(`hf_tensors.to_params`) into the model's variables, leaving the sequence
+projections E/F that a RoBERTa or BERT checkpoint does not hold to the
+model's own initialisation (a Linformer folder holds them).
 """
 
 import os
@@ -52,8 +52,9 @@ def imported_config(
 ) -> ml_collections.ConfigDict:
   """`config` with the checkpoint's model fields and its tokenizer.
 
-  model.max_len stays the config's: the first max_len positions of the
-  checkpoint's table are taken (ConfigError if it has fewer).
+  model.max_len stays the config's for RoBERTa and BERT: the first max_len
+  positions of the checkpoint's table are taken (ConfigError if it has
+  fewer). A Linformer folder sets it, with every other model field.
   """
   imported = ml_collections.ConfigDict(config.to_dict())
   if imported.get('task', 'masked_lm') != 'masked_lm':
@@ -61,30 +62,34 @@ def imported_config(
         f'config.task={imported.task!r}: a checkpoint is imported as a masked LM; use a '
         'masked_lm config (configs/imported.py), then fine-tune it with init_from.'
     )
-  if imported.model.max_len > checkpoint.max_positions:
+  fields = hf_checkpoint.model_fields(checkpoint)
+  if 'max_len' not in fields and imported.model.max_len > checkpoint.max_positions:
     raise ConfigError(
         f'config.model.max_len={imported.model.max_len} is longer than the '
         f'{checkpoint.max_positions} positions of {checkpoint.folder}; set '
         f'--config.model.max_len={checkpoint.max_positions} or less.'
     )
-  imported.model.update(hf_checkpoint.model_fields(checkpoint))
+  with imported.model.ignore_type():  # projected_len may be one k per layer
+    imported.model.update(fields)
   imported.data.tokenizer = 'huggingface'
   imported.data.vocab_size = checkpoint.tokenizer.vocab_size
   return imported
 
 
-def params_with(
+def variables_with(
     abstract: Dict[str, Any], imported: Dict[Tuple[str, ...], Any]
 ) -> Tuple[Dict[str, Any], List[str]]:
-  """The params tree of `abstract` with the imported arrays put in, and the
+  """The variables tree of `abstract` with the imported arrays put in, and the
   paths of the leaves left abstract (no tensor maps to them).
 
   Args:
-    abstract: the model's parameters as `jax.ShapeDtypeStruct` leaves.
-    imported: parameter path -> array, as `hf_tensors.to_params` gives.
+    abstract: the model's variables ({'params': ..., 'constants': ...}) as
+      `jax.ShapeDtypeStruct` leaves.
+    imported: variable path (collection first) -> array, as
+      `hf_tensors.to_params` gives.
 
   Raises:
-    ValueError: a parameter neither imported nor a sequence projection.
+    ValueError: a variable neither imported nor a sequence projection.
   """
   missing = []
 
@@ -93,8 +98,8 @@ def params_with(
     if key in imported:
       return imported[key]
     if key[-1] not in PROJECTION_NAMES:
-      raise ValueError(f'No checkpoint tensor maps to parameter {"/".join(key)}.')
-    missing.append('/'.join(key))
+      raise ValueError(f'No checkpoint tensor maps to variable {"/".join(key)}.')
+    missing.append('/'.join(key[1:]))
     return value
 
   return jax.tree_util.tree_map_with_path(leaf, abstract), missing

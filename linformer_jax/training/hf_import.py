@@ -1,4 +1,5 @@
-"""A Hugging Face RoBERTa or BERT checkpoint written as a run of this project.
+"""A Hugging Face checkpoint (RoBERTa, BERT, or a Linformer folder this project
+exported) written as a run of this project.
 
 `import_checkpoint(source, workdir, config)` reads the checkpoint folder
 (`checkpoints.hf_checkpoint`) and maps its tensors (`checkpoints.hf_tensors`),
@@ -14,7 +15,10 @@ sets the model fields it fixes and the tokenizer on top of `config`
   import.json      where it came from, and what was not taken from it
 
 With `model.attention='linformer'` the model's E/F projections (and nothing
-else) keep the values the model initialises them with from `config.seed`.
+else) keep the values the model initialises them with from `config.seed`,
+unless the checkpoint holds them: a Linformer folder this project exported
+(`checkpoints.hf_export`) is read back whole, its model fields (k, sharing,
+projection, max_len, ...) included.
 Every check runs before anything is written, and the folder appears whole
 (written beside it, then renamed) or not at all.
 """
@@ -53,23 +57,24 @@ def build_state(
   parts = run_builder.build_parts(config)
   optimizer = optimization.create_optimizer(parts.settings.optimizer)
   abstract_state = parts.abstract_train_state(optimizer)
+  abstract = {'params': abstract_state.params, **abstract_state.constants}
   shapes = {
       tuple(entry.key for entry in path): leaf.shape
-      for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_state.params)
+      for path, leaf in jax.tree_util.tree_leaves_with_path(abstract)
   }
-  params, kept = hf_conversion.params_with(
-      abstract_state.params, hf_tensors.to_params(checkpoint, shapes)
-  )
-  constants = abstract_state.constants
-  if kept or jax.tree_util.tree_leaves(constants):
-    # E/F (and fixed random projections) as a new run of this config draws them.
+  variables, kept = hf_conversion.variables_with(abstract, hf_tensors.to_params(checkpoint, shapes))
+  if kept:
+    # E/F (learned or fixed random) as a new run of this config draws them.
     initial = parts.initial_train_state(optimizer, abstract_state, config.seed)
     is_kept = lambda leaf: isinstance(leaf, jax.ShapeDtypeStruct)
-    params = jax.tree_util.tree_map(
-        lambda new, old: old if is_kept(new) else new, params, initial.params, is_leaf=is_kept
+    variables = jax.tree_util.tree_map(
+        lambda new, old: old if is_kept(new) else new,
+        variables,
+        {'params': initial.params, **initial.constants},
+        is_leaf=is_kept,
     )
-    constants = initial.constants
-  params = jax.device_put(params, run_builder.shardings_of(abstract_state.params))
+  params = jax.device_put(variables.pop('params'), run_builder.shardings_of(abstract_state.params))
+  constants = jax.device_put(variables, run_builder.shardings_of(abstract_state.constants))
   state = train_steps.TrainState(
       step=jax.device_put(np.int32(0), abstract_state.step.sharding),
       params=params,

@@ -8,6 +8,7 @@
 
   fresh = linformer_jax.build(config)             # initialised as a new run of config
   run.save_pretrained('/tmp/tiny_hf')             # a folder transformers loads
+  read_back = linformer_jax.load('/tmp/tiny_hf')  # a Hugging Face masked-LM folder, at step 0
 
 `load` and `build` give the same `Run`: the run's config, model, variables
 and tokenizer, and the passes a researcher reaches for (`logits`,
@@ -15,7 +16,9 @@ and tokenizer, and the passes a researcher reaches for (`logits`,
 (`save_pretrained`). Both build through the training code's own path
 (`training.run_builder.build_parts`, `training.run_loading.load_run`),
 and both import the config's `extensions` first, so a run of a projection or
-attention kind of your own loads as a built-in one does.
+attention kind of your own loads as a built-in one does. `load` of a Hugging
+Face folder reads it as import_checkpoint does (`training.hf_import`), in
+memory.
 
 The package exports `load` and `build` lazily (linformer_jax/__init__.py):
 importing linformer_jax does not import JAX, so the commands can set XLA's
@@ -33,13 +36,18 @@ import numpy as np
 
 from linformer_jax import extensions
 from linformer_jax import registry
+from linformer_jax.checkpoints import hf_checkpoint
+from linformer_jax.checkpoints import hf_conversion
 from linformer_jax.checkpoints import hf_export
+from linformer_jax.checkpoints import hf_tensors
 from linformer_jax.data import encoding
 from linformer_jax.data import tokenizer as tokenizer_lib
+from linformer_jax.errors import ConfigError
 from linformer_jax.model import attention_capture
 from linformer_jax.model import layers
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.training import hf_import
 from linformer_jax.training import run_builder
 from linformer_jax.training import run_config
 from linformer_jax.training import run_loading
@@ -292,26 +300,76 @@ def _queries_and_keys(config: ModelConfig, variables, token_ids, padding_mask):
 
 
 def load(workdir: str, step: Optional[int] = None) -> Run:
-  """A trained run, from its folder alone.
+  """A trained run from its folder alone, or a Hugging Face folder read back.
 
-  The config is the run's own WORKDIR/config.json (its extensions imported
-  first, the settings they declare added); the variables are a kept
-  checkpoint's, the tokenizer the run's own. Loading only reads the workdir.
+  A run's folder: the config is the run's own WORKDIR/config.json (its
+  extensions imported first, the settings they declare added); the variables
+  are a kept checkpoint's, the tokenizer the run's own. Loading only reads
+  the folder.
+
+  A Hugging Face masked-LM folder that `Run.save_pretrained` or
+  export_checkpoint wrote (its config.json names a model_type) is read as
+  import_checkpoint reads it, in memory: the config is the run's own, which
+  the folder carries, the variables and the tokenizer the folder's; step 0,
+  no workdir. Another Hugging Face folder (a RoBERTa or BERT checkpoint) is
+  imported with import_checkpoint first.
 
   Args:
-    workdir: the run's folder (local or gs://), as given to training.
-    step: a kept step; None (or 0) for the newest. The config's
-      restore_step, which said where training resumed from, is set to 0.
+    workdir: a run's folder (local or gs://), as given to training, or a
+      local Hugging Face folder (config.json, model.safetensors,
+      tokenizer.json).
+    step: a run's kept step; None (or 0) for the newest, the only one a
+      Hugging Face folder has. The config's restore_step, which said where
+      training resumed from, is set to 0.
 
   Raises:
-    ConfigError: no config.json or checkpoint, a step that is not kept (the
-      message lists the kept ones), a missing tokenizer, or an extension that
-      fails to import.
+    ConfigError: no config.json, or one of neither kind; no checkpoint, a
+      step that is not kept (the message lists the kept ones), a missing
+      tokenizer, or an extension that fails to import; a Hugging Face folder
+      that import_checkpoint refuses (a classifier's or causal LM's, another
+      architecture, missing weights or tokenizer) or a step with one.
   """
+  if hf_checkpoint.is_checkpoint_folder(workdir):
+    if step:
+      raise ConfigError(
+          f'step={step}: {workdir} is a Hugging Face folder, which holds one set of weights; '
+          'load it without step.'
+      )
+    return _load_checkpoint_folder(workdir)
   config = run_builder.saved_config(workdir)
   config.restore_step = 0
   loaded = run_loading.load_run(config, workdir, step or None)
   return Run(**{field.name: getattr(loaded, field.name) for field in dataclasses.fields(loaded)})
+
+
+def _load_checkpoint_folder(folder: str) -> Run:
+  """A masked-LM folder that `Run.save_pretrained` or export_checkpoint wrote,
+  as a `Run` of step 0 and no workdir, read as `hf_import.import_checkpoint`
+  reads it, on the run config the folder carries (`hf_export.RUN_CONFIG_KEY`):
+  the run's own n, k and settings, the folder's tensors and tokenizer."""
+  try:
+    checkpoint = hf_checkpoint.read_folder(folder)
+    hf_tensors.unused_tensors(checkpoint)  # refuses the tensors of another head
+  except hf_checkpoint.FolderError as error:
+    raise ConfigError(
+        f'linformer_jax.load({folder!r}) reads a Hugging Face folder as a masked LM, as '
+        f'import_checkpoint does: {error.reason} For a classifier or causal LM, load the run '
+        'it was exported from.'
+    ) from None
+  saved = checkpoint.config.get(hf_export.RUN_CONFIG_KEY)
+  if saved is None:
+    raise ConfigError(
+        f'linformer_jax.load({folder!r}): this Hugging Face folder was not exported from a '
+        'run (its config.json holds no run config); import it with python -m '
+        f'linformer_jax.import_checkpoint --from {folder} --workdir RUN --config '
+        'configs/imported.py, then load RUN.'
+    )
+  config = run_builder.config_from_saved(saved, f'{folder}/config.json')
+  config.restore_step = 0
+  config = hf_conversion.imported_config(config, checkpoint)
+  parts = run_builder.build_parts(config)
+  variables, _ = hf_import.imported_variables(parts, checkpoint, config.seed)
+  return Run(config, parts, variables, checkpoint.tokenizer, 0, None)
 
 
 def build(config: ml_collections.ConfigDict) -> Run:

@@ -184,6 +184,16 @@ def test_load_reads_the_runs_own_config_and_imports_its_extensions(tiny_run, tmp
     linformer_jax.load(str(tmp_path))
 
 
+@pytest.mark.parametrize(
+    'saved', [{'hidden_size': 32, 'layers': [1, 2]}, [1, 2], {'model': 3, 'data': {}}]
+)
+def test_a_folder_whose_config_json_is_not_a_runs_is_refused_in_one_line(tmp_path, saved):
+  (tmp_path / 'config.json').write_text(json.dumps(saved))
+  with pytest.raises(ConfigError, match="config.json is not a run's config") as error:
+    linformer_jax.load(str(tmp_path))
+  assert '\n' not in str(error.value)
+
+
 def test_hidden_states_and_the_linformer_attention_of_a_layer(loaded):
   token_ids, padding_mask = loaded.encode(TEXTS)
   hidden = loaded.hidden_states(token_ids, padding_mask)

@@ -8,7 +8,8 @@ transformers: `make venv-hf`) loads every folder with its task's auto class
 and AutoTokenizer (tests/hf_folder_worker.py). Its float32 logits on a padded
 batch of rows of different lengths must agree with `Run.logits` within 1e-4
 of max |logit|, at the real tokens; AutoTokenizer must give the run's ids;
-a masked-LM folder imports back (`import_checkpoint`) bitwise.
+a masked-LM folder imports back (`import_checkpoint`) and loads back
+(`linformer_jax.load`) bitwise.
 """
 
 import dataclasses
@@ -430,3 +431,42 @@ def test_the_command_exports_a_trained_run_that_imports_back_bitwise(
   assert process.returncode == 2 and 'Traceback' not in process.stderr, process.stderr
   assert process.stderr.strip().splitlines()[-1].startswith('error: '), process.stderr
   assert sorted(path.name for path in out.iterdir()) == before
+
+
+@pytest.mark.parametrize('name', ['none-linear-k-per-layer', 'transformer-roberta'])
+def test_load_reads_a_masked_lm_folder_back_as_the_run(exported, name):
+  run, folder, _, logits, mask, _, _ = exported[name]
+  loaded = linformer_jax.load(str(folder))
+  assert (loaded.step, loaded.workdir, loaded.config.task) == (0, None, 'masked_lm')
+  # RoBERTa's n comes from its position table, past the padding offset.
+  assert loaded.model_config.max_len == run.model_config.max_len == 32
+  flat = hf_tensors.flat_variables
+  ours, theirs = flat(run.variables), flat(loaded.variables)
+  assert sorted(ours) == sorted(theirs)
+  for path, value in ours.items():
+    np.testing.assert_array_equal(theirs[path], value, err_msg='/'.join(path))
+  ids, _ = padded_rows(run.tokenizer, TEXTS, 32)
+  assert loaded.encode(TEXTS)[0].tolist() == ids.tolist()
+  np.testing.assert_array_equal(np.asarray(loaded.logits(ids, mask))[mask], logits[mask])
+
+
+def test_load_refuses_another_head_a_bogus_folder_or_a_step_in_one_line(exported, tmp_path):
+  gpt2 = tmp_path / 'gpt2'
+  gpt2.mkdir()
+  (gpt2 / 'config.json').write_text(json.dumps({'model_type': 'gpt2', 'n_layer': 2}))
+  no_kind = tmp_path / 'no_kind'
+  no_kind.mkdir()
+  (no_kind / 'config.json').write_text(json.dumps({'hidden_size': 32, 'layers': [1, 2]}))
+  refusals = [
+      (exported['classifier'][1], None, 'the import reads a masked LM (LinformerForMaskedLM)'),
+      (exported['classifier-roberta'][1], None, 'cannot map, e.g. classifier.'),
+      (exported['causal-linear'][1], None, 'a classifier or causal LM folder'),
+      (gpt2, None, 'has no tokenizer.json'),
+      (no_kind, None, "is not a run's config"),
+      (exported['mean'][1], 1, 'holds one set of weights; load it without step'),
+      (FIXTURES / 'roberta', None, 'was not exported from a run'),  # RoBERTa from elsewhere
+  ]
+  for folder, step, message in refusals:
+    with pytest.raises(ConfigError, match=re.escape(message)) as error:
+      linformer_jax.load(str(folder), step=step)
+    assert '\n' not in str(error.value), error.value

@@ -132,9 +132,33 @@ class Checkpoint:
     return self.config['max_position_embeddings'] - self.position_offset
 
 
-def fail(folder: pathlib.Path, message: str) -> ConfigError:
+class FolderError(ConfigError):
+  """A checkpoint folder that cannot be read: '--from=FOLDER: reason', one line.
+
+  Attributes:
+    reason: what is wrong with the folder and what to do, without the flag,
+      for a caller that names the folder otherwise (`linformer_jax.load`).
+  """
+
+  def __init__(self, folder: pathlib.Path, reason: str):
+    super().__init__(f'--from={folder}: {reason}')
+    self.reason = reason
+
+
+def fail(folder: pathlib.Path, message: str) -> FolderError:
   """The one-line error about a checkpoint folder: '--from=FOLDER: message'."""
-  return ConfigError(f'--from={folder}: {message}')
+  return FolderError(folder, message)
+
+
+def is_checkpoint_folder(folder: str) -> bool:
+  """Whether `folder` holds a Hugging Face checkpoint rather than a run: its
+  config.json names a `model_type`, which a run's config never has. Whether
+  it can be read is `read_folder`'s to say."""
+  try:
+    hf_fields = json.loads((pathlib.Path(folder) / CONFIG_FILE).read_text())
+  except (OSError, ValueError):
+    return False
+  return isinstance(hf_fields, dict) and 'model_type' in hf_fields
 
 
 def _read_json(folder: pathlib.Path, name: str) -> Dict[str, Any]:

@@ -73,6 +73,9 @@ from linformer_jax.model.model_config import ModelConfig
 
 REMOTE_CODE = pathlib.Path(__file__).resolve().parent / 'hf_remote'
 REMOTE_FILES = ('configuration_linformer.py', 'modeling_linformer.py')
+# config.json's key for the run's own config, which `linformer_jax.load` of the
+# folder builds from (transformers keeps an unknown key as an attribute).
+RUN_CONFIG_KEY = 'linformer_jax_run_config'
 # The attention kinds the PyTorch model computes.
 EXPORTED_ATTENTION = ('full', 'linformer')
 # The class of each head, per architecture, and the auto class that loads it.
@@ -381,12 +384,9 @@ def export_folder(
   labels = None
   if head == 'classification':
     labels = _labels(config, np.shape(variables['params']['classifier_out']['bias'])[0])
-  files = {
-      hf_checkpoint.CONFIG_FILE: json.dumps(
-          _config_json(architecture, head, model, tokenizer, labels), indent=2
-      )
-      + '\n'
-  }
+  fields = _config_json(architecture, head, model, tokenizer, labels)
+  fields[RUN_CONFIG_KEY] = json.loads(json.dumps(config.to_dict()))
+  files = {hf_checkpoint.CONFIG_FILE: json.dumps(fields, indent=2) + '\n'}
   tokenizer_kind = None
   if tokenizer is not None:
     tokenizer_texts, tokenizer_kind = hf_tokenizer.tokenizer_files(

@@ -49,15 +49,14 @@ from linformer_jax.training import train_steps
 IMPORT_FILE = 'import.json'
 
 
-def build_state(
-    config: ml_collections.ConfigDict, checkpoint: hf_checkpoint.Checkpoint
-) -> Tuple[run_builder.RunParts, train_steps.TrainState, List[str]]:
-  """The run's parts and its step-0 train state holding the imported weights,
-  and the parameters that keep their initial values (E/F)."""
-  parts = run_builder.build_parts(config)
-  optimizer = optimization.create_optimizer(parts.settings.optimizer)
-  abstract_state = parts.abstract_train_state(optimizer)
-  abstract = {'params': abstract_state.params, **abstract_state.constants}
+def imported_variables(
+    parts: run_builder.RunParts, checkpoint: hf_checkpoint.Checkpoint, seed: int
+) -> Tuple[Dict[str, Any], List[str]]:
+  """The model's variables ({'params': ..., other collections}) holding the
+  checkpoint's tensors, split over the mesh as `parts` lays them out, and the
+  parameters that keep their initial values (E/F, as a new run seeded by
+  `seed` draws them)."""
+  abstract = parts.abstract_variables()
   shapes = {
       tuple(entry.key for entry in path): leaf.shape
       for path, leaf in jax.tree_util.tree_leaves_with_path(abstract)
@@ -65,21 +64,31 @@ def build_state(
   variables, kept = hf_conversion.variables_with(abstract, hf_tensors.to_params(checkpoint, shapes))
   if kept:
     # E/F (learned or fixed random) as a new run of this config draws them.
-    initial = parts.initial_train_state(optimizer, abstract_state, config.seed)
     is_kept = lambda leaf: isinstance(leaf, jax.ShapeDtypeStruct)
     variables = jax.tree_util.tree_map(
         lambda new, old: old if is_kept(new) else new,
         variables,
-        {'params': initial.params, **initial.constants},
+        parts.initial_variables(seed),
         is_leaf=is_kept,
     )
-  params = jax.device_put(variables.pop('params'), run_builder.shardings_of(abstract_state.params))
-  constants = jax.device_put(variables, run_builder.shardings_of(abstract_state.constants))
+  return jax.device_put(variables, run_builder.shardings_of(abstract)), kept
+
+
+def build_state(
+    config: ml_collections.ConfigDict, checkpoint: hf_checkpoint.Checkpoint
+) -> Tuple[run_builder.RunParts, train_steps.TrainState, List[str]]:
+  """The run's parts and its step-0 train state holding the imported weights,
+  and the parameters that keep their initial values (E/F)."""
+  parts = run_builder.build_parts(config)
+  variables, kept = imported_variables(parts, checkpoint, config.seed)
+  optimizer = optimization.create_optimizer(parts.settings.optimizer)
+  abstract_state = parts.abstract_train_state(optimizer)
+  params = variables.pop('params')
   state = train_steps.TrainState(
       step=jax.device_put(np.int32(0), abstract_state.step.sharding),
       params=params,
       opt_state=optimizer.init(params),
-      constants=constants,
+      constants=variables,
   )
   return parts, state, kept
 

@@ -311,21 +311,43 @@ def _tuples(value: Any) -> Any:
 
 
 def saved_config(workdir: str) -> ml_collections.ConfigDict:
-  """The config a run saved in WORKDIR/config.json, ready to build: JSON's
-  lists back to tuples (as configs/from_workdir.py reads it), the run's
-  `extensions` imported and the settings their kinds declare added.
+  """The config a run saved in WORKDIR/config.json, ready to build
+  (`config_from_saved`).
 
   Raises:
-    ConfigError: no config.json in workdir, or an extension that fails to
-      import.
+    ConfigError: no config.json in workdir, one that is not a run's config
+      (e.g. a Hugging Face folder's), or an extension that fails to import.
   """
   path = storage.join(workdir, CONFIG_FILE)
   if not storage.isfile(path):
     raise ConfigError(f'{path} does not exist; point at a run folder, one that training wrote.')
   try:
-    config = ml_collections.ConfigDict(_tuples(json.loads(storage.read_text(path))))
+    saved = json.loads(storage.read_text(path))
   except ValueError as error:
     raise ConfigError(f'{path} is not a JSON config ({error}); point at a run folder.') from None
+  return config_from_saved(saved, path)
+
+
+def config_from_saved(saved: Any, origin: str) -> ml_collections.ConfigDict:
+  """A run's config as JSON read it (a run's config.json, or the copy an
+  exported Hugging Face folder carries), ready to build: JSON's lists back to
+  tuples (as configs/from_workdir.py reads it), the run's `extensions`
+  imported and the settings their kinds declare added.
+
+  Raises:
+    ConfigError: `saved` is not a run's config (`origin` names where it was
+      read), or an extension fails to import.
+  """
+  if not (
+      isinstance(saved, dict)
+      and isinstance(saved.get('model'), dict)
+      and isinstance(saved.get('data'), dict)
+  ):
+    raise ConfigError(
+        f"{origin} is not a run's config (it has no model and data sections); point at a run "
+        'folder, one that training wrote (a Hugging Face folder is read with import_checkpoint).'
+    )
+  config = ml_collections.ConfigDict(_tuples(saved))
   run_config.complete(config)
   extensions.import_extensions(config.extensions)
   registry.add_declared_settings(config)

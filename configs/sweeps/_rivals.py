@@ -20,21 +20,12 @@ The Transformer ('full') sees all n. Sizes are rounded to whole positions.
 
 from typing import Any, Dict, Sequence
 
+from linformer_jax.model import attention_kinds
 from linformer_jax.sweep import Variant
 
-# 'full' first: the rows compare against it. Then the Linformer, then the
-# rivals in the order of docs/training.md.
-KINDS = (
-    'full',
-    'linformer',
-    'linear_transformer',
-    'performer',
-    'nystromformer',
-    'reformer',
-    'longformer',
-    'bigbird',
-    'sparse_transformer',
-)
+# Every built-in kind, 'full' first (the rows compare against it), then the
+# Linformer, then the rivals in the order of docs/training.md.
+KINDS = attention_kinds.BUILT_IN
 
 
 def budget(kind: str, n: int) -> Dict[str, Any]:

@@ -43,6 +43,17 @@ def test_chunked_inference_gives_the_same_logits_with_padding(overrides):
   np.testing.assert_allclose(_logits(chunked, variables, tokens, mask), whole, rtol=1e-5, atol=1e-5)
 
 
+def test_a_chunked_model_initialises_under_jit_as_without_chunks():
+  # Initialisation creates parameters, which no chunk loop may do: a jitted
+  # init once leaked a tracer from the MLP's bias inside the loop.
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 32), 1, 40)
+  whole = models.MaskedLanguageModel(ModelConfig(**SMALL))
+  chunked = models.MaskedLanguageModel(ModelConfig(**{**SMALL, 'inference_chunk': 12}))
+  expected = jax.jit(whole.init)(jax.random.PRNGKey(0), tokens)
+  got = jax.jit(chunked.init)(jax.random.PRNGKey(0), tokens)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, nn.meta.unbox(got), nn.meta.unbox(expected))
+
+
 def test_only_bidirectional_inference_passes_are_chunked():
   chunked = ModelConfig(**SMALL, inference_chunk=8)
   assert inference_chunk(chunked, 32, deterministic=True) == 8

@@ -333,6 +333,8 @@ class EncoderLayer(nn.Module):
     else:
       x = attention_norm(x + attend(x, padding_mask, *context))
     if chunk is None or self.is_initializing():
+      # Initialisation creates the MLP's parameters, which no loop body may do.
+      chunk = None
       mlp, norm = (lambda rows: feed_forward(rows, deterministic)), mlp_norm
     else:  # the MLP chunk by chunk: temporaries of chunk x mlp_dim
       mlp, norm = (lambda rows, ff=pure(feed_forward): ff(rows, True)), pure(mlp_norm)

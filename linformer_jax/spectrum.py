@@ -14,6 +14,9 @@ and heatmap.png to --out, and prints one line per layer (docs/results_gutenberg.
 Padded positions are left out: their rows and columns of P only add zero singular
 values, so a sequence's curve is that of its n_real x n_real (n_real x k) matrix,
 at 1 from index n_real on.
+
+`random_projection_errors` measures the paper's Theorem 1, the random projection
+of P V that the low rank of P allows (the notebook's section 1).
 """
 
 import dataclasses
@@ -56,6 +59,49 @@ def normalised_cumulative_singular_values(p: np.ndarray) -> np.ndarray:
   if np.any(total <= 0):
     raise ValueError('A matrix of all zeros has no normalised spectrum.')
   return cumulative / total
+
+
+def random_projection_errors(
+    p: np.ndarray,
+    values: np.ndarray,
+    projected_lens: Sequence[int],
+    *,
+    draws: int = 16,
+    seed: int = 0,
+) -> np.ndarray:
+  """The paper's Theorem 1, measured: ||P R^T R V - P V|| / ||P V|| for a random R.
+
+  R is [k, n] with i.i.d. N(0, 1/k) entries, one draw shared by every matrix of
+  the stack, applied after the softmax (the Linformer's E sits inside it). For
+  Gaussian R the expected squared error is exactly
+  (||P V||^2 + sum_i ||P_i||^2 ||V_i||^2) / (k ||P V||^2), over the matrices i of the
+  stack, in Frobenius norms: for given P and V the error falls as 1/sqrt(k).
+
+  Args:
+    p: [..., n, n] context-mapping matrices, each row summing to 1.
+    values: [..., n, head_dim] the values V, stacked as p.
+    projected_lens: the k to measure.
+    draws: how many R are drawn for each k.
+    seed: numpy seed of the draws.
+
+  Returns:
+    float64 [len(projected_lens)]: per k, the root mean square over the draws of
+    the relative error in Frobenius norm.
+  """
+  p = np.asarray(p, np.float64)
+  values = np.asarray(values, np.float64)
+  exact = p @ values
+  exact_norm = np.linalg.norm(exact)
+  rng = np.random.default_rng(seed)
+  errors = []
+  for projected_len in projected_lens:
+    squared = []
+    for _ in range(draws):
+      r = rng.normal(0.0, 1.0 / np.sqrt(projected_len), (projected_len, p.shape[-1]))
+      projected = p @ (r.T @ (r @ values))
+      squared.append((np.linalg.norm(projected - exact) / exact_norm) ** 2)
+    errors.append(np.sqrt(np.mean(squared)))
+  return np.array(errors)
 
 
 def value_at_index(curve: np.ndarray, index: int) -> Tuple[float, int]:

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from linformer_jax.errors import ConfigError
+from linformer_jax.model import attention_kinds
 from linformer_jax.model import generation
 from linformer_jax.training import run_loading
 
@@ -45,7 +46,8 @@ def continue_prompt(
   `generate` command's flags.
 
   Raises:
-    ConfigError: not a causal_lm config, bad sampling settings or seed, a
+    ConfigError: not a causal_lm config, an attention kind that cannot decode
+      token by token, bad sampling settings or seed, a
       workdir without a matching run, tokenizer or kept restore_step, or a
       prompt and max_new_tokens longer than model.max_len.
   """
@@ -53,6 +55,15 @@ def continue_prompt(
     raise ConfigError(
         f'config.task={config.task!r} cannot generate; use a causal_lm config '
         '(e.g. configs/causal_lm.py).'
+    )
+  kind = attention_kinds.kind(config.model.attention)
+  if not kind.decodes:
+    decoding = [
+        name for name in attention_kinds.REGISTRY.names() if attention_kinds.kind(name).decodes
+    ]
+    raise ConfigError(
+        f'attention={kind.name!r} cannot decode token by token, so generate cannot sample '
+        f"from this run; generate from a causal run of {', '.join(decoding)}."
     )
   if seed not in SEEDS:
     raise ConfigError(f'--seed={seed} is not allowed: use an integer from -2**63 to 2**63 - 1.')

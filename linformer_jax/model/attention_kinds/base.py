@@ -189,6 +189,11 @@ class AttentionKind:
     bound.constant_values = types.MappingProxyType(dict(values))
     return bound
 
+  @property
+  def decodes(self) -> bool:
+    """Whether the kind decodes token by token (defines `init_cache` and `decode`)."""
+    return type(self).init_cache is not AttentionKind.init_cache
+
   def with_config(self, config: Any) -> 'AttentionKind':
     """A copy of this kind whose `config` is `config` (the layer's `ModelConfig`)."""
     bound = copy.copy(self)

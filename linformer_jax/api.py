@@ -356,14 +356,14 @@ def _load_checkpoint_folder(folder: str) -> Run:
         f'import_checkpoint does: {error.reason} For a classifier or causal LM, load the run '
         'it was exported from.'
     ) from None
-  saved = checkpoint.config.get(hf_export.RUN_CONFIG_KEY)
-  if saved is None:
+  if hf_export.RUN_CONFIG_KEY not in checkpoint.config:
     raise ConfigError(
         f'linformer_jax.load({folder!r}): this Hugging Face folder was not exported from a '
         'run (its config.json holds no run config); import it with python -m '
         f'linformer_jax.import_checkpoint --from {folder} --workdir RUN --config '
         'configs/imported.py, then load RUN.'
     )
+  saved = checkpoint.config[hf_export.RUN_CONFIG_KEY]
   config = run_builder.config_from_saved(saved, f'{folder}/config.json')
   config.restore_step = 0
   config = hf_conversion.imported_config(config, checkpoint)

@@ -22,12 +22,14 @@ one request to the store, and gives up after REACH_TIMEOUT_S.
 `check_folder` is the same early check for a local folder a command writes.
 """
 
+import contextlib
 import os
+import pathlib
 import re
 import shutil
 import tempfile
 import threading
-from typing import IO, List, Optional, Tuple
+from typing import IO, Iterator, List, Optional, Tuple
 import urllib.error
 import urllib.request
 
@@ -208,6 +210,24 @@ def write_text(path: str, text: str) -> None:
     except OSError:
       pass
     raise OSError(error.errno, error.strerror, path) from None
+
+
+@contextlib.contextmanager
+def staged_folder(target: pathlib.Path, purpose: str) -> Iterator[pathlib.Path]:
+  """A local folder written whole or not at all: yields a staging folder beside
+  `target` (named for `purpose`, e.g. 'exporting'), renamed onto `target` (absent
+  or empty) when the block ends, removed when it raises."""
+  staging = target.with_name(f'.{target.name}.{purpose}{os.getpid()}')
+  shutil.rmtree(staging, ignore_errors=True)
+  try:
+    staging.mkdir(parents=True)
+    yield staging
+    if target.is_dir():
+      target.rmdir()  # empty (checked by the caller): the rename needs it gone
+    os.rename(staging, target)
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    raise
 
 
 def read_text(path: str) -> str:

@@ -52,9 +52,7 @@ it, an interactive session is asked first).
 
 import dataclasses
 import json
-import os
 import pathlib
-import shutil
 from typing import Any, Dict, List, Mapping, Optional
 
 import ml_collections
@@ -328,21 +326,12 @@ def _checked_out_dir(out_dir: str) -> pathlib.Path:
 
 def _write(target: pathlib.Path, files: Mapping[str, str], tensors: Mapping[str, np.ndarray]):
   """Writes the folder beside `target`, then renames it into place."""
-  staging = target.with_name(f'.{target.name}.exporting{os.getpid()}')
-  shutil.rmtree(staging, ignore_errors=True)
-  try:
-    staging.mkdir(parents=True)
+  with storage.staged_folder(target, 'exporting') as staging:
     for name, text in files.items():
       (staging / name).write_text(text)
     safetensors.numpy.save_file(
         dict(tensors), str(staging / hf_checkpoint.WEIGHTS_FILE), metadata={'format': 'pt'}
     )
-    if target.is_dir():
-      target.rmdir()  # empty (checked): the rename needs it gone
-    os.rename(staging, target)
-  except BaseException:
-    shutil.rmtree(staging, ignore_errors=True)
-    raise
 
 
 def export_folder(

@@ -146,11 +146,7 @@ def import_checkpoint(
       'initialised_parameters': kept,
       'unused_tensors': unused,
   }
-  target = pathlib.Path(workdir)
-  staging = target.with_name(f'{target.name}.importing{os.getpid()}')
-  shutil.rmtree(staging, ignore_errors=True)
-  try:
-    staging.mkdir(parents=True)
+  with storage.staged_folder(pathlib.Path(workdir), 'importing') as staging:
     shutil.copyfile(
         checkpoint.folder / tokenizer_lib.HUGGINGFACE_FILENAME,
         staging / tokenizer_lib.HUGGINGFACE_FILENAME,
@@ -169,12 +165,6 @@ def import_checkpoint(
           config=config.to_dict(),
           force=True,
       )
-    if target.is_dir():
-      target.rmdir()  # empty (checked): the rename needs it gone
-    os.rename(staging, target)
-  except BaseException:
-    shutil.rmtree(staging, ignore_errors=True)
-    raise
   return config, summary
 
 

@@ -1,17 +1,27 @@
 # The two set-up commands of the README. Each creates .venv from requirements.txt
-# when it is missing (or older than requirements.txt), then does its job.
+# when it is missing (or older than requirements.txt), installs the package into
+# it (editable), then does its job.
 PYTHON ?= python3
 VENV := .venv
 VENV_PYTHON := $(VENV)/bin/python
 
-.PHONY: train test test-all test-fast lint format venv venv-gpu venv-tpu venv-hf xla-targets torch-baseline
+.PHONY: train test test-all test-fast lint format notebook venv venv-gpu venv-tpu venv-hf xla-targets torch-baseline
 
-venv: $(VENV)/.installed
+venv: $(VENV)/.editable
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV_PYTHON) -m pip install --quiet --upgrade pip
 	$(VENV_PYTHON) -m pip install --quiet -r requirements.txt
+	touch $@
+
+# The package itself, editable (pyproject.toml), without dependencies (the pins
+# above stay): `.venv/bin/python` imports linformer_jax and configs from any
+# folder and sees every edit of the tree. A marker of its own, so that a .venv
+# made before this step gets it at the next `make`. Errors only (-qq): the one
+# warning setuptools prints is its general notice about editable installs.
+$(VENV)/.editable: $(VENV)/.installed pyproject.toml
+	$(VENV_PYTHON) -m pip install -qq --no-deps --editable .
 	touch $@
 
 # An accelerator's environment: .venv plus JAX's CUDA 12 plugin and NVIDIA's
@@ -44,6 +54,21 @@ $(VENV_HF)/.installed: requirements-hf.txt
 	$(PYTHON) -m venv $(VENV_HF)
 	$(VENV_HF)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV_HF)/bin/python -m pip install --quiet -r requirements-hf.txt
+	touch $@
+
+# The tour, experiments/linformer_tour.ipynb, in Jupyter Notebook: installs the
+# pinned Jupyter packages of requirements-notebook.txt into .venv (once), then
+# serves experiments/ and opens the notebook in a browser; Ctrl-C stops the
+# server. On a remote host, `make notebook JUPYTER_FLAGS=--no-browser` prints
+# the address to open instead. Jupyter refuses to serve as root unless told
+# (a container's user often is root).
+JUPYTER_FLAGS ?=
+JUPYTER_AS_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+notebook: $(VENV)/.notebook
+	$(VENV)/bin/jupyter notebook $(JUPYTER_AS_ROOT) $(JUPYTER_FLAGS) experiments/linformer_tour.ipynb
+
+$(VENV)/.notebook: requirements-notebook.txt $(VENV)/.editable
+	$(VENV_PYTHON) -m pip install --quiet -r requirements-notebook.txt
 	touch $@
 
 # Pretrains the default small Linformer on the embedded corpus (Python's own

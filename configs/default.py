@@ -114,7 +114,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.hidden_dim = 128  # model width
   config.model.mlp_dim = 512  # MLP hidden units
   config.model.vocab_size = config.data.get_ref('vocab_size')  # must equal the tokenizer's
-  config.model.dropout_rate = 0.1  # dropout on embeddings, attention output and MLP
+  config.model.dropout_rate = 0.1  # dropout on embeddings and each residual branch (RoBERTa's)
+  config.model.attention_dropout_rate = 0.1  # dropout on attention weights P (RoBERTa's)
+  config.model.activation_dropout_rate = 0.0  # dropout on the MLP's GELU output (RoBERTa's 0)
   config.model.pre_layer_norm = False  # pre-LN instead of RoBERTa's post-LN
   config.model.dtype = 'float32'  # compute dtype: 'float32' or 'bfloat16'
   config.model.num_segments = 0  # segment embeddings (0: none, as RoBERTa; 2 for sentence pairs)

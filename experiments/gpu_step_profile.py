@@ -3,6 +3,10 @@ configs/roberta_base_throughput.py, timed and traced on synthetic batches.
 
   python -m experiments.gpu_step_profile --attention=linformer --max_len=512 --batch=64
   JAX_DEFAULT_PRNG_IMPL=rbg python -m experiments.gpu_step_profile --dropout=0.0
+  python -m experiments.gpu_step_profile --attention_dropout=0.0 --activation_dropout=0.1
+
+The last is the dropout of before RoBERTa's three rates (on the MLP's hidden,
+none on the attention weights); the defaults are RoBERTa's (0.1, 0.1, 0.0).
 
 It builds the run's own train step (`run_builder`, the trainer's path) and
 feeds it one masked-LM batch: random tokens, 15% of each row masked with the
@@ -36,6 +40,12 @@ _ATTENTION = flags.DEFINE_enum('attention', 'linformer', ['linformer', 'full'], 
 _MAX_LEN = flags.DEFINE_integer('max_len', 512, 'n, tokens per sequence.')
 _BATCH = flags.DEFINE_integer('batch', 64, 'Sequences per step.')
 _DROPOUT = flags.DEFINE_float('dropout', 0.1, 'model.dropout_rate.')
+_ATTENTION_DROPOUT = flags.DEFINE_float(
+    'attention_dropout', 0.1, 'model.attention_dropout_rate (> 0: the einsums, no fused kernel).'
+)
+_ACTIVATION_DROPOUT = flags.DEFINE_float(
+    'activation_dropout', 0.0, "model.activation_dropout_rate, on the MLP's hidden."
+)
 _KERNEL = flags.DEFINE_string('attention_kernel', 'auto', 'model.attention_kernel.')
 _SMALL = flags.DEFINE_bool('small', False, 'A 2-layer float32 model: checks the script on a CPU.')
 _TOP = flags.DEFINE_integer('top', 25, 'Kernels listed.')
@@ -81,6 +91,8 @@ def main(argv):
   config.model.max_len = length = _MAX_LEN.value
   config.batch_size = _BATCH.value
   config.model.dropout_rate = _DROPOUT.value
+  config.model.attention_dropout_rate = _ATTENTION_DROPOUT.value
+  config.model.activation_dropout_rate = _ACTIVATION_DROPOUT.value
   config.model.attention_kernel = _KERNEL.value
   if _SMALL.value:
     config.model.update(num_layers=2, hidden_dim=64, mlp_dim=128, num_heads=2, dtype='float32')
@@ -117,6 +129,8 @@ def main(argv):
       'n': length,
       'batch': _BATCH.value,
       'dropout': _DROPOUT.value,
+      'attention_dropout': _ATTENTION_DROPOUT.value,
+      'activation_dropout': _ACTIVATION_DROPOUT.value,
       'compile_s': round(compile_s, 1),
       'step_ms': round(step_s * 1e3, 2),
       'window_ms': [round(w * 1e3, 2) for w in windows],

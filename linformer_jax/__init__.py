@@ -1,29 +1,29 @@
 """Linformer (Wang et al., 2020) in JAX/Flax: linear-complexity self-attention.
 
-The Python API (`api.py`, docs/extending.md "The Python API"):
+The Python API (`api.py`, docs/api.md):
 
   import linformer_jax
 
+  run, results = linformer_jax.train(config, WORKDIR)  # trains, then loads the run
   run = linformer_jax.load(WORKDIR)    # a trained run: config, params, tokenizer, logits
   fresh = linformer_jax.build(config)  # the same for a freshly initialised model
 
-Importing the package stays cheap: `load` and `build` are looked up on first
+Importing the package stays cheap: the API's names are looked up on first
 use, so JAX is not imported before a command has set XLA's flags
 (linformer_jax/cli.py).
 """
 
-import importlib
-from typing import Any
-
-# Names resolved on first use (PEP 562), from the module that defines them.
-_LAZY_EXPORTS = {'load': 'api', 'build': 'api'}
+# The Python API, resolved on first use (PEP 562) from api.py.
+__all__ = ['LayerAttention', 'ModelOutput', 'Run', 'TrainOutput', 'build', 'load', 'train']
 
 
-def __getattr__(name: str) -> Any:
-  if name in _LAZY_EXPORTS:
-    return getattr(importlib.import_module(f'{__name__}.{_LAZY_EXPORTS[name]}'), name)
+def __getattr__(name: str) -> object:
+  if name in __all__:
+    import importlib  # pylint: disable=g-import-not-at-top
+
+    return getattr(importlib.import_module(f'{__name__}.api'), name)
   raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 
 def __dir__():
-  return sorted(list(globals()) + list(_LAZY_EXPORTS))
+  return sorted(__all__)

@@ -1,41 +1,47 @@
-"""The Python API: a trained run, or a fresh model, in one line.
+"""The Python API: a run trained, loaded or freshly built, in one line.
 
   import linformer_jax
 
-  run = linformer_jax.load('/tmp/tiny')           # the newest kept checkpoint
+  trained = linformer_jax.train(config, '/tmp/tiny')  # trains (or resumes), then loads
+  run = linformer_jax.load('/tmp/tiny')               # the newest kept checkpoint
   token_ids, padding_mask = run.encode(['def main():', 'import os'])
-  logits = run.logits(token_ids, padding_mask)    # the task head's output
+  logits = run.logits(token_ids, padding_mask)        # the task head's output
+  output = run(['def main():'], output_hidden_states=True, output_attentions=True)
 
-  fresh = linformer_jax.build(config)             # initialised as a new run of config
-  run.save_pretrained('/tmp/tiny_hf')             # a folder transformers loads
-  read_back = linformer_jax.load('/tmp/tiny_hf')  # a Hugging Face masked-LM folder, at step 0
+  fresh = linformer_jax.build(config)                 # initialised as a new run of config
+  run.save_pretrained('/tmp/tiny_hf')                 # a folder transformers loads
+  read_back = linformer_jax.load('/tmp/tiny_hf')      # a Hugging Face masked-LM folder, at step 0
 
-`load` and `build` give the same `Run`: the run's config, model, variables
-and tokenizer, and the passes a researcher reaches for (`logits`,
-`hidden_states`, `attention`) and the export to a Hugging Face folder
-(`save_pretrained`). Both build through the training code's own path
-(`training.run_builder.build_parts`, `training.run_loading.load_run`),
-and both import the config's `extensions` first, so a run of a projection or
-attention kind of your own loads as a built-in one does. `load` of a Hugging
-Face folder reads it as import_checkpoint does (`training.hf_import`), in
-memory.
+`train`, `load` and `build` give the same `Run`: the run's config, model,
+variables and tokenizer, the passes a researcher reaches for (`logits`,
+`hidden_states`, `attention`, all three at once by calling the run,
+`fill_mask`, `evaluate`) and the export to a Hugging Face folder
+(`save_pretrained`). docs/api.md documents the whole surface. They build
+through the training code's own path (`training.run_builder.build_parts`,
+`training.run_loading.load_run`, `training.trainer`), and all import the
+config's `extensions` first, so a run of a projection or attention kind of
+your own loads as a built-in one does. `load` of a Hugging Face folder reads
+it as import_checkpoint does (`training.hf_import`), in memory.
 
-The package exports `load` and `build` lazily (linformer_jax/__init__.py):
-importing linformer_jax does not import JAX, so the commands can set XLA's
-flags first.
+The package exports this module's public names lazily
+(linformer_jax/__init__.py): importing linformer_jax does not import JAX, so
+the commands can set XLA's flags first.
 """
 
 import copy
 import dataclasses
 import functools
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+import warnings
 
+import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
 
 from linformer_jax import extensions
 from linformer_jax import registry
+from linformer_jax import storage
 from linformer_jax.checkpoints import hf_checkpoint
 from linformer_jax.checkpoints import hf_conversion
 from linformer_jax.checkpoints import hf_export
@@ -51,17 +57,32 @@ from linformer_jax.training import hf_import
 from linformer_jax.training import run_builder
 from linformer_jax.training import run_config
 from linformer_jax.training import run_loading
+from linformer_jax.training import tasks
+from linformer_jax.training import trainer
 
 ArrayLike = Union[jax.Array, np.ndarray, Sequence[Sequence[int]]]
+# What the passes read: texts (encoded with `Run.encode`'s defaults) or token ids.
+Inputs = Union[Sequence[str], ArrayLike]
+PADDING = ('longest', 'max_length')
+# The marker of the token `Run.fill_mask` fills in, whatever the tokenizer.
+MASK_MARKER = tokenizer_lib.MASK_PIECE
+
+
+def _shape_text(array: Any) -> str:
+  """'float32[2, 13, 260]' for an array, 'None' for None."""
+  if array is None:
+    return 'None'
+  return f'{np.dtype(array.dtype).name}[{", ".join(map(str, np.shape(array)))}]'
 
 
 class LayerAttention(NamedTuple):
   """What one layer attends with, on a batch (`Run.attention`).
 
   Attributes:
-    probabilities: float64 [batch, heads, n, keys], P = softmax(Q K^T /
-      sqrt(d)): each real query's row sums to 1 over the keys it may attend
-      to; a padded query's row is zero.
+    probabilities: float64 [batch, heads, n, keys], the weights P the
+      layer's kind applies (`AttentionKind.attention_weights`; softmax(Q K^T /
+      sqrt(d)) for the Transformer and the Linformer): each real query's row
+      sums to 1 over the keys it may attend to; a padded query's row is zero.
     queries: [batch, n, heads, head_dim].
     keys: the keys P is over: [batch, n, heads, head_dim] for the
       Transformer, the k compressed keys E^T K [batch, k, heads, head_dim]
@@ -75,13 +96,51 @@ class LayerAttention(NamedTuple):
   keys: jax.Array
   key_mask: Optional[jax.Array]
 
+  def __repr__(self) -> str:
+    return (
+        f'LayerAttention(probabilities={_shape_text(self.probabilities)}, '
+        f'queries={_shape_text(self.queries)}, keys={_shape_text(self.keys)}, '
+        f'key_mask={_shape_text(self.key_mask)})'
+    )
+
+
+class ModelOutput(NamedTuple):
+  """What calling a `Run` returns: the logits, and what else was asked for.
+
+  Attributes:
+    logits: float32 masked-LM or causal-LM logits [batch, length,
+      vocab_size], or classifier logits [batch, num_classes].
+    hidden_states: with output_hidden_states, num_layers + 1 arrays [batch,
+      length, hidden_dim]: the embeddings' output, then each layer's (the last
+      is the encoder's output, after the final layer norm of a pre-LN model);
+      else None.
+    attentions: with output_attentions, per layer the float64 probabilities P
+      [batch, heads, length, keys] (`LayerAttention.probabilities`); else None.
+  """
+
+  logits: jax.Array
+  hidden_states: Optional[Tuple[jax.Array, ...]] = None
+  attentions: Optional[Tuple[np.ndarray, ...]] = None
+
+  def __repr__(self) -> str:
+    parts = [f'logits={_shape_text(self.logits)}']
+    for name in ('hidden_states', 'attentions'):
+      arrays = getattr(self, name)
+      if arrays is not None:
+        parts.append(f'{name}={len(arrays)} x {_shape_text(arrays[0])}')
+    return f'ModelOutput({", ".join(parts)})'
+
 
 @dataclasses.dataclass(eq=False)
 class Run(run_loading.LoadedRun):
-  """A model with its variables: a kept checkpoint (`load`) or a fresh draw
-  (`build`), in the one shape every reader of a run gets
+  """A model with its variables: a kept checkpoint (`load`, `train`) or a
+  fresh draw (`build`), in the one shape every reader of a run gets
   (`training.run_loading.LoadedRun`: config, parts, variables, tokenizer,
   step, workdir, data), with the methods a researcher calls.
+
+  The passes run in inference mode (no dropout), jitted once per model and
+  input shape. Each takes `params=`, a tree shaped as `params`, in its place:
+  `jax.grad(lambda p: run.logits(token_ids, params=p).sum())(run.params)`.
   """
 
   @property
@@ -98,6 +157,23 @@ class Run(run_loading.LoadedRun):
   def params(self) -> Dict[str, Any]:
     """The trained (or freshly drawn) parameters, `variables['params']`."""
     return self.variables['params']
+
+  @property
+  def num_parameters(self) -> int:
+    """How many numbers `params` holds."""
+    return int(sum(np.size(leaf) for leaf in jax.tree_util.tree_leaves(self.params)))
+
+  def __repr__(self) -> str:
+    config = self.model_config
+    where = f'workdir={self.workdir!r}, ' if self.workdir else ''
+    projected = f', k={config.projected_len}' if config.attention_kind.uses_projection else ''
+    data = f', data={self.config.data.eval_split!r}' if self.data is not None else ''
+    return (
+        f'Run({where}step={self.step}, task={self.parts.task.name!r}, '
+        f'attention={config.attention!r}, n={config.max_len}{projected}, '
+        f'layers={config.num_layers}, hidden={config.hidden_dim}, heads={config.num_heads}, '
+        f'vocab={config.vocab_size}, parameters={self.num_parameters:,}{data})'
+    )
 
   def save_pretrained(self, out_dir: str) -> Dict[str, Any]:
     """Writes the run as a Hugging Face folder, as `export_checkpoint` does.
@@ -118,117 +194,413 @@ class Run(run_loading.LoadedRun):
     """
     return hf_export.export_folder(self.config, self.variables, self.tokenizer, out_dir)
 
-  def encode(self, texts: Sequence[str]) -> Tuple[np.ndarray, np.ndarray]:
-    """Texts as rows the model reads: `[bos] text [eos]`, cut to max_len and padded.
+  def encode(
+      self,
+      texts: Sequence[str],
+      text_pairs: Optional[Sequence[str]] = None,
+      *,
+      padding: str = 'longest',
+      max_length: Optional[int] = None,
+      truncation: bool = True,
+      return_segment_ids: bool = False,
+  ) -> Tuple[np.ndarray, ...]:
+    """Texts as rows the model reads: `[bos] text [eos]`, or with `text_pairs`
+    `[bos] text SEP pair [eos]` (SEP: the tokenizer's pair separator), padded.
 
     Args:
       texts: a list of strings, one row each.
+      text_pairs: the second text of each row, as many as `texts`.
+      padding: 'longest' pads to the longest row, 'max_length' to max_length
+        (one shape for every batch: the passes compile once).
+      max_length: the most tokens a row may hold, at most (and by default)
+        config.model.max_len.
+      truncation: True cuts a longer row to max_length (its end; of a pair,
+        the longer text first) with a warning naming the tokens dropped; False
+        refuses it.
+      return_segment_ids: also return the segment ids (0 up to the first
+        separator, 1 after), for a model with segments (model.num_segments >=
+        2); such a model's pairs need them.
 
     Returns:
-      (token_ids int32 [len(texts), max_len], padding_mask bool [len(texts),
-      max_len], True for real tokens).
+      (token_ids int32 [len(texts), length], padding_mask bool [len(texts),
+      length], True for real tokens), with `return_segment_ids` and the
+      segment ids int32 [len(texts), length].
 
     Raises:
-      ValueError: a single string instead of a list, or a run without a tokenizer.
+      ValueError: a single string instead of a list, a run without a
+        tokenizer, a bad setting, a row longer than max_length with
+        truncation=False, or pairs for a model with segments without
+        return_segment_ids.
     """
-    if isinstance(texts, str):
-      raise ValueError('encode takes a list of texts; pass [text] for one.')
-    if self.tokenizer is None:
+    tokenizer = self._text_tokenizer()
+    texts = _text_list(texts, 'texts')
+    pairs = None if text_pairs is None else _text_list(text_pairs, 'text_pairs')
+    if pairs is not None and len(pairs) != len(texts):
       raise ValueError(
-          f'This run has no tokenizer (config.data.tokenizer={self.config.data.tokenizer!r}); '
-          'pass token ids to its methods, or load a trained run.'
+          f'text_pairs holds {len(pairs)} texts and texts {len(texts)}; give one pair per text.'
       )
-    max_len = self.model_config.max_len
-    rows = [encoding.encode_texts([text], self.tokenizer, max_len)[0] for text in texts]
-    token_ids = np.full((len(rows), max_len), self.tokenizer.pad_id, np.int32)
-    padding_mask = np.zeros((len(rows), max_len), bool)
-    for row, ids in enumerate(rows):
+    if padding not in PADDING:
+      raise ValueError(f'padding={padding!r}: use one of {", ".join(map(repr, PADDING))}.')
+    if not isinstance(truncation, bool):
+      raise ValueError(f'truncation={truncation!r}: use True (cut, with a warning) or False.')
+    has_segments = self.model_config.num_segments >= 2
+    if return_segment_ids and not has_segments:
+      raise ValueError(
+          'return_segment_ids=True: this model has no segment embedding '
+          f'(model.num_segments={self.model_config.num_segments}); leave it out.'
+      )
+    if pairs is not None and has_segments and not return_segment_ids:
+      raise ValueError(
+          f'This model tells the texts of a pair apart by segment (model.num_segments='
+          f'{self.model_config.num_segments}); pass return_segment_ids=True and give the '
+          'segment ids to the passes.'
+      )
+    max_length = self._max_length(max_length, pairs is not None)
+    examples = [[text] for text in texts] if pairs is None else [list(p) for p in zip(texts, pairs)]
+    # Each row's whole length, [bos] and [eos] included, to say what a cut drops.
+    full_lengths = [len(ids) + 2 for ids in tokenizer.encode_all(texts)]
+    if pairs is not None:
+      separator = len(tokenizer.pair_separator)
+      pair_lengths = [len(ids) + separator for ids in tokenizer.encode_all(pairs)]
+      full_lengths = [a + b for a, b in zip(full_lengths, pair_lengths)]
+    rows, segment_rows, dropped = [], [], {}
+    for row, (example, full_length) in enumerate(zip(examples, full_lengths)):
+      if full_length > max_length:
+        if not truncation:
+          raise ValueError(
+              f'Row {row} is {full_length} tokens with [bos] and [eos], {full_length - max_length} '
+              f'more than max_length={max_length}; pass truncation=True to cut it, or a '
+              'shorter text.'
+          )
+        dropped[row] = full_length - max_length
+      ids, segments = encoding.encode_texts(example, tokenizer, max_length)
+      rows.append(ids)
+      segment_rows.append(segments)
+    if dropped:
+      warnings.warn(
+          f'encode cut {len(dropped)} of {len(rows)} rows to max_length={max_length}, '
+          f'dropping {sum(dropped.values())} tokens (rows {sorted(dropped)}); pass '
+          'truncation=False to refuse longer texts instead.',
+          stacklevel=2,
+      )
+    width = max_length if padding == 'max_length' else max(len(ids) for ids in rows)
+    token_ids = np.full((len(rows), width), tokenizer.pad_id, np.int32)
+    padding_mask = np.zeros((len(rows), width), bool)
+    segment_ids = np.zeros((len(rows), width), np.int32)
+    for row, (ids, segments) in enumerate(zip(rows, segment_rows)):
       token_ids[row, : len(ids)] = ids
       padding_mask[row, : len(ids)] = True
+      segment_ids[row, : len(segments)] = segments
+    if return_segment_ids:
+      return token_ids, padding_mask, segment_ids
     return token_ids, padding_mask
 
-  def logits(self, token_ids: ArrayLike, padding_mask: Optional[ArrayLike] = None) -> jax.Array:
-    """The output of the run's task head, in inference mode (no dropout).
+  def logits(
+      self,
+      inputs: Inputs,
+      padding_mask: Optional[ArrayLike] = None,
+      segment_ids: Optional[ArrayLike] = None,
+      *,
+      params: Optional[Dict[str, Any]] = None,
+  ) -> jax.Array:
+    """The output of the run's task head.
 
     Args:
-      token_ids: int [batch, length], length at most config.model.max_len.
+      inputs: int token ids [batch, length], length at most
+        config.model.max_len; or a list of texts, encoded with `encode`'s
+        defaults.
       padding_mask: bool [batch, length], True for real tokens; None: all real.
+      segment_ids: int [batch, length], for a model with segments
+        (model.num_segments >= 2); None: all 0.
+      params: parameters to use instead of `params` (e.g. under jax.grad).
 
     Returns:
       float32 masked-LM or causal-LM logits [batch, length, vocab_size], or
       classifier logits [batch, num_classes].
     """
-    token_ids, padding_mask = self._checked(token_ids, padding_mask)
-    return _task_logits(self.model, self.variables, token_ids, padding_mask)
+    return self(inputs, padding_mask, segment_ids, params=params).logits
 
   def hidden_states(
       self,
-      token_ids: ArrayLike,
+      inputs: Inputs,
       padding_mask: Optional[ArrayLike] = None,
+      segment_ids: Optional[ArrayLike] = None,
       *,
       per_layer: bool = False,
-  ) -> Union[jax.Array, List[jax.Array]]:
+      params: Optional[Dict[str, Any]] = None,
+  ) -> Union[jax.Array, Tuple[jax.Array, ...]]:
     """The encoder's output, what the task head reads.
 
     Args:
-      token_ids: int [batch, length], length at most config.model.max_len.
-      padding_mask: bool [batch, length], True for real tokens; None: all real.
-      per_layer: instead, the output of every encoder layer (with
-        model.pre_layer_norm, the last one before the final layer norm).
+      inputs, padding_mask, segment_ids, params: as for `logits`.
+      per_layer: instead, as Hugging Face's `output_hidden_states`, the
+        embeddings' output and every layer's: num_layers + 1 of them, the last
+        the encoder's output (after the final layer norm of a pre-LN model).
 
     Returns:
       [batch, length, hidden_dim] in the compute dtype; with `per_layer` a
-      list of num_layers of them.
+      tuple of num_layers + 1 of them.
 
     Raises:
       ConfigError: `per_layer` for a model with scanned layers.
     """
+    self._require_encoder()
     if per_layer:
       self.model_config.require_unscanned('hidden_states(per_layer=True)')
-    token_ids, padding_mask = self._checked(token_ids, padding_mask)
-    hidden, per_layer_hidden = _encoder_outputs(
-        self.model_config, self._encoder_variables(), token_ids, padding_mask, per_layer
+    batch = self._batch(inputs, padding_mask, segment_ids)
+    _, hidden, _ = _forward(
+        self._variables(params),
+        *batch,
+        model=self.model,
+        config=self.model_config,
+        logits=False,
+        hidden='all' if per_layer else 'last',
+        attention=False,
     )
-    return per_layer_hidden if per_layer else hidden
+    return hidden if per_layer else hidden[-1]
 
   def attention(
-      self, token_ids: ArrayLike, layer: int, padding_mask: Optional[ArrayLike] = None
+      self,
+      inputs: Inputs,
+      layer: int,
+      padding_mask: Optional[ArrayLike] = None,
+      segment_ids: Optional[ArrayLike] = None,
+      *,
+      params: Optional[Dict[str, Any]] = None,
   ) -> LayerAttention:
     """A layer's attention probabilities P, queries and the keys P is over.
 
-    P is softmax(Q K^T / sqrt(d)) in float64, computed from the queries and
-    keys the layer computed in the pass (`model.attention_capture`), over the
-    k compressed keys for the Linformer and the n keys for the Transformer.
+    P is the kind's own (`AttentionKind.attention_weights`) in float64,
+    computed from the queries, keys and values the layer attended with in the
+    pass (`model.attention_capture`): softmax(Q K^T / sqrt(d)) over the k
+    compressed keys for the Linformer and the n keys for the Transformer.
 
     Args:
-      token_ids: int [batch, length], length at most config.model.max_len.
+      inputs, padding_mask, segment_ids: as for `logits`.
       layer: the layer, 0 to num_layers - 1.
-      padding_mask: bool [batch, length], True for real tokens; None: all real.
+      params: parameters to use instead of `params`; concrete ones: P is
+        computed in NumPy, so no gradient flows through it.
 
     Raises:
-      ValueError: a layer out of range.
+      ValueError: a layer out of range, or traced params.
       ConfigError: a causal model, scanned layers, or an attention kind that
-        weighs its keys otherwise (`attention_capture.require_plain_softmax`).
+        weighs its keys without saying how
+        (`attention_capture.require_attention_weights`).
     """
     config = self.model_config
     if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < config.num_layers:
       raise ValueError(f'layer={layer!r}: use a layer from 0 to {config.num_layers - 1}.')
-    attention_capture.require_plain_softmax(config, 'attention()')
-    config.require_unscanned('attention()')
-    token_ids, padding_mask = self._checked(token_ids, padding_mask)
-    queries, keys, key_mask = _queries_and_keys(
-        config, self._encoder_variables(), token_ids, padding_mask
-    )[layer]
-    probabilities = attention_capture.attention_matrix(
-        np.asarray(queries), np.asarray(keys), key_mask, np.asarray(padding_mask)
+    batch = self._batch(inputs, padding_mask, segment_ids)
+    attended = self._queries_and_keys(batch, params, 'attention()')[layer]
+    probabilities = attention_capture.layer_attention_weights(
+        self._variables(params), config, layer, attended, batch[1]
     )
-    return LayerAttention(probabilities, queries, keys, key_mask)
+    return LayerAttention(probabilities, attended.queries, attended.keys, attended.key_mask)
 
-  def _checked(
-      self, token_ids: ArrayLike, padding_mask: Optional[ArrayLike]
-  ) -> Tuple[np.ndarray, np.ndarray]:
-    """int32 token ids [batch, length] in the vocabulary, and a bool mask of their shape."""
-    token_ids = np.asarray(token_ids)
+  def __call__(
+      self,
+      inputs: Inputs,
+      padding_mask: Optional[ArrayLike] = None,
+      segment_ids: Optional[ArrayLike] = None,
+      *,
+      output_hidden_states: bool = False,
+      output_attentions: bool = False,
+      params: Optional[Dict[str, Any]] = None,
+  ) -> ModelOutput:
+    """The logits, and with them the hidden states and attentions, in one pass.
+
+    Args:
+      inputs, padding_mask, segment_ids, params: as for `logits`.
+      output_hidden_states: also the embeddings' and every layer's output,
+        as `hidden_states(per_layer=True)`.
+      output_attentions: also every layer's P, as `attention(...).probabilities`
+        (computed in NumPy: not with traced params).
+
+    Returns:
+      ModelOutput(logits, hidden_states, attentions), None for what was not
+      asked for.
+
+    Raises:
+      ConfigError: hidden states or attentions of a model with scanned
+        layers; attentions of a model `attention` refuses.
+    """
+    if output_hidden_states:
+      self._require_encoder()
+      self.model_config.require_unscanned('output_hidden_states')
+    batch = self._batch(inputs, padding_mask, segment_ids)
+    if output_attentions:
+      _require_concrete(params, 'output_attentions')
+      self._require_attention('output_attentions')
+    logits, hidden, queries_and_keys = _forward(
+        self._variables(params),
+        *batch,
+        model=self.model,
+        config=self.model_config,
+        logits=True,
+        hidden='all' if output_hidden_states else None,
+        attention=output_attentions,
+    )
+    attentions = None
+    if output_attentions:
+      variables = self._variables(params)
+      attentions = tuple(
+          attention_capture.layer_attention_weights(
+              variables, self.model_config, layer, attended, batch[1]
+          )
+          for layer, attended in enumerate(queries_and_keys)
+      )
+    return ModelOutput(logits, hidden, attentions)
+
+  def fill_mask(
+      self, texts: Union[str, Sequence[str]], top_k: int = 5
+  ) -> Union[List[Dict[str, Any]], List[List[Dict[str, Any]]]]:
+    """The masked-LM head's best guesses for the `<mask>` of a text.
+
+    Args:
+      texts: a text holding one `<mask>`, or a list of them.
+      top_k: how many guesses, the likeliest first.
+
+    Returns:
+      For one text, `top_k` dicts, as Hugging Face's fill-mask pipeline gives:
+      'score' (the head's probability), 'token' (its id), 'token_str' (its
+      text) and 'sequence' (the text with it in place of `<mask>`); for a
+      list, one such list per text.
+
+    Raises:
+      ConfigError: a run that is not a masked LM.
+      ValueError: a text without exactly one `<mask>`, longer than
+        config.model.max_len, or a bad top_k.
+    """
+    if not isinstance(self.parts.task, tasks.MaskedLanguageModelling):
+      raise ConfigError(
+          f'fill_mask needs a masked-LM run; this one is config.task={self.config.task!r}.'
+      )
+    tokenizer = self._text_tokenizer()
+    vocab_size = self.model_config.vocab_size
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= vocab_size:
+      raise ValueError(f'top_k={top_k!r}: use an integer from 1 to {vocab_size}.')
+    one = isinstance(texts, str)
+    texts = [texts] if one else _text_list(texts, 'texts')
+    rows = [self._masked_row(row, text) for row, text in enumerate(texts)]
+    token_ids = np.full((len(rows), max(map(len, rows))), tokenizer.pad_id, np.int32)
+    for row, ids in enumerate(rows):
+      token_ids[row, : len(ids)] = ids
+    logits = np.asarray(self.logits(token_ids, token_ids != tokenizer.pad_id), np.float64)
+    results = []
+    for row, ids in enumerate(rows):
+      position = ids.index(tokenizer.mask_id)
+      scores = np.exp(logits[row, position] - logits[row, position].max())
+      scores /= scores.sum()
+      guesses = []
+      for token in np.argsort(-scores, kind='stable')[:top_k]:
+        filled = ids[1:-1]  # without bos and eos
+        filled[position - 1] = int(token)
+        guesses.append(
+            {
+                'score': float(scores[token]),
+                'token': int(token),
+                'token_str': tokenizer.decode([int(token)]),
+                'sequence': tokenizer.decode(filled),
+            }
+        )
+      results.append(guesses)
+    return results[0] if one else results
+
+  def evaluate(self) -> Dict[str, Any]:
+    """The task's metrics on the evaluation data `load(..., with_data=True)` read.
+
+    Returns:
+      What `python -m linformer_jax.evaluate` prints, under the names of
+      training's eval_results.json: 'step', 'eval_split', 'task', the metrics
+      as 'eval_loss', 'eval_accuracy', 'eval_perplexity' (masked LM) ..., and
+      the reference model's figure ('unigram_perplexity',
+      'majority_class_accuracy').
+
+    Raises:
+      ValueError: a run without data (loaded without with_data=True, or built).
+    """
+    if self.data is None:
+      advice = (
+          f'load it with linformer_jax.load({self.workdir!r}, with_data=True)'
+          if self.workdir
+          else 'evaluate a trained run: linformer_jax.load(WORKDIR, with_data=True)'
+      )
+      raise ValueError(f'This run holds no evaluation data; {advice}.')
+    metrics = super().evaluate()
+    return {
+        'step': self.step,
+        'eval_split': self.config.data.eval_split,
+        'task': self.parts.task.name,
+        **{f'eval_{name}': value for name, value in metrics.items()},
+        **self.parts.task.reference_results(self.data),
+    }
+
+  def _text_tokenizer(self) -> tokenizer_lib.Tokenizer:
+    if self.tokenizer is None:
+      raise ValueError(
+          f'This run has no tokenizer (config.data.tokenizer={self.config.data.tokenizer!r}); '
+          'pass token ids to its methods, or load a trained run.'
+      )
+    return self.tokenizer
+
+  def _max_length(self, max_length: Optional[int], pairs: bool) -> int:
+    """`max_length` checked: room for bos, eos (and a pair's separator), at most n."""
+    max_len = self.model_config.max_len
+    if max_length is None:
+      return max_len
+    least = 2 + (len(self.tokenizer.pair_separator) if pairs else 0)
+    if isinstance(max_length, bool) or not isinstance(max_length, int):
+      raise ValueError(f'max_length={max_length!r}: use an integer from {least} to {max_len}.')
+    if not least <= max_length <= max_len:
+      raise ValueError(
+          f'max_length={max_length}: use {least} to {max_len} (config.model.max_len, the '
+          'longest row the model reads).'
+      )
+    return max_length
+
+  def _masked_row(self, row: int, text: str) -> List[int]:
+    """`[bos] text [eos]` with the tokenizer's mask id in place of `<mask>`."""
+    tokenizer = self.tokenizer
+    if text.count(MASK_MARKER) != 1:
+      raise ValueError(
+          f'Text {row} holds {text.count(MASK_MARKER)} {MASK_MARKER}; fill_mask fills one '
+          'per text.'
+      )
+    ids = tokenizer.encode(text)
+    if ids.count(tokenizer.mask_id) != 1:  # a tokenizer that spells the marker out (bytes)
+      before, after = text.split(MASK_MARKER)
+      ids = tokenizer.encode(before) + [tokenizer.mask_id] + tokenizer.encode(after)
+    ids = [tokenizer.bos_id] + list(ids) + [tokenizer.eos_id]
+    if len(ids) > self.model_config.max_len:
+      raise ValueError(
+          f'Text {row} is {len(ids)} tokens with [bos] and [eos]; the model reads at most '
+          f'{self.model_config.max_len} (config.model.max_len): shorten it around the mask.'
+      )
+    return ids
+
+  def _batch(
+      self,
+      inputs: Inputs,
+      padding_mask: Optional[ArrayLike],
+      segment_ids: Optional[ArrayLike],
+  ) -> Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+    """int32 token ids [batch, length] in the vocabulary, a bool mask and int32
+    segment ids (or None) of their shape; texts are encoded first."""
+    if isinstance(inputs, str) or (
+        isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], str)
+    ):
+      if padding_mask is not None or segment_ids is not None:
+        raise ValueError(
+            'Texts are encoded with their own padding mask; give padding_mask and '
+            'segment_ids with token ids only.'
+        )
+      inputs, padding_mask = self.encode(inputs)
+    if isinstance(inputs, tuple) and len(inputs) in (2, 3) and np.ndim(inputs[0]) == 2:
+      raise ValueError(
+          "Give encode's arrays one by one: run.logits(*run.encode(texts)), not "
+          'run.logits(run.encode(texts)).'
+      )
+    token_ids = np.asarray(inputs)
     if token_ids.ndim != 2 or not np.issubdtype(token_ids.dtype, np.integer):
       raise ValueError(
           f'token_ids must be integers [batch, length], not {token_ids.dtype} of shape '
@@ -241,65 +613,195 @@ class Run(run_loading.LoadedRun):
           f'{vocab_size - 1}.'
       )
     if padding_mask is None:
-      return token_ids.astype(np.int32), np.ones(token_ids.shape, bool)
+      padding_mask = np.ones(token_ids.shape, bool)
     padding_mask = np.asarray(padding_mask)
     if padding_mask.shape != token_ids.shape:
       raise ValueError(
           f"padding_mask has shape {padding_mask.shape}; give token_ids' {token_ids.shape}."
       )
-    return token_ids.astype(np.int32), padding_mask.astype(bool)
+    return (
+        token_ids.astype(np.int32),
+        padding_mask.astype(bool),
+        self._segments(segment_ids, token_ids.shape),
+    )
 
-  def _encoder_variables(self) -> Dict[str, Any]:
-    """The variables of the model's encoder (every built-in task's model names it 'encoder')."""
+  def _segments(
+      self, segment_ids: Optional[ArrayLike], shape: Tuple[int, ...]
+  ) -> Optional[np.ndarray]:
+    if segment_ids is None:
+      return None
+    num_segments = self.model_config.num_segments
+    if num_segments < 2:
+      raise ValueError(
+          f'segment_ids given, but this model has no segment embedding (model.num_segments='
+          f'{num_segments}): it tells a pair apart by the separator; leave them out.'
+      )
+    segment_ids = np.asarray(segment_ids)
+    if segment_ids.shape != shape or not np.issubdtype(segment_ids.dtype, np.integer):
+      raise ValueError(
+          f"segment_ids must be integers of token_ids' shape {shape}, not {segment_ids.dtype} "
+          f'of shape {segment_ids.shape}.'
+      )
+    if segment_ids.size and not 0 <= segment_ids.min() <= segment_ids.max() < num_segments:
+      raise ValueError(
+          f'segment_ids hold {segment_ids.min()}..{segment_ids.max()}; this model has '
+          f'segments 0 to {num_segments - 1}.'
+      )
+    return segment_ids.astype(np.int32)
+
+  def _require_encoder(self) -> None:
+    """Hidden states and attention are read from the model's 'encoder' (every
+    built-in task's model names its encoder so)."""
     if 'encoder' not in self.params:
       raise ValueError(
           f'config.task={self.config.task!r} has a model without an encoder named '
           "'encoder'; use logits()."
       )
-    return {name: tree['encoder'] for name, tree in self.variables.items() if 'encoder' in tree}
+
+  def _variables(self, params: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """The run's variables, with `params` in place of its parameters if given."""
+    if params is None:
+      return self.variables
+    if jax.tree_util.tree_structure(params) != jax.tree_util.tree_structure(self.params):
+      raise ValueError(
+          'params must be shaped as run.params (the same tree: run.params itself, or a '
+          'jax.tree_util.tree_map of it).'
+      )
+    return {**self.variables, 'params': params}
+
+  def _require_attention(self, reader: str) -> None:
+    self._require_encoder()
+    attention_capture.require_attention_weights(self.model_config, reader)
+    self.model_config.require_unscanned(reader)
+
+  def _queries_and_keys(self, batch, params, reader: str):
+    _require_concrete(params, reader)
+    self._require_attention(reader)
+    _, _, queries_and_keys = _forward(
+        self._variables(params),
+        *batch,
+        model=self.model,
+        config=self.model_config,
+        logits=False,
+        hidden=None,
+        attention=True,
+    )
+    return queries_and_keys
 
 
-# The passes, jitted once per model (Flax modules and ModelConfig hash by
-# value): runs of one config share their compiled programs.
+def _text_list(texts: Any, name: str) -> List[str]:
+  if isinstance(texts, str):
+    raise ValueError(f'{name} must be a list of texts; pass [text] for one.')
+  texts = list(texts)
+  if not texts or not all(isinstance(text, str) for text in texts):
+    raise ValueError(f'{name} must be a non-empty list of strings.')
+  return texts
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _task_logits(model, variables, token_ids, padding_mask):
-  return model.apply(variables, token_ids, padding_mask, deterministic=True)
+def _require_concrete(params: Optional[Dict[str, Any]], reader: str) -> None:
+  if params is not None and any(
+      isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(params)
+  ):
+    raise ValueError(
+        f'{reader} computes P in float64 NumPy, outside JAX, so it takes no traced params; '
+        'take gradients through logits() or hidden_states().'
+    )
 
 
-def _is_encoder_layer(module: Any, method_name: str) -> bool:
-  return method_name == '__call__' and isinstance(module, layers.EncoderLayer)
+# One jitted pass per model, input shape and outputs asked for (Flax modules
+# and ModelConfig hash by value): runs of one config share their programs. A
+# pass that is not asked for the logits leaves the task head out of the program.
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4))
-def _encoder_outputs(config: ModelConfig, variables, token_ids, padding_mask, per_layer: bool):
-  """(the encoder's output, each layer's output or None)."""
-  encoder = models.Encoder(config)
-  if not per_layer:
-    return encoder.apply(variables, token_ids, padding_mask, deterministic=True), None
-  out, state = encoder.apply(
+def _hidden_state_filter(everything: bool):
+  """capture_intermediates' filter of the hidden states: the encoder's output,
+  and with `everything` the embeddings' (the encoder's dropout, its last step
+  before the layers) and each layer's."""
+
+  def captures(module: nn.Module, method_name: str) -> bool:
+    if method_name != '__call__':
+      return False
+    if isinstance(module, models.Encoder):
+      return True
+    if not everything:
+      return False
+    if isinstance(module, layers.EncoderLayer):
+      return True
+    return isinstance(module, nn.Dropout) and isinstance(module.parent, models.Encoder)
+
+  return captures
+
+
+@functools.partial(jax.jit, static_argnames=('model', 'config', 'logits', 'hidden', 'attention'))
+def _forward(
+    variables,
+    token_ids,
+    padding_mask,
+    segment_ids,
+    *,
+    model: nn.Module,
+    config: ModelConfig,
+    logits: bool,
+    hidden: Optional[str],
+    attention: bool,
+):
+  """(logits or None, the hidden states or None, per layer (queries, keys,
+  key_mask) or None). `hidden`: None, 'last' (a tuple of the encoder's output)
+  or 'all' (num_layers + 1 of them)."""
+  segments = {} if segment_ids is None else {'segments': segment_ids}
+  if not (hidden or attention):
+    return (
+        model.apply(variables, token_ids, padding_mask, deterministic=True, **segments),
+        None,
+        None,
+    )
+  hidden_filter = _hidden_state_filter(hidden == 'all')
+
+  def captures(module: nn.Module, method_name: str) -> bool:
+    return bool(hidden and hidden_filter(module, method_name)) or (
+        attention and attention_capture.capture_intermediates(module, method_name)
+    )
+
+  out, state = model.apply(
       variables,
       token_ids,
       padding_mask,
       deterministic=True,
-      capture_intermediates=_is_encoder_layer,
+      capture_intermediates=captures,
       mutable=['intermediates'],
+      **segments,
   )
   captured = state['intermediates']
-  return out, [captured[f'layers_{i}']['__call__'][0] for i in range(config.num_layers)]
+  encoder = captured['encoder']
+  states = None
+  if hidden == 'last':
+    states = (encoder['__call__'][0],)
+  elif hidden == 'all':
+    layer_outputs = [encoder[f'layers_{i}']['__call__'][0] for i in range(config.num_layers - 1)]
+    states = (encoder['dropout']['__call__'][0], *layer_outputs, encoder['__call__'][0])
+  queries_and_keys = None
+  if attention:
+    queries_and_keys = attention_capture.attended_by_layer(captured, config)
+  return (out if logits else None), states, queries_and_keys
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _queries_and_keys(config: ModelConfig, variables, token_ids, padding_mask):
-  """Per layer (queries, keys, key_mask), as `attention_capture` reads them."""
-  encoder = attention_capture.apply_capturing(
-      models.Encoder(config), variables, token_ids, padding_mask
-  )
-  return attention_capture.context_queries_and_keys({'encoder': encoder}, config, padding_mask)
+def _prepared(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A complete copy of `config`, its extensions imported and the settings
+  they declare added; `config` itself is left as it is."""
+  config = run_config.complete(copy.deepcopy(config))
+  extensions.import_extensions(config.extensions)
+  registry.add_declared_settings(config)
+  return config
 
 
-def load(workdir: str, step: Optional[int] = None) -> Run:
+def load(
+    workdir: str,
+    step: Optional[int] = None,
+    *,
+    with_data: bool = False,
+    split: Optional[str] = None,
+    config: Optional[ml_collections.ConfigDict] = None,
+) -> Run:
   """A trained run from its folder alone, or a Hugging Face folder read back.
 
   A run's folder: the config is the run's own WORKDIR/config.json (its
@@ -319,26 +821,45 @@ def load(workdir: str, step: Optional[int] = None) -> Run:
       local Hugging Face folder (config.json, model.safetensors,
       tokenizer.json).
     step: a run's kept step; None (or 0) for the newest, the only one a
-      Hugging Face folder has. The config's restore_step, which said where
-      training resumed from, is set to 0.
+      Hugging Face folder has. The run's restore_step, which said where
+      training resumed from, is not read.
+    with_data: also read the evaluation data, for `Run.evaluate`: the split
+      config.data.eval_split names (or `split`).
+    split: with `with_data`, the split to evaluate on instead: 'validation',
+      'test' or 'train'.
+    config: read the run with this config instead of its own: other data
+      paths or batch size (a field that changes the model is refused); its
+      restore_step picks the step unless `step` does. The command `evaluate`
+      passes its --config here.
 
   Raises:
     ConfigError: no config.json, or one of neither kind; no checkpoint, a
       step that is not kept (the message lists the kept ones), a missing
-      tokenizer, or an extension that fails to import; a Hugging Face folder
-      that import_checkpoint refuses (a classifier's or causal LM's, another
-      architecture, missing weights or tokenizer) or a step with one.
+      tokenizer or data, a config of another model, or an extension that
+      fails to import; a Hugging Face folder that import_checkpoint refuses
+      (a classifier's or causal LM's, another architecture, missing weights
+      or tokenizer), or one given a step, data or a config.
   """
+  if split is not None and not with_data:
+    raise ConfigError(f'split={split!r} names the data to evaluate on; pass with_data=True too.')
   if hf_checkpoint.is_checkpoint_folder(workdir):
-    if step:
-      raise ConfigError(
-          f'step={step}: {workdir} is a Hugging Face folder, which holds one set of weights; '
-          'load it without step.'
-      )
+    for name, value in (('step', step), ('with_data', with_data), ('config', config)):
+      if value:
+        raise ConfigError(
+            f'{name}={value!r}: {workdir} is a Hugging Face folder, which holds one set of '
+            f'weights and no data; load it without {name}, or load the run it was exported '
+            'from.'
+        )
     return _load_checkpoint_folder(workdir)
-  config = run_builder.saved_config(workdir)
-  config.restore_step = 0
-  loaded = run_loading.load_run(config, workdir, step or None)
+  workdir = storage.location(workdir)
+  if config is None:
+    config = run_builder.saved_config(workdir)
+    config.restore_step = 0
+  else:
+    config = _prepared(config)
+  if split is not None:
+    config.data.eval_split = split
+  loaded = run_loading.load_run(config, workdir, step or None, with_data=with_data)
   return Run(**{field.name: getattr(loaded, field.name) for field in dataclasses.fields(loaded)})
 
 
@@ -390,10 +911,47 @@ def build(config: ml_collections.ConfigDict) -> Run:
   Raises:
     ConfigError: a bad config, or an extension that fails to import.
   """
-  config = run_config.complete(copy.deepcopy(config))
-  extensions.import_extensions(config.extensions)
-  registry.add_declared_settings(config)
+  config = _prepared(config)
   parts = run_builder.build_parts(config)
   is_bytes = config.data.tokenizer == 'byte'
   tokenizer = tokenizer_lib.ByteTokenizer() if is_bytes else None
   return Run(config, parts, parts.initial_variables(config.seed), tokenizer, 0, None)
+
+
+class TrainOutput(NamedTuple):
+  """What `train` returns.
+
+  Attributes:
+    run: the trained run, as `load(workdir)` reads it.
+    results: the final evaluation, as WORKDIR/eval_results.json holds it:
+      'step', 'eval_split', 'task', 'eval_loss', 'eval_perplexity', ... (the
+      names `Run.evaluate` and the evaluate command give), the reference
+      model's figure, 'parameters' and 'wall_time_s'.
+  """
+
+  run: Run
+  results: Dict[str, Any]
+
+
+def train(config: ml_collections.ConfigDict, workdir: str) -> TrainOutput:
+  """Trains a run to config.total_steps, as `python -m linformer_jax.train` does.
+
+  A run already in `workdir` is resumed from its newest checkpoint (a
+  finished one is only evaluated again). The config's extensions are imported
+  first (into a copy: `config` itself is left as it is). Progress is printed.
+
+  Args:
+    config: a run config, e.g. configs/tiny.py's get_config().
+    workdir: the run's folder, local or gs://.
+
+  Returns:
+    TrainOutput(run, results): the trained run, loaded, and its final evaluation.
+
+  Raises:
+    ConfigError: a bad config, data or workdir, a workdir of another model,
+      or one another run is using.
+    NonFiniteLossError: the loss stayed non-finite; the message names the
+      kept checkpoints and the flags to go on with.
+  """
+  results = trainer.train_and_evaluate(_prepared(config), workdir)
+  return TrainOutput(load(workdir), results)

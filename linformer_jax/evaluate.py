@@ -3,14 +3,19 @@
   python -m linformer_jax.evaluate --config configs/default.py --workdir runs/default \
       --split validation [--config.restore_step=STEP]
 
-Prints masked-token loss, perplexity and accuracy on the split next to a
-unigram model's perplexity; for a classification run, loss and accuracy next
-to the majority class's accuracy. The results name the step scored: the
-newest, or the kept step --config.restore_step names (then saved as
-eval_SPLIT_STEP.json); a step that is not kept is refused in one line that
-lists the kept ones. Evaluating never moves a checkpoint
-(`linformer_jax.training.evaluation`). A workdir it cannot write still gets
-its results printed, then one error line saying they were not saved.
+Prints masked-token loss, perplexity and accuracy on the split (`eval_loss`,
+`eval_perplexity`, `eval_accuracy`: the names training's eval_results.json
+gives them) next to a unigram model's perplexity (`unigram_perplexity`); for a
+classification run, loss and accuracy next to the majority class's accuracy
+(`majority_class_accuracy`). They are what
+`linformer_jax.load(WORKDIR, with_data=True, split=SPLIT).evaluate()` gives,
+on the run's config with the --config.X overrides. The results name the step
+scored (`step`) and the split (`eval_split`): the newest step, or the kept
+step --config.restore_step names (then saved as eval_SPLIT_STEP.json); a step
+that is not kept is refused in one line that lists the kept ones. Evaluating
+never moves a checkpoint (`linformer_jax.training.run_loading`). A workdir it
+cannot write still gets its results printed, then one error line saying they
+were not saved.
 """
 
 import dataclasses
@@ -18,6 +23,7 @@ import json
 
 from absl import flags
 
+from linformer_jax import api
 from linformer_jax import cli
 from linformer_jax import settings_flags
 from linformer_jax.settings_flags import setting
@@ -39,7 +45,8 @@ def define_flags() -> None:
 def main(_):
   settings = settings_flags.from_flags(EvaluateSettings)
   cli.start_processes()
-  results = evaluation.evaluate_run(FLAGS.config, FLAGS.workdir, settings.split)
+  run = api.load(FLAGS.workdir, with_data=True, split=settings.split, config=FLAGS.config)
+  results = run.evaluate()
   print(json.dumps(results, indent=2, sort_keys=True), flush=True)
   path = evaluation.results_path(FLAGS.config, FLAGS.workdir, settings.split)
   with cli.saving_printed_results(path):

@@ -27,7 +27,8 @@ and, against the same matrix at the run's step 0 (drawn again from `config.seed`
   drift_slot_sum  the signed sum of the change, per slot (averaged)
 
 It prints them and writes WORKDIR/projection_stats.json (projection_stats_STEP.json
-for a step asked); docs/results_parity.md reads them.
+for a step asked), whose `projection_init` is the run's for 'linear' and 'random',
+the kinds it initialises, and 'not used' for others; docs/results_parity.md reads them.
 """
 
 import dataclasses
@@ -133,11 +134,29 @@ def learned_matrices(
     yield name, matrices
 
 
+# What the report says of `projection_init` for a kind whose weights it does not initialise.
+INIT_NOT_USED = 'not used'
+
+
+def _initialised_by_projection_init(kind: projections.SequenceProjectionKind) -> bool:
+  """Whether `config.model.projection_init` draws the kind's weights: the
+  [n, k] matrices of 'linear' and 'random'; pooling has no weights, and 'conv'
+  and a kind of one's own draw theirs their own way."""
+  return isinstance(kind, linear.LearnedMatrix)
+
+
+def recorded_init(model_config: ModelConfig) -> str:
+  """The report's `projection_init`: the run's, or INIT_NOT_USED for a kind
+  whose weights it does not initialise."""
+  kind = projections.kind(model_config.projection)
+  return model_config.projection_init if _initialised_by_projection_init(kind) else INIT_NOT_USED
+
+
 def initial_stats(model_config: ModelConfig, projected_len: int) -> Dict[str, Dict[str, float]]:
   """The statistics of a fresh [n, k] draw of each `projection_init` of a
   learned matrix that the run's kind takes (seed 0); none for other kinds."""
   kind = projections.kind(model_config.projection)
-  if not isinstance(kind, linear.LearnedMatrix):
+  if not _initialised_by_projection_init(kind):
     return {}
   window = model_config.compressed_span // projected_len
   stats = {}
@@ -171,7 +190,7 @@ def projection_report(
       'step': step,
       'seed': config.seed,
       'projection': model_config.projection,
-      'projection_init': model_config.projection_init,
+      'projection_init': recorded_init(model_config),
       'max_len': model_config.max_len,
       'projected_len': lens,
       'learned': matrices,

@@ -7,9 +7,11 @@
 For every layer and head of a trained masked-LM run's checkpoint, it averages
 over evaluation sequences the normalised cumulative singular values cumsum(s) /
 sum(s) of P = softmax(Q K^T / sqrt(d)): n x n for full attention, n x k for
-Linformer (over the keys the model compresses). It writes spectrum.json (per
-layer and head the curve and its value at --index), cumulative_singular_values.png
-and heatmap.png to --out, and prints one line per layer (docs/results_gutenberg.md).
+Linformer (over the keys the model compresses); for another attention kind, the
+P its `attention_weights` gives (the matrix whose product with the values is its
+attention). It writes spectrum.json (per layer and head the curve and its value
+at --index), cumulative_singular_values.png and heatmap.png to --out, and prints
+one line per layer (docs/results_gutenberg.md).
 
 Padded positions are left out: their rows and columns of P only add zero singular
 values, so a sequence's curve is that of its n_real x n_real (n_real x k) matrix,
@@ -111,11 +113,12 @@ def value_at_index(curve: np.ndarray, index: int) -> Tuple[float, int]:
 
 
 def make_spectrum_step(model: models.MaskedLanguageModel):
-  """A jitted (variables, inputs, padding_mask) -> per-layer (q, keys, key_mask)."""
+  """A jitted (variables, inputs, padding_mask) -> per layer
+  `attention_capture.Attended` (queries, keys, values, key_mask)."""
 
   def step(variables, inputs, padding_mask):
     intermediates = attention_capture.apply_capturing(model, variables, inputs, padding_mask)
-    return attention_capture.context_queries_and_keys(intermediates, model.config, padding_mask)
+    return attention_capture.attended_by_layer(intermediates, model.config)
 
   return jax.jit(step)
 
@@ -123,13 +126,15 @@ def make_spectrum_step(model: models.MaskedLanguageModel):
 def mean_curves(
     step,
     variables,
+    config: ModelConfig,
     batches: Iterable[Dict[str, np.ndarray]],
     num_sequences: int,
     to_device=lambda batch: batch,
 ) -> Tuple[List[np.ndarray], int]:
   """Per layer the mean curves [heads, min(n, keys)] of the first `num_sequences` rows
-  with a real token of `batches` ('inputs', 'padding_mask': [batch, n]), computed by
-  `step` (`make_spectrum_step`) on each batch as `to_device` places it; and their count."""
+  with a real token of `batches` ('inputs', 'padding_mask': [batch, n]), from what
+  `step` (`make_spectrum_step`) captures on each batch as `to_device` places it, P
+  that of the model of `config` and `variables`; and their count."""
   sums: Optional[List[np.ndarray]] = None
   count = 0
   for batch in batches:
@@ -141,12 +146,16 @@ def mean_curves(
     per_layer = jax.device_get(step(variables, **placed))
     if sums is None:
       sums = [0.0] * len(per_layer)
-    for layer, (q, keys, key_mask) in enumerate(per_layer):
+    for layer, attended in enumerate(per_layer):
       # One sequence at a time: P is [heads, n, n], 800 MB for a batch of 32 at n = 512, 12 heads.
       for row in rows:
         one = slice(row, row + 1)
-        key_mask_one = None if key_mask is None else key_mask[one]
-        p = attention_capture.attention_matrix(q[one], keys[one], key_mask_one, mask[one])[0]
+        attended_one = attention_capture.Attended(
+            *(None if x is None else x[one] for x in attended)
+        )
+        p = attention_capture.layer_attention_weights(
+            variables, config, layer, attended_one, mask[one]
+        )[0]
         sums[layer] = sums[layer] + normalised_cumulative_singular_values(p)
     count += len(rows)
     if count >= num_sequences:
@@ -209,9 +218,10 @@ def summary_lines(report: Mapping[str, Any]) -> List[str]:
 
 
 def title(report: Mapping[str, Any]) -> str:
-  kind = f"Linformer (k={report['k']})"
-  if report['attention'] == 'full':
-    kind = 'Transformer (full attention)'
+  names = {'full': 'Transformer (full attention)', 'linformer': 'Linformer'}
+  kind = names.get(report['attention'], f"attention={report['attention']}")
+  if report['k'] is not None:
+    kind = f"{kind} (k={report['k']})"
   return f"{kind}, n={report['n']}, step {report['step']}, {report['num_sequences']} sequences"
 
 
@@ -268,16 +278,20 @@ def compute_spectrum(
     raise ConfigError(f'--index={index}: use a positive (1-based) index.')
   model_config = ModelConfig.from_config(config.model)
   model_config.require_unscanned('spectrum')
-  # P = softmax(Q K^T / sqrt(d)) is what the run computed only for the
-  # built-in bidirectional kinds: never a P the model did not use.
-  attention_capture.require_plain_softmax(model_config, 'spectrum')
+  # Never a P the model did not use: a kind's own P comes from its attention_weights.
+  attention_capture.require_attention_weights(model_config, 'spectrum')
   loaded = run_loading.load_run(config, workdir, with_data=True)
   model_config = loaded.parts.model_config
   step = make_spectrum_step(loaded.parts.model)
   curves, count = mean_curves(
-      step, loaded.variables, loaded.data.eval_batches, num_sequences, loaded.parts.device_batch
+      step,
+      loaded.variables,
+      model_config,
+      loaded.data.eval_batches,
+      num_sequences,
+      loaded.parts.device_batch,
   )
-  linformer = model_config.attention != 'full'
+  compressed = model_config.attention_kind.uses_projection
   projected = model_config.projected_len
   facts = {
       'step': loaded.step,
@@ -285,9 +299,9 @@ def compute_spectrum(
       'eval_split': config.data.eval_split,
       'attention': model_config.attention,
       'n': model_config.max_len,
-      'k': (list(projected) if isinstance(projected, tuple) else projected) if linformer else None,
-      'projection': model_config.projection if linformer else None,
-      'sharing': model_config.sharing if linformer else None,
+      'k': (list(projected) if isinstance(projected, tuple) else projected) if compressed else None,
+      'projection': model_config.projection if compressed else None,
+      'sharing': model_config.sharing if compressed else None,
       'num_layers': model_config.num_layers,
       'num_heads': model_config.num_heads,
       'num_sequences': count,

@@ -46,6 +46,7 @@ def small_model_config(**overrides):
       mlp_dim=16,
       projected_len=4,
       dropout_rate=0.0,
+      attention_dropout_rate=0.0,
   )
   return ModelConfig(**{**fields, **overrides})
 

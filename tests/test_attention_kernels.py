@@ -185,7 +185,13 @@ def test_the_partition_follows_the_axis_rules():
 def test_a_fused_kernel_keeps_the_mesh_it_runs_over(platform, dtype, kept):
   """cuDNN and Pallas run per device inside a shard_map; the einsums need none."""
   config = ModelConfig(
-      vocab_size=50, max_len=256, projected_len=128, dtype=dtype, num_heads=4, hidden_dim=256
+      vocab_size=50,
+      max_len=256,
+      projected_len=128,
+      dtype=dtype,
+      num_heads=4,
+      hidden_dim=256,
+      attention_dropout_rate=0.0,  # only the einsums drop out attention weights
   )
   resolved, _ = config.with_kernel_for(platform, _partition(2, 2))
   assert (resolved.kernel_partition is not None) == kept
@@ -252,7 +258,13 @@ def test_the_run_says_when_its_micro_batches_are_too_small_for_the_kernel():
 
 @pytest.mark.parametrize('attention_name', ['performer', 'linear_transformer'])
 def test_auto_in_a_kind_without_a_softmax_kernel_is_the_einsums(attention_name):
-  config = ModelConfig(vocab_size=50, max_len=256, attention=attention_name, dtype='bfloat16')
+  config = ModelConfig(
+      vocab_size=50,
+      max_len=256,
+      attention=attention_name,
+      dtype='bfloat16',
+      attention_dropout_rate=0.0,  # the kind forms no attention weights
+  )
   resolved, why = config.with_kernel_for('gpu', _partition(2, 2))
   assert (resolved.attention_kernel, resolved.kernel_partition) == ('einsum', None)
   assert (

@@ -188,7 +188,7 @@ def _example_sources():
   return [path.read_text() for path in sorted((REPO / 'docs' / 'examples').glob('*.py'))]
 
 
-# Blocks that read a trained run: tests/test_api.py and
+# Blocks that read a trained run: tests/test_api_docs.py and
 # tests/test_extending_walkthrough.py run them on one.
 TRAINED_RUN_BLOCK = "linformer_jax.load('/tmp/"
 

@@ -2,6 +2,7 @@
 from files outside the package, and a config, a sweep and a training run use them."""
 
 import math
+import os
 
 import flax.linen as nn
 import jax
@@ -12,8 +13,10 @@ import pytest
 from configs import finetune_sst2
 from configs import from_workdir
 from linformer_jax import sweep as sweep_lib
+from linformer_jax import testing
 from linformer_jax.errors import ConfigError
 from linformer_jax.extensions import import_extensions
+from linformer_jax.model import attention
 from linformer_jax.model import attention_kinds
 from linformer_jax.model import layers
 from linformer_jax.model import models
@@ -83,6 +86,51 @@ def test_projection_weights_keep_their_checkpoint_names_and_shapes(projection, s
   assert weights == PINNED_PROJECTION_WEIGHTS[(projection, sharing, causal)]
 
 
+@projections.REGISTRY.register('transposed_for_tests')
+class TransposedMatrix(projections.SequenceProjectionKind):
+  """E made [k, max_len], not the [max_len, k] the layout asks for."""
+
+  def make_weight(self, module, name, *, config, projected_len, per_head):
+    heads = (config.num_heads,) if per_head else ()
+    shape = heads + (projected_len, config.max_len)
+    return module.param(name, nn.initializers.normal(1.0), shape, jnp.float32)
+
+  def compress(self, x, weight, *, max_len, projected_len, key_padding_mask=None, name='E'):
+    rows = jnp.swapaxes(weight, -1, -2)
+    return attention.project_sequence(x, rows, key_padding_mask=key_padding_mask, name=name), None
+
+
+@pytest.mark.parametrize(
+    'sharing,weight,given,expected',
+    [
+        ('kv', 'kv_projection', (4, 16), '[max_len, k] = (16, 4)'),
+        ('none', 'key_projection', (2, 4, 16), '[heads, max_len, k] = (2, 16, 4)'),
+    ],
+)
+def test_a_weight_in_another_layout_than_e_is_refused_in_one_line(sharing, weight, given, expected):
+  model = models.MaskedLanguageModel(
+      small_model_config(projection='transposed_for_tests', sharing=sharing)
+  )
+  with pytest.raises(ConfigError) as error:
+    jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.ones((1, 16), jnp.int32))
+  message = str(error.value)
+  assert message.startswith(
+      f"projection='transposed_for_tests': make_weight gave {weight} the shape {given}, "
+      f'not {expected}; '
+  )
+  assert 'weight_shape' in message and '\n' not in message
+
+
+def test_a_kind_that_declares_its_own_weight_shape_is_checked_against_it():
+  conv = projections.kind('conv')
+  config = small_model_config(projection='conv')
+  assert conv.weight_shape(config=config, projected_len=4, per_head=True) == (2, 4, 4, 4)
+  with pytest.raises(ConfigError, match=r'shape \(4, 4\), not \(4, 4, 4\) \(its weight_shape\)'):
+    conv.check_weight(
+        jnp.ones((4, 4)), 'kv_projection', config=config, projected_len=4, per_head=False
+    )
+
+
 def test_the_examples_register_their_names():
   assert 'strided' in projections.REGISTRY
   assert 'scaled_linformer' in attention_kinds.REGISTRY
@@ -100,14 +148,42 @@ def test_an_unknown_name_is_an_error_listing_the_registered_ones(field, register
   assert all(repr(name) in message for name in built_in)
 
 
+def naive_strided_sample(x, mask, window):
+  """Position w * window of x (zero beyond its length), and whether it is real."""
+  batch, length = mask.shape
+  kept = [w * window for w in range(12 // window)]
+  rows = np.stack([x[:, p] if p < length else np.zeros_like(x[:, 0]) for p in kept], axis=1)
+  real = np.array([[p < length and bool(mask[b, p]) for p in kept] for b in range(batch)])
+  return rows, real
+
+
 def test_strided_sampling_keeps_the_first_position_of_each_window():
   x = jax.random.normal(jax.random.PRNGKey(2), (2, 10, 2, 3))
   mask = jnp.arange(10)[None] < jnp.array([[10], [5]])
   kind = projections.kind('strided')
-  sampled, sampled_mask = kind.compress(x, None, max_len=12, projected_len=3, key_padding_mask=mask)
-  x64 = np.asarray(x, np.float64)
-  np.testing.assert_allclose(sampled[:, :2], x64[:, [0, 4]], rtol=1e-6)
-  np.testing.assert_array_equal(sampled_mask, [[True, True, True], [True, True, False]])
+
+  def compress(x, mask):
+    return kind.compress(x, None, max_len=12, projected_len=3, key_padding_mask=mask)
+
+  testing.check_against_reference(
+      compress, lambda x, mask: naive_strided_sample(x, mask, 4), x, mask
+  )
+  np.testing.assert_array_equal(compress(x, mask)[1], [[True, True, True], [True, True, False]])
+
+
+@pytest.mark.parametrize(
+    'fields',
+    [
+        dict(projection='strided'),
+        dict(projection='strided', causal=True),
+        dict(attention='scaled_linformer', sharing='none'),
+    ],
+)
+def test_the_examples_pass_the_checks_an_author_runs(fields):
+  config = testing.small_config(num_layers=1, **fields)
+  if config.causal:
+    testing.check_no_causal_leakage(config)
+  testing.check_padding_invariance(config)
 
 
 @pytest.mark.long
@@ -151,9 +227,12 @@ def naive_scaled_attention(q, keys, values):
 def test_scaled_linformer_matches_a_float64_reference_and_changes_the_model():
   q, keys, values = jax.random.normal(jax.random.PRNGKey(3), (3, 2, 6, 2, 4))
   kind = attention_kinds.kind('scaled_linformer')
-  actual = kind.attend(q, keys[:, :3], values[:, :3], None, kernel='einsum')
-  np.testing.assert_allclose(
-      actual, naive_scaled_attention(q, keys[:, :3], values[:, :3]), rtol=1e-5, atol=1e-6
+  testing.check_against_reference(
+      lambda q, keys, values: kind.attend(q, keys, values, None, kernel='einsum'),
+      naive_scaled_attention,
+      q,
+      keys[:, :3],
+      values[:, :3],
   )
   scaled, variables = outputs(small_model_config(attention='scaled_linformer'))
   plain, _ = outputs(small_model_config(attention='linformer'), variables)
@@ -180,11 +259,12 @@ def test_a_tiny_training_run_with_both_examples(tmp_path):
   assert results['step'] == 4
   losses = losses_by_step(str(tmp_path))
   assert losses and all(math.isfinite(loss) for loss in losses.values())
-  # The run's config.json keeps the files, and a fine-tuning config built
-  # on the run (configs/finetune_sst2.py:RUN) imports them too.
-  assert from_workdir.get_config(str(tmp_path)).extensions == (STRIDED, SCALED)
+  # The run's config.json keeps the files, by absolute path, and a fine-tuning
+  # config built on the run (configs/finetune_sst2.py:RUN) imports them too.
+  files = tuple(os.path.abspath(path) for path in (STRIDED, SCALED))
+  assert from_workdir.get_config(str(tmp_path)).extensions == files
   fine_tuning = from_workdir.encoder_of(finetune_sst2.get_config(), str(tmp_path))
-  assert fine_tuning.extensions == (STRIDED, SCALED)
+  assert fine_tuning.extensions == files
   assert fine_tuning.model.projection == 'strided'
   assert fine_tuning.model.attention == 'scaled_linformer'
 

@@ -95,9 +95,9 @@ def test_commands_given_the_folder_alone_read_the_runs_own_config(walked):
     assert not any(arg.startswith('--config') for arg in by_module[module][0]), module
   evaluated = by_module['evaluate'][1]['stdout']
   results = json.loads(evaluated[evaluated.index('{') :])
-  assert results['step'] == 20 and math.isfinite(results['perplexity'])
+  assert results['step'] == 20 and math.isfinite(results['eval_perplexity'])
   saved = json.loads((walked['folder'] / 'convex' / 'eval_validation.json').read_text())
-  assert saved['perplexity'] == results['perplexity']
+  assert saved['eval_perplexity'] == results['eval_perplexity']
   assert (walked['folder'] / 'convex' / 'spectrum' / 'spectrum.json').is_file()
 
 
@@ -109,12 +109,18 @@ def test_projection_stats_describes_the_softmax_not_the_logits(walked):
   assert stats['slot_sum'] == pytest.approx(1, abs=1e-5)
   assert stats['negative'] == 0 and 0 < stats['drift']
   assert report['initial'] == {}  # the 'linear' kind's draws say nothing of logits
+  assert report['projection_init'] == 'not used'  # the kind draws its logits itself
   assert 'slot sum +1.000' in walked['commands'][4][2]['stdout']
 
 
 def test_the_python_block_loads_the_run_with_its_extension(walked):
   printed, expected = walked['printed']
-  assert printed.strip() == expected
+  said, result = printed.strip().splitlines()
+  # Loading says which file of extensions it imported: the original, still there.
+  original = REPO_ROOT / 'docs' / 'examples' / 'convex_projection.py'
+  run = walked['folder'] / 'convex'
+  assert said == f"Extensions of {run}: {original} (the original, identical to the run's copy)."
+  assert result == expected
 
 
 def test_the_sweep_trains_each_part_with_its_declared_setting(walked):

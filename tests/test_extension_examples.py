@@ -2,7 +2,8 @@
 learned convex mixes (docs/examples/convex_projection.py) and an attention kind
 with a learned temperature per head and a setting
 (docs/examples/tempered_attention.py). Their math against float64 loops, the
-model's padding invariance and their gradients. tests/test_extending_walkthrough.py
+model's padding invariance, the causal pass's, and their gradients, through the
+checks an author runs (`linformer_jax.testing`). tests/test_extending_walkthrough.py
 trains them (the sweep of docs/extending.md)."""
 
 import functools
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from linformer_jax import testing
 from linformer_jax.extensions import import_extensions
 from linformer_jax.model import attention_kinds
 from linformer_jax.model import models
@@ -65,11 +67,18 @@ def test_convex_mix_matches_a_float64_loop_on_a_short_padded_batch(per_head):
   # Shorter than max_len=16, with padding: rows 0..9 of E, real tokens only.
   mask = np.arange(10)[None] < np.array([[10], [6]])
   kind = projections.kind('convex')
-  mixed, slot_mask = kind.compress(
-      x, logits, max_len=16, projected_len=5, key_padding_mask=jnp.asarray(mask)
+
+  def compress(x, logits, mask):
+    return kind.compress(x, logits, max_len=16, projected_len=5, key_padding_mask=mask)
+
+  # The slots, and a slot mask all True: both rows hold real tokens.
+  testing.check_against_reference(
+      compress,
+      lambda x, logits, mask: (naive_convex_mix(x, logits, mask), np.ones((2, 5), bool)),
+      x,
+      logits,
+      mask,
   )
-  np.testing.assert_allclose(mixed, naive_convex_mix(x, logits, mask), rtol=1e-5, atol=1e-6)
-  assert slot_mask.shape == (2, 5) and bool(slot_mask.all())
 
 
 def test_padding_never_enters_a_slot_and_a_sequence_of_padding_has_no_slot():
@@ -97,13 +106,18 @@ def naive_tempered_attention(q, keys, values, temperature):
 
 def test_tempered_attention_matches_a_float64_reference():
   q, keys, values = jax.random.normal(jax.random.PRNGKey(5), (3, 2, 6, 2, 4))
-  log_temperature = jnp.array([-0.7, 0.9])
-  kind = attention_kinds.kind('tempered_linformer').with_parameters(
-      {'log_temperature': log_temperature}
+  kind = attention_kinds.kind('tempered_linformer')
+
+  def attend(q, keys, values, log_temperature):
+    bound = kind.with_parameters({'log_temperature': log_temperature})
+    return bound.attend(q, keys, values, None, kernel='einsum')
+
+  def reference(q, keys, values, log_temperature):
+    return naive_tempered_attention(q, keys, values, np.exp(log_temperature))
+
+  testing.check_against_reference(
+      attend, reference, q, keys[:, :3], values[:, :3], np.array([-0.7, 0.9])
   )
-  actual = kind.attend(q, keys[:, :3], values[:, :3], None, kernel='einsum')
-  expected = naive_tempered_attention(q, keys[:, :3], values[:, :3], np.exp(log_temperature))
-  np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
 
 
 def log_temperatures(variables, value):
@@ -166,19 +180,15 @@ def test_tempered_decoding_gives_the_logits_of_the_causal_pass():
     ],
 )
 def test_model_output_with_an_example_is_padding_invariant(attention, projection, sharing):
-  config = small_model_config(attention=attention, projection=projection, sharing=sharing)
-  model = models.MaskedLanguageModel(config)
-  variables = random_variables(model)
-  apply = jax.jit(model.apply)
-  real_len = 7
-  tokens = jax.random.randint(jax.random.PRNGKey(7), (3, 16), 0, 40)
-  # Alone, unpadded and shorter than max_len; then batched with longer rows.
-  alone = apply(variables, tokens[:1, :real_len])[0]
-  for padded_len in (12, 16):
-    mask = jnp.arange(padded_len)[None] < jnp.array([[real_len], [padded_len], [padded_len]])
-    batch_tokens = jnp.where(mask, tokens[:, :padded_len], 5)
-    batched = apply(variables, batch_tokens, mask)[0, :real_len]
-    np.testing.assert_allclose(batched, alone, rtol=1e-5, atol=1e-5)
+  testing.check_padding_invariance(
+      testing.small_config(attention=attention, projection=projection, sharing=sharing)
+  )
+
+
+def test_the_causal_tempered_attention_sees_no_later_token():
+  testing.check_no_causal_leakage(
+      testing.small_config(attention='tempered_linformer', projection='mean', causal=True)
+  )
 
 
 def test_the_mix_and_the_temperature_get_nonzero_gradients():

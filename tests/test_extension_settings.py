@@ -1,7 +1,8 @@
 """Settings a registered kind declares for itself (`registry.Setting`): checked
 like the built-in fields of config.model, set on the command line, kept in the
 run's config.json; and the small frictions of extensions: one file imported
-two ways, `extensions` given as a string."""
+two ways, `extensions` given as a string (refused alike on the command line
+and in Python)."""
 
 import json
 import pathlib
@@ -14,8 +15,10 @@ from ml_collections import config_flags
 import pytest
 
 from configs import tiny
+import linformer_jax
 from linformer_jax import cli
 from linformer_jax import registry
+from linformer_jax import sweep as sweep_lib
 from linformer_jax.errors import ConfigError
 from linformer_jax.extensions import import_command_extensions
 from linformer_jax.extensions import import_extensions
@@ -132,7 +135,13 @@ def parsed_command_config(argv):
 
 
 @pytest.mark.parametrize(
-    'extensions', [[f"--config.extensions=('{TEMPERED}',)"], ['--config.extensions', TEMPERED]]
+    'extensions',
+    [
+        [f"--config.extensions=('{TEMPERED}',)"],
+        ['--config.extensions', f"['{TEMPERED}']"],
+        # Repeated, as ml_collections joins a tuple field's values.
+        ['--config.extensions=()', f"--config.extensions=('{TEMPERED}',)"],
+    ],
 )
 def test_a_declared_setting_is_overridden_on_the_command_line(extensions):
   argv = [
@@ -147,12 +156,51 @@ def test_a_declared_setting_is_overridden_on_the_command_line(extensions):
   assert ModelConfig.from_config(config.model).setting('temperature_init') == 2.0
 
 
-def test_extensions_given_as_a_string_are_refused_in_one_line():
-  with pytest.raises(ConfigError) as error:
-    import_extensions(TEMPERED)
+def test_extensions_given_as_a_string_are_refused_in_python_in_one_line():
+  # ConfigDict itself refuses a string for the tuple field...
+  config = tiny.get_config()
+  with pytest.raises(TypeError, match="Could not override field 'extensions'"):
+    config.extensions = TEMPERED
+  # ...and so does everything that takes a config built otherwise.
+  for refuse in (
+      lambda: import_extensions(TEMPERED),
+      lambda: linformer_jax.build(
+          ml_collections.ConfigDict({**config.to_dict(), 'extensions': TEMPERED})
+      ),
+  ):
+    with pytest.raises(ConfigError) as error:
+      refuse()
+    message = str(error.value)
+    assert message.startswith(f'config.extensions={TEMPERED!r} is a string; give a tuple')
+    assert f"config.extensions = ('{TEMPERED}',) in Python" in message
+    assert f'--config.extensions="(\'{TEMPERED}\',)" on the command line' in message
+    assert '\n' not in message
+  variant = sweep_lib.Variant('one_file', {'extensions': TEMPERED})
+  with pytest.raises(ConfigError, match='is a string; give a tuple'):
+    sweep_lib.variant_configs(sweep_lib.Sweep(config, [variant]))
+
+
+@pytest.mark.parametrize(
+    'argv',
+    [
+        [f'--config.extensions={TEMPERED}'],
+        ['--config.extensions', TEMPERED],
+        [f"--config.extensions='{TEMPERED}'"],
+        [f"--config.extensions=('{TEMPERED}',)", f'--config.extensions={TEMPERED}'],
+    ],
+)
+def test_extensions_given_as_a_string_are_refused_on_the_command_line_in_one_line(
+    argv, monkeypatch
+):
+  """Where ml_collections' flag parser alone would take a bare path as a tuple
+  of one, the command refuses it as Python does, before anything runs."""
+  monkeypatch.setattr(cli, '_reads_run', False)
+  monkeypatch.setattr(sys, 'argv', ['train', *argv, '--config.model.attention=tempered_linformer'])
+  with pytest.raises(cli.ConfigFileError) as error:
+    cli.ConfigFileParser('config').parse(str(REPO / 'configs' / 'tiny.py'))
   message = str(error.value)
-  assert 'is a string; pass a tuple' in message
-  assert f'--config.extensions="(\'{TEMPERED}\',)"' in message
+  assert message.startswith('--config.extensions=') and 'is a string, not a tuple' in message
+  assert f'e.g. --config.extensions="(\'{TEMPERED}\',)"' in message and '\n' not in message
 
 
 KIND_FILE = """

@@ -336,7 +336,10 @@ def extension_config(path, **model):
 @pytest.mark.parametrize(
     'change,message',
     [
-        (lambda c: c.model.update(attention='performer'), "attention='performer' has no PyTorch"),
+        (
+            lambda c: c.model.update(attention='performer', attention_dropout_rate=0.0),
+            "attention='performer' has no PyTorch",
+        ),
         (
             lambda c: extension_config(
                 'docs/examples/tempered_attention.py', attention='tempered_linformer'
@@ -463,7 +466,7 @@ def test_load_refuses_another_head_a_bogus_folder_or_a_step_in_one_line(exported
       (exported['causal-linear'][1], None, 'a classifier or causal LM folder'),
       (gpt2, None, 'has no tokenizer.json'),
       (no_kind, None, "is not a run's config"),
-      (exported['mean'][1], 1, 'holds one set of weights; load it without step'),
+      (exported['mean'][1], 1, 'holds one set of weights and no data; load it without step'),
       (FIXTURES / 'roberta', None, 'was not exported from a run'),  # RoBERTa from elsewhere
   ]
   for folder, step, message in refusals:

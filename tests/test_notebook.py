@@ -1,5 +1,6 @@
 """The experiments notebook runs headlessly from top to bottom on tiny settings,
-and its section 1 says what its printed numbers show.
+its section 1 says what its printed numbers show, and its tiny and full modes
+keep their runs in folders of their own.
 
 Its kernel is another process, started with this one's environment (the
 session's data cache included); the tests that start one are `slow`.
@@ -59,6 +60,25 @@ def test_the_tour_no_longer_calls_a_random_e_an_approximation(repo_root):
   assert not claims
   assert 'is not an approximation of softmax attention' in prose
   assert 'Theorem 2' in prose
+
+
+@pytest.mark.slow
+def test_the_tiny_and_the_full_tour_keep_their_runs_apart(monkeypatch, repo_root):
+  """The first cell's workdir by mode: a tiny run never stands where the full
+  tour looks for its own (whose model it would refuse)."""
+  monkeypatch.delenv('LINFORMER_NOTEBOOK_WORKDIR', raising=False)
+  experiments = repo_root / 'experiments'
+  workdirs = {}
+  for tiny in ('1', '0'):
+    monkeypatch.setenv('LINFORMER_NOTEBOOK_TINY', tiny)
+    notebook = nbformat.read(experiments / NOTEBOOK, as_version=4)
+    notebook.cells = notebook.cells[:2]  # the introduction and the setup cell
+    _execute(notebook, experiments)
+    workdirs[tiny] = re.search(r'\| workdir: (.+)$', _stream_text(notebook), re.M).group(1)
+  assert workdirs == {
+      '1': str(repo_root / 'runs' / 'notebook-tiny'),
+      '0': str(repo_root / 'runs' / 'notebook-full'),
+  }
 
 
 @pytest.mark.slow

@@ -146,6 +146,25 @@ def test_an_outside_projections_report_describes_its_softmax_not_its_logits(conv
   assert convex_kind.name == 'convex'
 
 
+@pytest.mark.parametrize(
+    'name, init, recorded',
+    [
+        ('linear', 'local', 'local'),
+        ('linear', 'jl', 'jl'),
+        ('random', 'jl', 'jl'),
+        ('mean', 'jl', 'not used'),  # no weights
+        ('conv', 'jl', 'not used'),  # kernels drawn fan-in
+        ('convex', 'jl', 'not used'),  # logits drawn by the kind itself
+    ],
+)
+def test_the_report_records_the_init_only_for_kinds_whose_weights_it_draws(
+    name, init, recorded, convex_kind
+):
+  del convex_kind  # registers 'convex'
+  model = small_model_config(projection=name, projection_init=init)
+  assert projection_stats.recorded_init(model) == recorded
+
+
 @pytest.mark.slow
 def test_the_report_reads_a_runs_learned_matrix_and_its_step_0(tmp_path):
   config = tiny_config(total_steps=2, warmup_steps=1, seed=3, **{'model.projection_init': 'jl'})

@@ -1,4 +1,5 @@
-"""The spectrum of P: hand cases, a float64 reference, the model's keys, the CLI.
+"""The spectrum of P: hand cases, a float64 reference, the model's keys, a kind's
+own P, the CLI.
 
 The `slow` tests run `python -m linformer_jax.spectrum` on a checkpointed run.
 """
@@ -183,8 +184,9 @@ def test_keys_are_the_ones_the_model_attends_over(sharing, projection):
       assert key_mask is None
     np.testing.assert_allclose(keys, expected, rtol=1e-5, atol=1e-6)
   batch = {'inputs': np.asarray(tokens), 'padding_mask': padding_mask}
+  attended = attention_capture.attended_by_layer(captured['intermediates'], config)
   curves, count = spectrum.mean_curves(
-      lambda *args, **kwargs: layers, variables, [batch], num_sequences=64
+      lambda *args, **kwargs: attended, variables, config, [batch], num_sequences=64
   )
   assert count == 2  # the all-padding row is skipped
   assert [c.shape for c in curves] == [(2, 4)] * 2
@@ -195,18 +197,23 @@ def spectrum_flags(workdir, out):
   return ['--config', 'configs/tiny.py', '--workdir', str(workdir), '--out', str(out)]
 
 
-def checkpointed_run(workdir, attention):
-  """A tiny run's checkpoint as the trainer writes it, at its initial step.
+def checkpointed(workdir, config):
+  """A run of `config`'s checkpoint as the trainer writes it, at its initial step.
 
   The spectrum reads any checkpoint the same way; skipping the training steps
   (whose compilation takes half a minute on 2 cores) keeps the test short.
   """
-  config = tiny.get_config()
-  config.model.attention = attention
   run = training_run.Run(config, str(workdir))
   run.save()
   run.store.close()
   return config
+
+
+def checkpointed_run(workdir, attention):
+  """A tiny run of `attention`'s checkpoint at its initial step."""
+  config = tiny.get_config()
+  config.model.attention = attention
+  return checkpointed(workdir, config)
 
 
 def check_curves(report, width):
@@ -267,22 +274,39 @@ def test_a_workdir_without_a_checkpoint_is_a_one_line_error(tmp_path, run_comman
   assert not (tmp_path / 'out').exists()
 
 
-@pytest.mark.parametrize(
-    'extension, attention',
-    [
-        ('docs/examples/tempered_attention.py', 'tempered_linformer'),
-        ('docs/examples/scaled_linformer.py', 'scaled_linformer'),
-    ],
-)
-def test_a_kind_that_weighs_its_keys_its_own_way_is_refused_before_loading(
-    extension, attention, tmp_path
-):
-  """Its P is not softmax(Q K^T / sqrt(d)): a spectrum of it would describe
-  attention the model never used."""
+def test_a_kind_that_overrides_attend_alone_is_refused_before_loading(tmp_path):
+  """Its P is not softmax(Q K^T / sqrt(d)) and it does not say what it is: a
+  spectrum of the default's would describe attention the model never used."""
+  extension = 'docs/examples/scaled_linformer.py'
   import_extensions((extension,))
   config = tiny.get_config()
   config.extensions = (extension,)
-  config.model.attention = attention
+  config.model.attention = 'scaled_linformer'
   add_declared_settings(config)
-  with pytest.raises(ConfigError, match=f"attention='{attention}' weighs its keys its own way"):
+  with pytest.raises(ConfigError, match="attention='scaled_linformer' weighs its keys its own way"):
     spectrum.compute_spectrum(config, str(tmp_path / 'nothing_here'))
+
+
+def test_a_kind_with_its_own_weights_has_the_spectrum_of_its_p(tmp_path):
+  """The tempered example's P (`attention_weights`): the Linformer's of the
+  tempered queries, k wide."""
+  extension = 'docs/examples/tempered_attention.py'
+  import_extensions((extension,))
+  reports = {}
+  for attention, temperature in (('linformer', 1.0), ('tempered_linformer', 4.0)):
+    config = tiny.get_config()
+    config.extensions = (extension,)
+    config.model.attention = attention
+    add_declared_settings(config)
+    if attention == 'tempered_linformer':
+      config.model.temperature_init = temperature
+    checkpointed(tmp_path / attention, config)
+    reports[attention] = spectrum.compute_spectrum(config, str(tmp_path / attention), index=2)
+  tempered = reports['tempered_linformer']
+  assert (tempered['attention'], tempered['k']) == ('tempered_linformer', 8)
+  check_curves(tempered, width=8)
+  assert spectrum.title(tempered).startswith('attention=tempered_linformer (k=8), n=32')
+  # A temperature above 1 flattens every row towards the uniform one, P towards
+  # rank one: more of the total in the first two singular values.
+  for plain, hot in zip(reports['linformer']['layers'], tempered['layers']):
+    assert hot['mean_value_at_index'] > plain['mean_value_at_index']

@@ -8,6 +8,7 @@ would, for signals, one-line errors and refused workdirs.
 import hashlib
 import json
 import os
+import shutil
 import signal
 import time
 
@@ -51,6 +52,22 @@ def test_a_tiny_run_writes_results_metrics_events_and_checkpoints(finished_run):
   # The loss went down from its start at about log(vocab).
   first, last = metrics[0]['train_loss'], results['eval_loss']
   assert last < first
+
+
+def test_a_finished_run_started_again_says_so_and_trains_nothing(finished_run, tmp_path, capsys):
+  workdir = tmp_path / 'run'
+  shutil.copytree(finished_run[0], workdir)
+  checkpoints_before = snapshot(checkpoint_directory(str(workdir)))
+  metrics_before = read_metrics(str(workdir))
+  results = trainer.train_and_evaluate(tiny_config(), str(workdir))
+  printed = capsys.readouterr().out
+  assert f'the run in {workdir} is finished at step 20 (total_steps=20)' in printed
+  assert 'nothing to train' in printed
+  assert 'training steps' not in printed and 'compiled' not in printed
+  assert results['step'] == 20
+  assert results['eval_loss'] == pytest.approx(finished_run[1]['eval_loss'], rel=1e-5)
+  assert read_metrics(str(workdir)) == metrics_before
+  assert snapshot(checkpoint_directory(str(workdir))) == checkpoints_before
 
 
 # `make test` checks exact resumption through
@@ -291,4 +308,4 @@ def test_evaluate_writes_json_for_a_split(finished_run, run_command):
   with open(os.path.join(workdir, 'eval_validation.json')) as f:
     evaluated = json.load(f)
   assert evaluated['step'] == 20
-  assert evaluated['loss'] == pytest.approx(results['eval_loss'], rel=1e-5)
+  assert evaluated['eval_loss'] == pytest.approx(results['eval_loss'], rel=1e-5)

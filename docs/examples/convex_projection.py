@@ -29,7 +29,8 @@ What a projection with weights must get right, each done below:
 
 Its math is a pure function, `convex_mix`, that the tests check against a
 float64 loop, and the model built with it gives an example the same output
-alone as batched with longer, padded ones.
+alone as batched with longer, padded ones: the checks of `linformer_jax.testing`
+(`check_against_reference`, `check_padding_invariance`) that any part's tests run.
 """
 
 import flax.linen as nn

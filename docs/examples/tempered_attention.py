@@ -11,7 +11,9 @@ config.model.temperature_init, a setting the kind declares (`settings`): a
 field of config.model that is checked, set on the command line and written to
 the run's config.json like a built-in one. Registered as
 'tempered_linformer'; projections, sharing and the causal and decoding passes
-are the Linformer's. Train with it:
+are the Linformer's, and its attention weights (`attention_weights`) are the
+Linformer's of the tempered queries, so the spectrum and run.attention read
+the P it applies. Train with it:
 
   python -m linformer_jax.train --config configs/tiny.py --workdir /tmp/tempered \
       --config.extensions="('docs/examples/tempered_attention.py',)" \
@@ -71,3 +73,8 @@ class TemperedLinformer(Linformer):
   def decode(self, cache, q, k, v, position, projection, config):
     q = tempered_queries(q, self.params['log_temperature'])
     return super().decode(cache, q, k, v, position, projection, config)
+
+  # The P that attend applies, for the spectrum and run.attention.
+  def attention_weights(self, q, keys, values, key_mask):
+    q = tempered_queries(q, self.params['log_temperature'])
+    return super().attention_weights(q, keys, values, key_mask)

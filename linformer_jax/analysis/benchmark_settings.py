@@ -34,7 +34,9 @@ def benchmark_model(settings: Any, **fields: Any) -> ModelConfig:
   num_layers, num_heads, hidden_dim and mlp_dim, and the other `fields` given."""
   sizes = ('num_layers', 'num_heads', 'hidden_dim', 'mlp_dim')
   dims = {name: getattr(settings, name) for name in sizes}
-  return ModelConfig(vocab_size=VOCAB_SIZE, dropout_rate=0.0, **dims, **fields)
+  return ModelConfig(
+      vocab_size=VOCAB_SIZE, dropout_rate=0.0, attention_dropout_rate=0.0, **dims, **fields
+  )
 
 
 def require_heads_divide_width(settings: Any) -> None:

@@ -57,6 +57,13 @@ ENCODER_FIELDS = (
     ('type_vocab_size', 'num_segments'),
     ('layer_norm_eps', 'layer_norm_epsilon'),
 )
+# The dropout rates config.json gives, as config.model's; a RoBERTa or BERT
+# folder leaves activation dropout out (0, its MLP has none).
+DROPOUT_FIELDS = (
+    ('hidden_dropout_prob', 'dropout_rate'),
+    ('attention_probs_dropout_prob', 'attention_dropout_rate'),
+)
+HF_DEFAULT_DROPOUT = 0.1  # transformers' default for both
 # A Linformer's own config.json fields, named as the config.model fields they
 # are; its max_position_embeddings is config.model.max_len.
 LINFORMER_FIELDS = (
@@ -312,8 +319,13 @@ def model_fields(checkpoint: Checkpoint) -> Dict[str, Any]:
   config = checkpoint.config
   fields = {ours: config[theirs] for theirs, ours in ENCODER_FIELDS}
   fields['layer_norm_epsilon'] = float(fields['layer_norm_epsilon'])
+  # Dropout as the checkpoint was trained with (transformers' defaults where unset).
+  for theirs, ours in DROPOUT_FIELDS:
+    fields[ours] = float(config[theirs]) if theirs in config else HF_DEFAULT_DROPOUT
   if checkpoint.architecture == 'linformer':
     fields.update({name: config[name] for name in LINFORMER_FIELDS})
+    if 'activation_dropout' in config:
+      fields['activation_dropout_rate'] = float(config['activation_dropout'])
     if isinstance(fields['projected_len'], list):
       fields['projected_len'] = tuple(fields['projected_len'])
     fields['max_len'] = config['max_position_embeddings']

@@ -201,6 +201,7 @@ def _config_json(
   fields.update(
       hidden_act='gelu',
       hidden_dropout_prob=model.dropout_rate,
+      attention_probs_dropout_prob=model.attention_dropout_rate,
       initializer_range=INITIALIZER_RANGE,
       tie_word_embeddings=True,
   )
@@ -209,6 +210,7 @@ def _config_json(
     if isinstance(model.projected_len, tuple):
       fields['projected_len'] = list(model.projected_len)
     fields['max_position_embeddings'] = model.max_len
+    fields['activation_dropout'] = model.activation_dropout_rate
     module = REMOTE_FILES[1].removesuffix('.py')
     fields['auto_map'] = {'AutoConfig': 'configuration_linformer.LinformerConfig'}
     fields['auto_map']['AutoModel'] = f'{module}.LinformerModel'
@@ -218,7 +220,6 @@ def _config_json(
     )
   else:
     fields.update(
-        attention_probs_dropout_prob=0.0,  # the model has no dropout on attention weights
         max_position_embeddings=model.max_len + _position_offset(architecture, tokenizer),
         type_vocab_size=max(model.num_segments, 1),
     )

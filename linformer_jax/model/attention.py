@@ -68,7 +68,44 @@ def check_mask(mask: Optional[Array], batch: int, length: int) -> None:
     )
 
 
-def attend(q: Array, k: Array, v: Array, key_mask: Optional[Array] = None) -> Array:
+class WeightDropout(NamedTuple):
+  """Dropout on the attention weights P (RoBERTa's `attention_dropout`).
+
+  Each weight is zeroed with probability `rate` and the rest scaled by
+  1 / (1 - rate), after the softmax and before the product with the values;
+  for a Linformer that is the [n, k] matrix, for the Transformer [n, n].
+
+  Attributes:
+    rate: the probability of dropping a weight, in (0, 1).
+    key: a PRNG key for this pass and layer.
+  """
+
+  rate: float
+  key: Array
+
+  def fold(self, salt) -> 'WeightDropout':
+    """The same rate with a key of its own for one part of a pass (a block,
+    say): `salt` is an int, or a traced integer under vmap or scan."""
+    return WeightDropout(self.rate, jax.random.fold_in(self.key, salt))
+
+  def apply(self, weights: Array) -> Array:
+    """`weights` with the dropout applied, in their dtype."""
+    keep = jax.random.bernoulli(self.key, 1.0 - self.rate, weights.shape)
+    return jnp.where(keep, weights / (1.0 - self.rate), 0.0).astype(weights.dtype)
+
+
+def drop_weights(weights: Array, dropout: Optional[WeightDropout]) -> Array:
+  """`dropout.apply(weights)`, or the weights unchanged when dropout is None."""
+  return weights if dropout is None else dropout.apply(weights)
+
+
+def attend(
+    q: Array,
+    k: Array,
+    v: Array,
+    key_mask: Optional[Array] = None,
+    dropout: Optional[WeightDropout] = None,
+) -> Array:
   """Softmax attention of every query over the given keys/values.
 
   Args:
@@ -78,6 +115,7 @@ def attend(q: Array, k: Array, v: Array, key_mask: Optional[Array] = None) -> Ar
     key_mask: optional boolean, True for keys that may be attended to:
       [batch, kv_length] for every query alike, or [batch, q_length,
       kv_length] per query (a causal mask).
+    dropout: dropout on the attention weights (training), or None.
 
   Returns:
     [batch, q_length, heads, head_dim] in the dtype of `q`.
@@ -88,7 +126,7 @@ def attend(q: Array, k: Array, v: Array, key_mask: Optional[Array] = None) -> Ar
   if key_mask is not None:
     mask = key_mask[:, None, None, :] if key_mask.ndim == 2 else key_mask[:, None]
     logits = jnp.where(mask, logits, MASKED_LOGIT)
-  weights = jax.nn.softmax(logits, axis=-1)
+  weights = drop_weights(jax.nn.softmax(logits, axis=-1), dropout)
   # The probabilities round to v's dtype for the product (as a bfloat16 flash
   # attention kernel does); the sum over keys accumulates in float32.
   out = precision.einsum('bhqk,bkhd->bqhd', weights.astype(v.dtype), v)
@@ -142,28 +180,34 @@ def kernel_for_platform(
     dtype: str,
     head_dim: int,
     lengths: Sequence[int] = (),
+    attention_dropout: float = 0.0,
 ) -> tuple[str, str]:
   """(kernel, why) for a step compiled for devices of `platform`.
 
   'auto' takes cuDNN's fused attention on GPUs where the dtype and head width
   allow it, the Pallas flash attention kernel on TPUs, and the einsums
   elsewhere (CPUs, float32 on a GPU). `lengths` are the query and key
-  lengths the model attends over (max_len, and k for a Linformer). An
-  explicit kernel is kept; one the platform cannot run raises ValueError
-  naming what to set instead.
+  lengths the model attends over (max_len, and k for a Linformer). Only the
+  einsums drop out attention weights (`WeightDropout`): with
+  `attention_dropout` > 0, 'auto' is einsum everywhere. An explicit kernel is
+  kept; one that cannot run raises ValueError naming what to set instead.
   """
   if requested not in KERNEL_CHOICES:
     raise ValueError(f'attention kernel {requested!r} is unknown; use one of {KERNEL_CHOICES}.')
   on_gpu = platform in ('gpu', 'cuda')
+  no_dropout = (
+      f'only the einsums drop out attention weights (model.attention_dropout_rate='
+      f'{attention_dropout}; 0.0 lets a fused kernel run)'
+  )
   if requested == AUTO_KERNEL:
     if platform == 'tpu':
-      refusal = pallas_refusal(lengths)
+      refusal = pallas_refusal(lengths) or (attention_dropout > 0 and no_dropout)
       if refusal:
         return 'einsum', f'auto: einsum on tpu, since {refusal}'
       return 'pallas', 'auto: Pallas flash attention on tpu'
     if not on_gpu:
       return 'einsum', f'auto: einsum on {platform}'
-    refusal = cudnn_refusal(dtype, head_dim)
+    refusal = cudnn_refusal(dtype, head_dim) or (attention_dropout > 0 and no_dropout)
     if refusal:
       return 'einsum', f'auto: einsum on gpu, since {refusal}'
     return 'cudnn', 'auto: cuDNN fused attention on gpu'
@@ -185,6 +229,12 @@ def kernel_for_platform(
     refusal = pallas_refusal(lengths)
     if refusal:
       raise ValueError(f"model.attention_kernel='pallas': {refusal}; or use 'auto'.")
+  if attention_dropout > 0 and requested != 'einsum':
+    raise ValueError(
+        f'model.attention_kernel={requested!r} takes no dropout on the attention weights, '
+        f'and model.attention_dropout_rate={attention_dropout}; set the rate to 0.0 to use '
+        "the kernel, or use attention_kernel='auto' or 'einsum'."
+    )
   return requested, 'as configured'
 
 
@@ -265,8 +315,13 @@ def attend_with(
     k: Array,
     v: Array,
     key_mask: Optional[Array] = None,
+    dropout: Optional[WeightDropout] = None,
 ) -> Array:
   """`attend` by the chosen kernel; key_mask is [batch, kv_length] or None.
+
+  `dropout` on the attention weights runs in the einsums only
+  (`kernel_for_platform` chooses them for a run that drops weights out); any
+  other kernel with a dropout raises ValueError.
 
   A `PartitionedKernel` runs inside a shard_map over its mesh; a call whose
   batch or heads do not divide over the mesh (a generation batch of one, a
@@ -284,12 +339,21 @@ def attend_with(
     kernel, partition = kernel.name, kernel.partition
   if kernel == AUTO_KERNEL:  # a model built outside a run: by JAX's default backend
     kernel, _ = kernel_for_platform(
-        kernel, jax.default_backend(), dtype=jnp.dtype(q.dtype).name, head_dim=q.shape[-1]
+        kernel,
+        jax.default_backend(),
+        dtype=jnp.dtype(q.dtype).name,
+        head_dim=q.shape[-1],
+        attention_dropout=0.0 if dropout is None else dropout.rate,
     )
   if kernel not in ATTENTION_KERNELS:
     raise ValueError(f'attention kernel {kernel!r} is unknown; use one of {ATTENTION_KERNELS}.')
   if kernel == 'einsum':
-    return attend(q, k, v, key_mask)
+    return attend(q, k, v, key_mask, dropout)
+  if dropout is not None:
+    raise ValueError(
+        f'attention kernel {kernel!r} takes no dropout on the attention weights; use '
+        "'einsum', or set model.attention_dropout_rate=0.0."
+    )
   if kernel == 'pallas' and pallas_refusal((q.shape[1], k.shape[1])):
     return attend(q, k, v, key_mask)  # a shorter input than the model's n
   fused = tpu_flash_attention if kernel == 'pallas' else functools.partial(_jax_attention, kernel)
@@ -371,7 +435,13 @@ def tpu_flash_attention(q: Array, k: Array, v: Array, key_mask: Optional[Array] 
 
 
 def dot_product_attention(
-    q: Array, k: Array, v: Array, *, key_padding_mask: Optional[Array] = None, causal: bool = False
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    key_padding_mask: Optional[Array] = None,
+    causal: bool = False,
+    dropout: Optional[WeightDropout] = None,
 ) -> Array:
   """Standard softmax attention, the Transformer baseline: softmax(QK^T/sqrt(d))V.
 
@@ -381,6 +451,7 @@ def dot_product_attention(
       keys get zero attention weight.
     causal: position t attends to positions <= t only (a language model's
       mask).
+    dropout: dropout on the attention weights (training), or None.
 
   Returns:
     [batch, length, heads, head_dim] in the dtype of `q`.
@@ -388,14 +459,14 @@ def dot_product_attention(
   check_qkv(q, k, v)
   check_mask(key_padding_mask, k.shape[0], k.shape[1])
   if not causal:
-    return attend(q, k, v, key_padding_mask)
+    return attend(q, k, v, key_padding_mask, dropout)
   batch, length = k.shape[:2]
   mask = jnp.tril(jnp.ones((length, length), bool))[None]
   if key_padding_mask is not None:
     # Every position also sees itself, so no row is empty (an empty row would
     # spread its weight over every key, later ones included).
     mask = mask & (key_padding_mask[:, None, :] | jnp.eye(length, dtype=bool)[None])
-  return attend(q, k, v, jnp.broadcast_to(mask, (batch, length, length)))
+  return attend(q, k, v, jnp.broadcast_to(mask, (batch, length, length)), dropout)
 
 
 def zero_padding(x: Array, key_padding_mask: Optional[Array]) -> Array:

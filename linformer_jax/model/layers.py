@@ -20,6 +20,13 @@ in the 'constants' collection), convolution kernels ('conv'). An attention
 kind's own fixed arrays (`AttentionKind.constants`, the Performer's random
 features) are in the 'constants' collection too.
 
+Dropout is RoBERTa's (fairseq's `dropout`, `attention_dropout` and
+`activation_dropout`): `dropout_rate` on the embeddings and on each residual
+branch (the attention output and the MLP output), `attention_dropout_rate` on
+the attention weights P inside the kind's softmax ([n, k] for a Linformer,
+[n, n] for the Transformer), `activation_dropout_rate` on the MLP's GELU
+output, 0 by default.
+
 Decoding (`decode_position` given) reads one token per call and keeps what
 later tokens need in the 'cache' collection, as the attention kind lays it
 out: the keys and values of every position for full attention; the current
@@ -33,6 +40,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from linformer_jax.model import attention
 from linformer_jax.model import attention_kinds
 from linformer_jax.model import logical_axes as axes
 from linformer_jax.model import projections
@@ -57,6 +65,9 @@ DENSE_INIT = nn.initializers.normal(stddev=0.02)
 PROJECTION_NAMES = ('kv_projection', 'key_projection', 'value_projection')
 # The attention layer's own submodules; a kind's parameters take other names.
 ATTENTION_SUBMODULES = ('query', 'key', 'value', 'out', 'projection')
+# The name of the encoder's nn.scan over its layers (model.scan_layers): every
+# variable under it has a leading axis of num_layers.
+SCANNED_LAYERS = 'layers'
 
 
 def partitioned(init, names):
@@ -115,9 +126,9 @@ class SequenceProjection(nn.Module):
   share_key_value: bool
 
   def _weight(self, name: str) -> Optional[Array]:
-    return self.config.projection_kind.make_weight(
-        self, name, config=self.config, projected_len=self.projected_len, per_head=self.per_head
-    )
+    kind = self.config.projection_kind
+    sizes = dict(config=self.config, projected_len=self.projected_len, per_head=self.per_head)
+    return kind.check_weight(kind.make_weight(self, name, **sizes), name, **sizes)
 
   @nn.compact
   def __call__(self) -> Tuple[Optional[Array], Optional[Array]]:
@@ -163,6 +174,10 @@ class SelfAttention(nn.Module):
     cfg = self.config
     dtype = cfg.compute_dtype
     kind = self._attention_kind()
+    if cfg.attention_dropout_rate > 0 and not deterministic and decode_position is None:
+      # A key per layer and step, from the 'dropout' stream the other dropouts draw on.
+      weight_dropout = attention.WeightDropout(cfg.attention_dropout_rate, self.make_rng('dropout'))
+      kind = kind.with_weight_dropout(weight_dropout)
 
     query_dense, key_dense, value_dense = (
         dense(
@@ -308,7 +323,8 @@ class FeedForward(nn.Module):
     dtype = cfg.compute_dtype
     h = dense(cfg.mlp_dim, (axes.EMBED,), (axes.MLP,), name='wi', dtype=dtype)(x)
     h = nn.gelu(h, approximate=False)
-    h = nn.Dropout(cfg.dropout_rate)(h, deterministic=deterministic)
+    # RoBERTa's activation dropout, 0 by default; dropout_rate is the branch's.
+    h = nn.Dropout(cfg.activation_dropout_rate)(h, deterministic=deterministic)
     h = dense(cfg.hidden_dim, (axes.MLP,), (axes.EMBED,), name='wo', dtype=dtype)(h)
     return nn.Dropout(cfg.dropout_rate)(h, deterministic=deterministic)
 

@@ -74,6 +74,8 @@ class ModelConfig:
   projection_init: str = 'jl'
   projection_init_noise: float = 0.0
   dropout_rate: float = 0.1
+  attention_dropout_rate: float = 0.1
+  activation_dropout_rate: float = 0.0
   pre_layer_norm: bool = False
   dtype: str = 'float32'
   num_segments: int = 0
@@ -184,6 +186,7 @@ class ModelConfig:
           dtype=self.dtype,
           head_dim=self.head_dim,
           lengths=self.attended_lengths,
+          attention_dropout=self.attention_dropout_rate,
       )
     except ValueError as error:
       raise ConfigError(str(error)) from None
@@ -300,8 +303,17 @@ class ModelConfig:
       raise _field_error('remat', self.remat, f'use one of {REMAT_POLICIES}')
     if self.dtype not in DTYPES:
       raise _field_error('dtype', self.dtype, f'use one of {tuple(DTYPES)}')
-    if not 0.0 <= self.dropout_rate < 1.0:
-      raise _field_error('dropout_rate', self.dropout_rate, 'use a value in [0, 1)')
+    for field in ('dropout_rate', 'attention_dropout_rate', 'activation_dropout_rate'):
+      rate = getattr(self, field)
+      if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate < 1.0:
+        raise _field_error(field, rate, 'use a value in [0, 1)')
+    if self.attention_dropout_rate > 0 and not attention_kind.drops_attention_weights:
+      raise _field_error(
+          'attention_dropout_rate',
+          self.attention_dropout_rate,
+          f'attention={self.attention!r} has no attention weights it drops out; set '
+          'model.attention_dropout_rate=0.0',
+      )
     self._validate_projected_len(projection_kind)
 
   def _validate_projection_init(self, projection_kind: projections.SequenceProjectionKind) -> None:

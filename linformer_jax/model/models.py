@@ -24,6 +24,7 @@ from linformer_jax.model import logical_axes as axes
 from linformer_jax.model.layers import CACHE
 from linformer_jax.model.layers import DENSE_INIT
 from linformer_jax.model.layers import PROJECTION_NAMES
+from linformer_jax.model.layers import SCANNED_LAYERS
 from linformer_jax.model.layers import SequenceProjection
 from linformer_jax.model.layers import dense
 from linformer_jax.model.layers import encoder_layer_class
@@ -70,7 +71,7 @@ class Encoder(nn.Module):
           cfg, cfg.projected_len_for_layer(0), per_head=False, share_key_value=True
       )
     if cfg.scan_layers:
-      self.layer_stack = scanned_layers(cfg, name='layers')
+      self.layer_stack = scanned_layers(cfg, name=SCANNED_LAYERS)
     else:
       layer_class = encoder_layer_class(cfg)
       self.layers = [layer_class(cfg, i) for i in range(cfg.num_layers)]

@@ -6,8 +6,9 @@ model, the device mesh and its axis rules. From them come the abstract train
 state (shapes and shardings, nothing computed), the jitted step functions and
 this process's data; `run_loading` restores a run's checkpoint onto them for
 evaluation or inference. `check_same_tokenizer` refuses a checkpoint trained
-with another tokenizer. `saved_config(workdir)` is the config a run saved,
-ready to build with its own extensions.
+with another tokenizer. `save_config(config, workdir)` writes a run's config
+and a copy of each extension file into its folder; `saved_config(workdir)` is
+the config a run saved, ready to build with its own extensions.
 """
 
 import dataclasses
@@ -310,9 +311,25 @@ def _tuples(value: Any) -> Any:
   return value
 
 
+def save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Writes WORKDIR/config.json (on process 0), whole or not at all, naming each
+  extension file by its absolute path, and keeps a copy of each file in
+  WORKDIR/extensions/: the run then loads from any directory, and after its
+  files move or change (`saved_config`)."""
+  if jax.process_index() != 0:
+    return
+  saved = config.to_dict()
+  saved['extensions'] = extensions.saved_entries(config.extensions)
+  extensions.keep_copies(config.extensions, workdir)
+  storage.write_text(
+      storage.join(workdir, CONFIG_FILE), json.dumps(saved, indent=2, sort_keys=True)
+  )
+
+
 def saved_config(workdir: str) -> ml_collections.ConfigDict:
   """The config a run saved in WORKDIR/config.json, ready to build
-  (`config_from_saved`).
+  (`config_from_saved`), its extension files imported from their originals or
+  from the run's copies (`extensions.import_run_extensions`, which prints which).
 
   Raises:
     ConfigError: no config.json in workdir, one that is not a run's config
@@ -325,14 +342,20 @@ def saved_config(workdir: str) -> ml_collections.ConfigDict:
     saved = json.loads(storage.read_text(path))
   except ValueError as error:
     raise ConfigError(f'{path} is not a JSON config ({error}); point at a run folder.') from None
-  return config_from_saved(saved, path)
+  return config_from_saved(saved, path, workdir=workdir)
 
 
-def config_from_saved(saved: Any, origin: str) -> ml_collections.ConfigDict:
+def config_from_saved(
+    saved: Any, origin: str, *, workdir: Optional[str] = None
+) -> ml_collections.ConfigDict:
   """A run's config as JSON read it (a run's config.json, or the copy an
   exported Hugging Face folder carries), ready to build: JSON's lists back to
   tuples (as configs/from_workdir.py reads it), the run's `extensions`
   imported and the settings their kinds declare added.
+
+  With the run's `workdir`, a file the run keeps a copy of is imported from
+  that copy where the original moved or changed; `extensions` then names the
+  files imported, and one printed line says which were used.
 
   Raises:
     ConfigError: `saved` is not a run's config (`origin` names where it was
@@ -349,6 +372,11 @@ def config_from_saved(saved: Any, origin: str) -> ml_collections.ConfigDict:
     )
   config = ml_collections.ConfigDict(_tuples(saved))
   run_config.complete(config)
-  extensions.import_extensions(config.extensions)
+  if workdir is None:
+    extensions.import_extensions(config.extensions)
+  else:
+    config.extensions, line = extensions.import_run_extensions(config.extensions, workdir)
+    if line:
+      print(line, flush=True)
   registry.add_declared_settings(config)
   return config

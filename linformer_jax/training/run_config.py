@@ -92,6 +92,9 @@ class OptimizerSettings:
   projection_learning_rate_scale: float
   projection_remove_common_update: bool
   projection: str  # config.model.projection: only 'linear' E/F have updates centred
+  # (name, learning_rate_scale, weight_decay) of each parameter the attention
+  # kind declares (`attention_kinds.Parameter`).
+  attention_parameters: Tuple[Tuple[str, float, Optional[bool]], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +134,14 @@ def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         if field not in config.data:
           config.data[field] = value
     if 'model' in config:
+      if 'attention_dropout_rate' not in config.model:
+        # Before the three rates, dropout_rate also dropped out the MLP's
+        # hidden, and nothing dropped out attention weights.
+        config.model.attention_dropout_rate = 0.0
+        if 'activation_dropout_rate' not in config.model:
+          model = config.model
+          rate = model.dropout_rate if 'dropout_rate' in model else MODEL_DEFAULTS['dropout_rate']
+          model.activation_dropout_rate = rate
       for field, value in MODEL_DEFAULTS.items():
         if field not in config.model and value is not dataclasses.MISSING:
           config.model[field] = value
@@ -202,15 +213,20 @@ def settings_of(config: ml_collections.ConfigDict) -> RunSettings:
     raise ConfigError(
         f'config.data.mask_rate={config.data.mask_rate!r} is not allowed: use a value in (0, 1).'
     )
+  model = ModelConfig.from_config(config.model)
   return RunSettings(
-      model=ModelConfig.from_config(config.model),
+      model=model,
       optimizer=OptimizerSettings(
           **{
               field.name: config[field.name]
               for field in dataclasses.fields(OptimizerSettings)
-              if field.name != 'projection'
+              if field.name not in ('projection', 'attention_parameters')
           },
           projection=config.model.projection,
+          attention_parameters=tuple(
+              (name, parameter.learning_rate_scale, parameter.weight_decay)
+              for name, parameter in model.attention_kind.parameters(model).items()
+          ),
       ),
       loop=LoopSettings(
           **{

@@ -42,6 +42,7 @@ import ml_collections
 from linformer_jax import storage
 from linformer_jax.training import compiled_step
 from linformer_jax.training import divergence
+from linformer_jax.training import run_builder
 from linformer_jax.training import training_run
 from linformer_jax.training import workdir_lock
 from linformer_jax.training.divergence import NonFiniteLossError
@@ -189,12 +190,19 @@ def _train_and_evaluate(
   first_step = int(run.state.step)
   parameter_count = int(sum(x.size for x in jax.tree_util.tree_leaves(run.state.params)))
   tokens_per_step = math.prod(task.batch_shapes(config)['inputs'][0])
+  if first_step < loop.total_steps:
+    plan = f'training steps {first_step + 1}..{loop.total_steps}.'
+  else:
+    plan = (
+        f'the run in {workdir} is finished at step {first_step} (total_steps='
+        f'{loop.total_steps}): nothing to train, only evaluating it.'
+    )
   training_run.report(
       f'{config.model.attention} model, {parameter_count:,} parameters, attention kernel '
       f'{run.parts.model_config.attention_kernel} ({run.parts.kernel_reason}); '
       f'{run.data.train_sequences:,} training and {run.data.eval_sequences:,} '
       f'{config.data.eval_split} sequences of {tokens_per_step // loop.batch_size} tokens; '
-      f'training steps {first_step + 1}..{loop.total_steps}.'
+      f'{plan}'
   )
   dropout_key = jax.random.fold_in(jax.random.PRNGKey(loop.seed), 1)
   cost = compiled_step.StepCost(0, 0, 0.0)
@@ -211,7 +219,7 @@ def _train_and_evaluate(
         f'train step compiled in {time.monotonic() - compile_start:.1f} s: {cost.describe()}.'
     )
   storage.makedirs(workdir)
-  _write_json(os.path.join(workdir, 'config.json'), config.to_dict())
+  run_builder.save_config(config, workdir)  # with a copy of each extension file
   parameter_overview.log_parameter_overview(
       run.state.params, include_stats=False, msg='The parameters:', jax_logging_process=0
   )

@@ -30,7 +30,10 @@ class LinformerConfig(PretrainedConfig):
     type_vocab_size: segment embeddings: 0 none, 1 one row added to every
       token (RoBERTa's), 2 or more chosen by token_type_ids.
     layer_norm_eps: the layer norms' epsilon.
-    hidden_dropout_prob: dropout after the embeddings, attention and MLP.
+    hidden_dropout_prob: dropout after the embeddings and on each residual
+      branch (the attention output, the MLP output).
+    attention_probs_dropout_prob: dropout on the attention weights.
+    activation_dropout: dropout on the MLP's GELU output.
     initializer_range: the standard deviation of new dense weights.
     attention: 'linformer' (keys and values compressed to k positions) or
       'full' (the Transformer).
@@ -67,6 +70,8 @@ class LinformerConfig(PretrainedConfig):
       type_vocab_size=0,
       layer_norm_eps=1e-5,
       hidden_dropout_prob=0.1,
+      attention_probs_dropout_prob=0.1,
+      activation_dropout=0.0,
       initializer_range=0.02,
       attention='linformer',
       projected_len=128,
@@ -94,6 +99,8 @@ class LinformerConfig(PretrainedConfig):
     self.type_vocab_size = type_vocab_size
     self.layer_norm_eps = layer_norm_eps
     self.hidden_dropout_prob = hidden_dropout_prob
+    self.attention_probs_dropout_prob = attention_probs_dropout_prob
+    self.activation_dropout = activation_dropout
     self.initializer_range = initializer_range
     self.attention = attention
     self.projected_len = (

@@ -85,20 +85,32 @@ def zero_padding(x: torch.Tensor, padding_mask: Optional[torch.Tensor]) -> torch
 
 
 def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: Optional[torch.Tensor]
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_mask: Optional[torch.Tensor],
+    weight_dropout: Optional[nn.Module] = None,
 ) -> torch.Tensor:
   """Softmax attention: q [batch, queries, heads, head_dim] over k and v
   [batch, keys, heads, head_dim]; key_mask is [batch, keys] or [batch,
-  queries, keys], True where a key may be attended to, or None."""
+  queries, keys], True where a key may be attended to, or None.
+  `weight_dropout` drops out the attention weights (in training)."""
   logits = torch.einsum('bqhd,bkhd->bhqk', q, k) / math.sqrt(q.shape[-1])
   if key_mask is not None:
     mask = key_mask[:, None, None, :] if key_mask.dim() == 2 else key_mask[:, None]
     logits = masked(logits, mask)
-  return torch.einsum('bhqk,bkhd->bqhd', logits.softmax(dim=-1), v)
+  weights = logits.softmax(dim=-1)
+  if weight_dropout is not None:
+    weights = weight_dropout(weights)
+  return torch.einsum('bhqk,bkhd->bqhd', weights, v)
 
 
 def causal_full_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padding_mask: Optional[torch.Tensor]
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    padding_mask: Optional[torch.Tensor],
+    weight_dropout: Optional[nn.Module] = None,
 ) -> torch.Tensor:
   """The Transformer's left-to-right attention: position t sees s <= t.
 
@@ -109,7 +121,7 @@ def causal_full_attention(
   if padding_mask is not None:
     itself = torch.eye(length, dtype=torch.bool, device=q.device)[None]
     allowed = allowed & (padding_mask[:, None, :] | itself)
-  return attend(q, k, v, allowed.expand(batch, length, length))
+  return attend(q, k, v, allowed.expand(batch, length, length), weight_dropout)
 
 
 def to_windows(
@@ -220,6 +232,7 @@ def causal_block_attention(
     value_weight: Optional[torch.Tensor],
     block: int,
     slots: int,
+    weight_dropout: Optional[nn.Module] = None,
 ) -> torch.Tensor:
   """The causal Linformer: exact within a block, compressed before it.
 
@@ -254,6 +267,8 @@ def causal_block_attention(
       dim=-1,
   )
   weights = logits.softmax(dim=-1)
+  if weight_dropout is not None:
+    weights = weight_dropout(weights)
   # A padded query sees no key; zeroing the masked weights keeps its row causal too.
   block_weights = weights[..., :block].masked_fill(~block_mask, 0.0)
   summary_weights = weights[..., block:].masked_fill(~visible, 0.0)
@@ -318,6 +333,7 @@ class LinformerSelfAttention(nn.Module):
     self.key = nn.Linear(config.hidden_size, config.hidden_size)
     self.value = nn.Linear(config.hidden_size, config.hidden_size)
     self.projected_len = config.projected_len_for_layer(layer)
+    self.weight_dropout = nn.Dropout(config.attention_probs_dropout_prob)
     if config.attention == 'linformer' and config.sharing != 'layerwise':
       self.projection = LinformerProjection(
           config,
@@ -334,9 +350,9 @@ class LinformerSelfAttention(nn.Module):
     config = self.config
     if config.attention == 'full':
       if config.causal:
-        out = causal_full_attention(q, k, v, padding_mask)
+        out = causal_full_attention(q, k, v, padding_mask, self.weight_dropout)
       else:
-        out = attend(q, k, v, padding_mask)
+        out = attend(q, k, v, padding_mask, self.weight_dropout)
     else:
       key_weight, value_weight = (
           shared_weights if config.sharing == 'layerwise' else self.projection()
@@ -352,6 +368,7 @@ class LinformerSelfAttention(nn.Module):
             value_weight=value_weight,
             block=config.block_len,
             slots=self.projected_len,
+            weight_dropout=self.weight_dropout,
         )
       else:
         common = dict(
@@ -361,7 +378,7 @@ class LinformerSelfAttention(nn.Module):
         )
         keys, key_mask = compress(config.projection, k, key_weight, **common)
         values, _ = compress(config.projection, v, value_weight, **common)
-        out = attend(q, keys, values, key_mask)
+        out = attend(q, keys, values, key_mask, self.weight_dropout)
     return out.reshape(batch, length, config.hidden_size)
 
 
@@ -394,6 +411,7 @@ class LinformerIntermediate(nn.Module):
   def __init__(self, config: LinformerConfig):
     super().__init__()
     self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+    self.dropout = nn.Dropout(config.activation_dropout)
 
 
 class LinformerOutput(nn.Module):
@@ -421,7 +439,7 @@ class LinformerLayer(nn.Module):
     self.output = LinformerOutput(config)
 
   def mlp(self, x):
-    h = self.output.dropout(functional.gelu(self.intermediate.dense(x)))
+    h = self.intermediate.dropout(functional.gelu(self.intermediate.dense(x)))
     return self.output.dropout(self.output.dense(h))
 
   def forward(self, x, padding_mask, shared_weights):

@@ -26,11 +26,14 @@ Each kind is an `AttentionKind` subclass registered under its name (base.py
 says what a kind provides: the bidirectional, causal and decoding passes). A
 variant of your own is one file that subclasses a kind and registers it,
 named in `config.extensions`; it may declare learned parameters (`Parameter`),
-fixed arrays (`Constant`) and settings of its own.
+fixed arrays (`Constant`) and settings of its own, and gives analyses the
+attention weights it applies (`attention_weights`, over the keys and values
+its `keys_and_values` records under `ATTENDED`).
 """
 
 import importlib
 
+from linformer_jax.model.attention_kinds.base import ATTENDED
 from linformer_jax.model.attention_kinds.base import REGISTRY
 from linformer_jax.model.attention_kinds.base import AttentionKind
 from linformer_jax.model.attention_kinds.base import Constant
@@ -55,6 +58,7 @@ for _name in BUILT_IN:
   importlib.import_module(f'{__name__}.{_name}')
 
 __all__ = [
+    'ATTENDED',
     'BUILT_IN',
     'REGISTRY',
     'AttentionKind',

@@ -23,6 +23,9 @@ A kind serves three passes, each a method:
   bidirectional  `keys_and_values`, then `attend` (per chunk of queries);
   causal         `causal_attention` (config.model.causal, training and scoring);
   decoding       `init_cache` and `decode`, one token per call.
+and, for analyses of the bidirectional pass (the spectrum of P, the Python
+API's `attention`), `attention_weights`: the matrix P with attend's output
+P V, read from the keys and values `keys_and_values` records (`ATTENDED`).
 Shapes follow `linformer_jax.model.attention`: q, k, v are [batch, length,
 heads, head_dim], padding masks [batch, length], True for real tokens.
 """
@@ -32,8 +35,10 @@ import types
 from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple
 
 import jax
+import jax.numpy as jnp
 
 from linformer_jax.model import attention
+from linformer_jax.model import precision
 from linformer_jax.model.projections import LayerProjection
 from linformer_jax.registry import Registry
 from linformer_jax.registry import Setting
@@ -42,6 +47,9 @@ Array = jax.Array
 
 # The names `config.model.attention` accepts, each an AttentionKind subclass.
 REGISTRY = Registry('config.model.attention', declares_settings=True)
+# The name under which `keys_and_values` records (keys, values, key_mask), the
+# arguments `attend` receives besides the queries, for analyses.
+ATTENDED = 'attended'
 
 
 class Parameter(NamedTuple):
@@ -54,11 +62,19 @@ class Parameter(NamedTuple):
     axes: one logical axis name per dimension
       (`linformer_jax.model.logical_axes`), by which `config.axis_rules`
       shards it; a name that no rule maps is replicated.
+    learning_rate_scale: its updates times this (a finite number >= 0):
+      its learning rate and its decoupled weight decay scaled, 0 freezing it
+      at its initial value.
+    weight_decay: True decays it, False never does; None (the default)
+      follows the optimizer's rule for every weight, which decays matrices
+      and leaves vectors and scalars alone.
   """
 
   shape: Tuple[int, ...]
   init: Callable[..., Array]
   axes: Tuple[str, ...]
+  learning_rate_scale: float = 1.0
+  weight_decay: Optional[bool] = None
 
 
 class Constant(NamedTuple):
@@ -111,6 +127,13 @@ class AttentionKind:
       (config.model.inference_chunk); False: always with every query, q then
       aligned with the keys position by position.
     supports_causal: it has a left-to-right form (config.model.causal=True).
+    drops_attention_weights: its bidirectional and causal passes apply
+      `weight_dropout` to their attention weights; False: it forms no such
+      matrix (feature maps) or does not drop it out, and a config with
+      model.attention_dropout_rate > 0 is refused for it.
+    weight_dropout: the dropout on attention weights in a kind that
+      `with_weight_dropout` returned (SelfAttention binds it in training when
+      model.attention_dropout_rate > 0); None otherwise (evaluation, decoding).
     settings: the config.model fields it declares (`registry.Setting`).
     params: the values of the parameters `parameters` declares, by name, in
       a kind that `with_parameters` returned (SelfAttention binds them before
@@ -134,6 +157,11 @@ class AttentionKind:
   # (windows) sets False and always receives the whole sequence.
   queries_independent: bool = True
   supports_causal: bool = True
+  # Its passes drop out their attention weights through `weight_dropout`, as
+  # `attend` and `attention.attend` do; a kind with its own softmax or none
+  # sets False unless it applies `weight_dropout` itself.
+  drops_attention_weights: bool = True
+  weight_dropout: Optional[attention.WeightDropout] = None
   settings: Tuple[Setting, ...] = ()
   params: Mapping[str, Array] = types.MappingProxyType({})
   constant_values: Mapping[str, Array] = types.MappingProxyType({})
@@ -200,6 +228,12 @@ class AttentionKind:
     bound.config = config
     return bound
 
+  def with_weight_dropout(self, dropout: Optional[attention.WeightDropout]) -> 'AttentionKind':
+    """A copy of this kind whose passes drop out attention weights by `dropout`."""
+    bound = copy.copy(self)
+    bound.weight_dropout = dropout
+    return bound
+
   def compressed_span(self, config: Any) -> int:
     """The positions one sequence compression covers (max_len by default)."""
     return config.max_len
@@ -226,14 +260,18 @@ class AttentionKind:
       config: the `ModelConfig`.
       compress_first: a projection that can, may compress x before the dense
         layers (False: the reference order, for tests).
-      record: stores a named intermediate for analyses (flax's `sow`).
+      record: stores a named intermediate for analyses (flax's `sow`); a
+        kind records what it returns as record(ATTENDED, (keys, values,
+        key_mask)), from which analyses read P (`attention_weights`).
 
     Returns:
       keys and values [batch, kv_length, heads, head_dim] and the
       [batch, kv_length] mask of keys that may be attended to, or None.
     """
-    del projection, config, compress_first, record
-    return dense.keys(x), dense.values(x), padding_mask
+    del projection, config, compress_first
+    attended = dense.keys(x), dense.values(x), padding_mask
+    record(ATTENDED, attended)
+    return attended
 
   def attend(
       self, q: Array, keys: Array, values: Array, key_mask: Optional[Array], *, kernel: str
@@ -244,7 +282,38 @@ class AttentionKind:
     chunk of queries (unless `queries_independent` is False). A kind that needs
     the config here reads `self.config` (see `with_config`).
     """
-    return attention.attend_with(kernel, q, keys, values, key_mask)
+    return attention.attend_with(kernel, q, keys, values, key_mask, self.weight_dropout)
+
+  def attention_weights(
+      self, q: Array, keys: Array, values: Array, key_mask: Optional[Array]
+  ) -> Array:
+    """The attention weights P that `attend` applies, for analyses.
+
+    `attend(q, keys, values, key_mask, ...)` is P V: out[b, i, h] =
+    sum_j P[b, h, i, j] values[b, j, h]. The spectrum and the Python API's
+    `attention` read P here, so a kind that overrides `attend` overrides this
+    with it (they refuse a kind whose `attend` is defined below its
+    `attention_weights`). P is evaluation's: no `weight_dropout`. Forming it
+    takes [batch, heads, q_length, kv_length] memory: for analyses at
+    moderate lengths, never for training.
+
+    The default is the default `attend`'s: softmax(q keys^T / sqrt(head_dim))
+    over the keys key_mask allows (a query that may see none spreads evenly
+    over all, as `attention.attend` does).
+
+    Args:
+      q: [batch, q_length, heads, head_dim].
+      keys, values, key_mask: `keys_and_values`'s output.
+
+    Returns:
+      float32 [batch, heads, q_length, kv_length].
+    """
+    del values  # P does not depend on them
+    logits = precision.einsum('bqhd,bkhd->bhqk', q, keys.astype(q.dtype))
+    logits = logits / jnp.sqrt(jnp.float32(q.shape[-1]))
+    if key_mask is not None:
+      logits = jnp.where(key_mask[:, None, None, :], logits, attention.MASKED_LOGIT)
+    return jax.nn.softmax(logits, axis=-1)
 
   def causal_attention(
       self,
@@ -255,7 +324,8 @@ class AttentionKind:
       projection: Optional[LayerProjection],
       config: Any,
   ) -> Array:
-    """Left-to-right attention of a whole sequence: position t sees s <= t only."""
+    """Left-to-right attention of a whole sequence: position t sees s <= t only
+    (with `weight_dropout` on its attention weights, where bound)."""
     raise NotImplementedError(f'attention={self.name!r} has no causal form.')
 
   def init_cache(

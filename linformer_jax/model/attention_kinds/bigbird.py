@@ -178,3 +178,22 @@ class BigBird(blocked.PatternKind):
   def bidirectional(self, q, k, v, key_padding_mask, pattern):
     priorities = self.constant_values['random_priorities']
     return bigbird_attention(q, k, v, priorities, key_padding_mask, pattern=pattern)
+
+  def visible_pairs(self, length, key_padding_mask, pattern):
+    # Block by block: the global blocks' queries and keys, then each query
+    # block's window and random blocks (`bigbird_key_blocks`), by position.
+    num_blocks = -(-length // pattern.block)
+    real = jnp.ones((1, length), bool) if key_padding_mask is None else key_padding_mask
+    real = jnp.pad(real, ((0, 0), (0, num_blocks * pattern.block - length)))
+    real_blocks = jnp.any(real.reshape(real.shape[0], num_blocks, pattern.block), axis=-1)
+    block_ids, valid = bigbird_key_blocks(
+        self.constant_values['random_priorities'], real_blocks, pattern
+    )
+    gathered = (block_ids[..., None] == jnp.arange(num_blocks)) & valid[..., None]
+    block = jnp.arange(num_blocks)
+    is_global = block < pattern.global_blocks
+    block_visible = (
+        jnp.any(gathered, axis=-2) | is_global[None, :, None] | is_global[None, None, :]
+    )  # [batch, query block, key block]
+    position_block = jnp.arange(length) // pattern.block
+    return block_visible[:, position_block][:, :, position_block]

@@ -2,7 +2,8 @@
 
 Each of these kinds lets query i see only the keys j of a pattern, a rule of
 the two positions (`visible(i, j)`: a window, global tokens, random blocks,
-strides). None of them forms the n x n logits or mask. The sequence is cut
+strides). None of their passes forms the n x n logits or mask (only
+`attention_weights`, for analyses, from `visible_pairs`). The sequence is cut
 into blocks of b positions (padded at the end to a whole block, the padding
 masked and cut off the output), and a query's visible keys fall into parts,
 each a few keys per query:
@@ -274,7 +275,9 @@ class PatternKind(AttentionKind):
   """What the blocked kinds share as attention kinds.
 
   A subclass defines `pattern_of(config)` (its settings, hashable, read from
-  the config) and `bidirectional(q, k, v, key_padding_mask, pattern)`.
+  the config), `bidirectional(q, k, v, key_padding_mask, pattern)` and, for
+  the attention weights analyses read, `visible_pairs(length,
+  key_padding_mask, pattern)`.
   `attend` reads the pattern from the config `layers.SelfAttention` binds to
   the kind (`with_config`); a test that calls `attend` directly binds one the
   same way.
@@ -285,6 +288,7 @@ class PatternKind(AttentionKind):
   """
 
   uses_kernel = False  # its own blocked softmax, no softmax kernel
+  drops_attention_weights = False  # its softmax runs part by part, with no dropout
   # A query's keys depend on its position (its block, window or stride).
   queries_independent = False
 
@@ -298,14 +302,38 @@ class PatternKind(AttentionKind):
     """The bidirectional pass: [batch, length, heads, head_dim] in q's dtype."""
     raise NotImplementedError
 
-  def attend(self, q, keys, values, key_mask, *, kernel):
-    del kernel  # the kernels attend over every key; this kind gathers its own
+  def visible_pairs(self, length: int, key_padding_mask: Optional[Array], pattern: Any) -> Array:
+    """Where the bidirectional pass lets query i see key j, padding aside:
+    bool broadcasting to [batch, length, length] (a dense n x n mask, for
+    analyses)."""
+    raise NotImplementedError
+
+  def _pattern(self) -> Any:
     if self.config is None:
       raise ValueError(
           f'attention={self.name!r}: attend reads its pattern from the model config; bind '
           'one with with_config(config) (layers.SelfAttention does) before calling it.'
       )
-    return self.bidirectional(q, keys, values, key_mask, self.pattern_of(self.config))
+    return self.pattern_of(self.config)
+
+  def attend(self, q, keys, values, key_mask, *, kernel):
+    del kernel  # the kernels attend over every key; this kind gathers its own
+    return self.bidirectional(q, keys, values, key_mask, self._pattern())
+
+  def attention_weights(self, q, keys, values, key_mask):
+    """The bidirectional pass as one dense softmax over `visible_pairs` and
+    the real keys; a query that sees no real key gets a zero row, as its
+    output is zero."""
+    del values  # P does not depend on them
+    length = keys.shape[1]
+    visible = self.visible_pairs(length, key_mask, self._pattern())
+    if key_mask is not None:
+      visible = visible & key_mask[:, None, :]
+    visible = jnp.broadcast_to(visible, (keys.shape[0], length, length))[:, None]
+    logits = precision.einsum('bqhd,bkhd->bhqk', q, keys.astype(q.dtype))
+    logits = logits / jnp.sqrt(jnp.float32(q.shape[-1]))
+    weights = jax.nn.softmax(jnp.where(visible, logits, attention.MASKED_LOGIT), axis=-1)
+    return jnp.where(jnp.any(visible, axis=-1, keepdims=True), weights, 0.0)
 
 
 def init_position_cache(batch: int, config: Any, dtype) -> Dict[str, Array]:

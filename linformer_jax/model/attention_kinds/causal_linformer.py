@@ -104,6 +104,7 @@ def _attend_block_and_summaries(
     summary_v: Array,
     summary_mask: Array,
     head_major: bool = False,
+    dropout: Optional[attention.WeightDropout] = None,
 ) -> Array:
   """One softmax over a block's own keys and the summaries of other blocks.
 
@@ -116,6 +117,7 @@ def _attend_block_and_summaries(
     head_major: the summaries come as a decoding cache keeps them, summary_k
       [batch, heads, head_dim, num_slots] and summary_v [batch, heads,
       num_slots, head_dim] (see DecodeCache).
+    dropout: dropout on the attention weights (training), or None.
 
   Returns:
     [batch, q_length, heads, head_dim] in float32.
@@ -127,6 +129,7 @@ def _attend_block_and_summaries(
   block_logits = jnp.where(block_mask[:, None], block_logits, attention.MASKED_LOGIT)
   summary_logits = jnp.where(summary_mask[:, None, None], summary_logits, attention.MASKED_LOGIT)
   weights = jax.nn.softmax(jnp.concatenate([block_logits, summary_logits], axis=-1), axis=-1)
+  weights = attention.drop_weights(weights, dropout)
   # A row with no visible key (a padded query) spreads uniformly over all keys,
   # later ones included; zeroing the masked weights keeps every row causal.
   block_len = block_k.shape[1]
@@ -151,6 +154,7 @@ def causal_block_attention(
     value_weight: Optional[Array],
     key_padding_mask: Optional[Array] = None,
     query_blocks_per_step: Optional[int] = None,
+    dropout: Optional[attention.WeightDropout] = None,
 ) -> Array:
   """Causal Linformer attention: exact within a block, compressed before it.
 
@@ -168,6 +172,9 @@ def causal_block_attention(
       logits [batch, heads, c * b, b + (length / b) * r], linear in length,
       in the backward pass too (each step is recomputed there). Both modes
       give the same result.
+    dropout: dropout on the attention weights (training), or None; each query
+      block draws its own mask (the key folded with the block's index), the
+      same in both modes.
 
   Returns:
     [batch, length, heads, head_dim] in the dtype of q. Rows of padded queries
@@ -196,8 +203,9 @@ def causal_block_attention(
     index, block_q, block_k, block_v, block_key_mask = inputs
     block_mask = causal[None] & block_key_mask[:, None, :]
     visible = summary_mask & (slot_block < index)[None]
+    block_dropout = None if dropout is None else dropout.fold(index)
     return _attend_block_and_summaries(
-        block_q, block_k, block_v, block_mask, summary_k, summary_v, visible
+        block_q, block_k, block_v, block_mask, summary_k, summary_v, visible, dropout=block_dropout
     )
 
   def by_block(x):

@@ -19,7 +19,9 @@ class FullAttention(AttentionKind):
 
   def causal_attention(self, q, k, v, padding_mask, projection, config):
     del projection, config
-    return attention.dot_product_attention(q, k, v, key_padding_mask=padding_mask, causal=True)
+    return attention.dot_product_attention(
+        q, k, v, key_padding_mask=padding_mask, causal=True, dropout=self.weight_dropout
+    )
 
   def init_cache(self, batch, config, projection, dtype):
     del projection

@@ -119,6 +119,23 @@ def normalised_linear_attention(query_features: Array, key_features: Array, valu
   return _ratio(numerator, denominator)
 
 
+def normalised_feature_weights(query_features: Array, key_features: Array) -> Array:
+  """The matrix `normalised_linear_attention` applies to the values, for analyses.
+
+  P[b, h, i, j] = f_i . g_j / sum_j' f_i . g_j' for the same non-negative
+  features (keys that must not be attended to zero); a query that sees no key
+  gets a zero row, as its output is zero.
+
+  Returns:
+    float32 [batch, heads, q_length, kv_length].
+  """
+  scores = jnp.einsum(
+      'bqhm,bkhm->bhqk', query_features, key_features, precision=jax.lax.Precision.HIGHEST
+  )
+  total = jnp.sum(scores, axis=-1, keepdims=True)
+  return scores / jnp.where(total > 0, total, 1.0)
+
+
 def causal_chunk(
     sums: RunningSums,
     query_features: Array,
@@ -269,10 +286,15 @@ class LinearTransformer(AttentionKind):
   """Attention through phi(x) = elu(x) + 1; see the module docstring."""
 
   uses_kernel = False  # its own feature attention, no softmax kernel
+  drops_attention_weights = False  # no attention-weight matrix is formed
 
   def attend(self, q, keys, values, key_mask, *, kernel):
     del kernel  # the kernels compute softmax attention, which this kind replaces
     return linear_transformer_attention(q, keys, values, key_mask)
+
+  def attention_weights(self, q, keys, values, key_mask):
+    key_features, _ = without_padding(elu_features(keys), values, key_mask)
+    return normalised_feature_weights(elu_features(q), key_features)
 
   def causal_attention(self, q, k, v, padding_mask, projection, config):
     del projection, config

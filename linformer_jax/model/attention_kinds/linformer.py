@@ -22,6 +22,7 @@ import jax
 from linformer_jax.model import attention
 from linformer_jax.model import projections
 from linformer_jax.model.attention_kinds import causal_linformer
+from linformer_jax.model.attention_kinds.base import ATTENDED
 from linformer_jax.model.attention_kinds.base import REGISTRY
 from linformer_jax.model.attention_kinds.base import AttentionKind
 
@@ -83,11 +84,10 @@ class Linformer(AttentionKind):
         value_rows, value_bias, _ = kind.compress_layer_input(x, value_weight, name='F', **common)
       keys = dense.keys_from_compressed(key_rows, key_bias)
       values = dense.values_from_compressed(value_rows, value_bias)
-      # The compressed keys, for analyses that capture intermediates (spectrum).
-      record('compressed_keys', (keys, key_mask))
-      return keys, values, key_mask
-    keys, key_mask = kind.compress(dense.keys(x), key_weight, name='E', **common)
-    values, _ = kind.compress(dense.values(x), value_weight, name='F', **common)
+    else:
+      keys, key_mask = kind.compress(dense.keys(x), key_weight, name='E', **common)
+      values, _ = kind.compress(dense.values(x), value_weight, name='F', **common)
+    record(ATTENDED, (keys, values, key_mask))
     return keys, values, key_mask
 
   def causal_attention(self, q, k, v, padding_mask, projection, config):
@@ -102,6 +102,7 @@ class Linformer(AttentionKind):
         value_weight=projection.value_weight,
         key_padding_mask=padding_mask,
         query_blocks_per_step=config.query_blocks_per_step or None,
+        dropout=self.weight_dropout,
     )
 
   def init_cache(self, batch, config, projection, dtype):

@@ -122,6 +122,11 @@ class Longformer(blocked.PatternKind):
   def bidirectional(self, q, k, v, key_padding_mask, pattern):
     return longformer_attention(q, k, v, key_padding_mask, pattern=pattern)
 
+  def visible_pairs(self, length, key_padding_mask, pattern):
+    del key_padding_mask  # the pattern is the same for every example
+    position = jnp.arange(length, dtype=jnp.int32)
+    return longformer_visible(position[:, None], position[None, :], pattern, causal=False)[None]
+
   def causal_attention(self, q, k, v, padding_mask, projection, config):
     del projection
     return longformer_attention(q, k, v, padding_mask, pattern=self.pattern_of(config), causal=True)

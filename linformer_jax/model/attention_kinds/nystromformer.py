@@ -41,7 +41,7 @@ causal form: a segment mean would mix later tokens into every query.
 
 import functools
 import math
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import flax.linen as nn
 import jax
@@ -158,6 +158,60 @@ def value_convolution(values: Array, kernel: Array) -> Array:
   return out.reshape(batch, length, heads, head_dim)
 
 
+class LandmarkFactors(NamedTuple):
+  """The three factors of Nystrom attention, float32, [batch, heads, ...].
+
+  Attributes:
+    to_landmarks: [n, m], softmax(Q K~^T / sqrt(d)), every query over the
+      landmark keys.
+    inverse: [m, m], pinv(softmax(Q~ K~^T / sqrt(d))), an empty landmark's
+      row and column zero.
+    from_landmarks: [m, n], softmax(Q~ K^T / sqrt(d)), each landmark query
+      over the real keys.
+  """
+
+  to_landmarks: Array
+  inverse: Array
+  from_landmarks: Array
+
+
+def landmark_factors(
+    q: Array, k: Array, membership: Array, *, iterations: int = PINV_ITERATIONS
+) -> LandmarkFactors:
+  """The factors of Nystrom attention over landmarks of given segments.
+
+  Args:
+    q, k: [batch, length, heads, head_dim], one sequence's queries and keys.
+    membership: bool [batch, length, landmarks] (`segment_membership`); its
+      tokens in no segment are padding.
+    iterations: steps of the pseudo-inverse.
+  """
+  if membership.shape[:2] != q.shape[:2] or q.shape[1] != k.shape[1]:
+    raise ValueError(
+        f'membership must be [batch, length, landmarks] for queries and keys of shapes '
+        f'{q.shape} and {k.shape}; got {membership.shape}.'
+    )
+  scale = 1.0 / math.sqrt(q.shape[-1])
+  real = jnp.any(membership, axis=-1)  # [batch, length]
+  landmark_real = jnp.any(membership, axis=1)  # [batch, landmarks]
+  q_landmarks, k_landmarks = landmark_means(q, membership), landmark_means(k, membership)
+
+  # softmax(Q K~^T): every query over the landmark keys, [batch, heads, n, m].
+  logits = precision.einsum('bnhd,blhd->bhnl', q, k_landmarks.astype(q.dtype)) * scale
+  to_landmarks = _masked_softmax(logits, landmark_real[:, None, None, :])
+  # softmax(Q~ K~^T), [batch, heads, m, m], in float32: the matrix pinv inverts.
+  # An empty landmark's row is zeroed, so that pinv ignores it.
+  logits = jnp.einsum(
+      'blhd,bmhd->bhlm', q_landmarks, k_landmarks, precision=jax.lax.Precision.HIGHEST
+  )
+  between = _masked_softmax(logits * scale, landmark_real[:, None, None, :])
+  between = jnp.where(landmark_real[:, None, :, None], between, 0.0)
+  # softmax(Q~ K^T): each landmark query over the real keys, [batch, heads, m, n].
+  logits = precision.einsum('blhd,bnhd->bhln', q_landmarks.astype(k.dtype), k) * scale
+  from_landmarks = _masked_softmax(logits, real[:, None, None, :])
+  return LandmarkFactors(to_landmarks, iterative_pinv(between, iterations), from_landmarks)
+
+
 def landmark_attention(
     q: Array,
     k: Array,
@@ -181,37 +235,30 @@ def landmark_attention(
     [batch, length, heads, head_dim] in the dtype of `q`.
   """
   attention.check_qkv(q, k, v)
-  if membership.shape[:2] != q.shape[:2] or q.shape[1] != k.shape[1]:
-    raise ValueError(
-        f'membership must be [batch, length, landmarks] for queries and keys of shapes '
-        f'{q.shape} and {k.shape}; got {membership.shape}.'
-    )
-  scale = 1.0 / math.sqrt(q.shape[-1])
+  factors = landmark_factors(q, k, membership, iterations=iterations)
   real = jnp.any(membership, axis=-1)  # [batch, length]
-  landmark_real = jnp.any(membership, axis=1)  # [batch, landmarks]
-  q_landmarks, k_landmarks = landmark_means(q, membership), landmark_means(k, membership)
-
-  # softmax(Q K~^T): every query over the landmark keys, [batch, heads, n, m].
-  logits = precision.einsum('bnhd,blhd->bhnl', q, k_landmarks.astype(q.dtype)) * scale
-  to_landmarks = _masked_softmax(logits, landmark_real[:, None, None, :])
-  # softmax(Q~ K~^T), [batch, heads, m, m], in float32: the matrix pinv inverts.
-  # An empty landmark's row is zeroed, so that pinv ignores it.
-  logits = jnp.einsum(
-      'blhd,bmhd->bhlm', q_landmarks, k_landmarks, precision=jax.lax.Precision.HIGHEST
-  )
-  between = _masked_softmax(logits * scale, landmark_real[:, None, None, :])
-  between = jnp.where(landmark_real[:, None, :, None], between, 0.0)
-  # softmax(Q~ K^T) V: each landmark query over the real keys, [batch, heads, m, head_dim].
-  logits = precision.einsum('blhd,bnhd->bhln', q_landmarks.astype(k.dtype), k) * scale
-  from_landmarks = _masked_softmax(logits, real[:, None, None, :])
   values = jnp.where(real[:, :, None, None], v, jnp.zeros_like(v))
-  landmark_values = precision.einsum('bhln,bnhd->bhld', from_landmarks.astype(v.dtype), values)
-
-  mixed = _exact_matmul(iterative_pinv(between, iterations), landmark_values)
-  out = precision.einsum('bhnl,bhld->bnhd', to_landmarks.astype(v.dtype), mixed.astype(v.dtype))
+  landmark_values = precision.einsum(
+      'bhln,bnhd->bhld', factors.from_landmarks.astype(v.dtype), values
+  )
+  mixed = _exact_matmul(factors.inverse, landmark_values)
+  out = precision.einsum(
+      'bhnl,bhld->bnhd', factors.to_landmarks.astype(v.dtype), mixed.astype(v.dtype)
+  )
   if value_conv is not None:
     out = out + value_convolution(values, value_conv)
   return out.astype(q.dtype)
+
+
+def convolution_matrix(kernel: Array, length: int) -> Array:
+  """`value_convolution` as a matrix: float32 [heads, length, length], entry
+  [h, t, s] the weight of v[s] in out[t] (kernel[s - t + (w - 1) // 2, h])."""
+  width = kernel.shape[0]
+  positions = jnp.arange(length)
+  tap = positions[None, :] - positions[:, None] + (width - 1) // 2  # [t, s]
+  inside = (tap >= 0) & (tap < width)
+  taps = jnp.swapaxes(kernel, 0, 1).astype(jnp.float32)[:, jnp.clip(tap, 0, width - 1)]
+  return jnp.where(inside[None], taps, 0.0)
 
 
 def nystrom_attention(
@@ -242,11 +289,42 @@ def nystrom_attention(
   return landmark_attention(q, k, v, membership, value_conv, iterations=iterations)
 
 
+def nystrom_weights(
+    q: Array,
+    k: Array,
+    key_padding_mask: Optional[Array] = None,
+    *,
+    landmarks: int,
+    value_conv: Optional[Array] = None,
+    iterations: int = PINV_ITERATIONS,
+) -> Array:
+  """The matrix `nystrom_attention` applies to the values, for analyses: the
+  product of its three factors, plus the skip connection's band when
+  `value_conv` is given; padded keys' columns zero.
+
+  Returns:
+    float32 [batch, heads, length, length].
+  """
+  attention.check_mask(key_padding_mask, k.shape[0], k.shape[1])
+  membership = segment_membership(key_padding_mask, k.shape[1], landmarks)
+  membership = jnp.broadcast_to(membership, (k.shape[0],) + membership.shape[1:])
+  factors = landmark_factors(q, k, membership, iterations=iterations)
+  weights = _exact_matmul(
+      _exact_matmul(factors.to_landmarks, factors.inverse), factors.from_landmarks
+  )
+  if value_conv is not None:
+    real = jnp.any(membership, axis=-1)  # [batch, length]
+    band = convolution_matrix(value_conv, k.shape[1])[None]
+    weights = weights + jnp.where(real[:, None, None, :], band, 0.0)
+  return weights
+
+
 @REGISTRY.register('nystromformer')
 class Nystromformer(AttentionKind):
   """Softmax attention through segment-mean landmarks; see the module docstring."""
 
   uses_kernel = False  # its own three softmaxes, no kernel's
+  drops_attention_weights = False  # three softmaxes and a pseudo-inverse, no one P to drop
   queries_independent = False  # the landmark queries are means over every query
   supports_causal = False
 
@@ -281,18 +359,31 @@ class Nystromformer(AttentionKind):
         )
     }
 
-  def attend(self, q, keys, values, key_mask, *, kernel):
-    del kernel  # its own three softmaxes, no kernel computes this
+  def _config(self):
     if self.config is None:
       raise ValueError(
           f'attention={self.name!r}: attend reads nystrom_landmarks from the model config; '
           'bind one with with_config(config) (layers.SelfAttention does) before calling it.'
       )
+    return self.config
+
+  def attend(self, q, keys, values, key_mask, *, kernel):
+    del kernel  # its own three softmaxes, no kernel computes this
     return nystrom_attention(
         q,
         keys,
         values,
         key_mask,
-        landmarks=self.config.setting('nystrom_landmarks'),
+        landmarks=self._config().setting('nystrom_landmarks'),
+        value_conv=self.params.get('value_conv'),
+    )
+
+  def attention_weights(self, q, keys, values, key_mask):
+    del values  # P does not depend on them
+    return nystrom_weights(
+        q,
+        keys,
+        key_mask,
+        landmarks=self._config().setting('nystrom_landmarks'),
         value_conv=self.params.get('value_conv'),
     )

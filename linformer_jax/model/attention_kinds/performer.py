@@ -103,6 +103,18 @@ def _real_exponents(k: Array, random_features: Array, key_padding_mask: Optional
   return jnp.where(key_padding_mask[:, :, None, None], exponents, attention.MASKED_LOGIT)
 
 
+def bidirectional_key_features(
+    k: Array, random_features: Array, key_padding_mask: Optional[Array]
+) -> Array:
+  """phi(k) of the bidirectional pass, up to a factor every key of a row and
+  head shares (which cancels): float32 [batch, length, heads, features], zero
+  for padded keys."""
+  exponents = _real_exponents(k, random_features, key_padding_mask)
+  # [batch, 1, heads, 1]: the largest exponent of a row's real keys, for every key.
+  shift = jax.lax.stop_gradient(jnp.max(exponents, axis=(1, 3), keepdims=True))
+  return jnp.exp(exponents - shift) / math.sqrt(random_features.shape[0])
+
+
 def performer_attention(
     q: Array,
     k: Array,
@@ -123,11 +135,9 @@ def performer_attention(
   """
   attention.check_qkv(q, k, v)
   attention.check_mask(key_padding_mask, k.shape[0], k.shape[1])
-  exponents = _real_exponents(k, random_features, key_padding_mask)
-  # [batch, 1, heads, 1]: the largest exponent of a row's real keys, for every key.
-  shift = jax.lax.stop_gradient(jnp.max(exponents, axis=(1, 3), keepdims=True))
-  key_features = jnp.exp(exponents - shift) / math.sqrt(random_features.shape[0])
-  key_features, values = linear_transformer.without_padding(key_features, v, key_padding_mask)
+  key_features, values = linear_transformer.without_padding(
+      bidirectional_key_features(k, random_features, key_padding_mask), v, key_padding_mask
+  )
   out = linear_transformer.normalised_linear_attention(
       query_features(q, random_features), key_features, values
   )
@@ -163,6 +173,7 @@ class Performer(AttentionKind):
   """FAVOR+ attention with fixed orthogonal random features; see the module docstring."""
 
   uses_kernel = False  # its own feature attention, no softmax kernel
+  drops_attention_weights = False  # no attention-weight matrix is formed
 
   settings = (
       Setting(
@@ -181,6 +192,13 @@ class Performer(AttentionKind):
   def attend(self, q, keys, values, key_mask, *, kernel):
     del kernel  # the kernels compute softmax attention, which this kind estimates
     return performer_attention(q, keys, values, self.constant_values['random_features'], key_mask)
+
+  def attention_weights(self, q, keys, values, key_mask):
+    features = self.constant_values['random_features']
+    key_features, _ = linear_transformer.without_padding(
+        bidirectional_key_features(keys, features, key_mask), values, key_mask
+    )
+    return linear_transformer.normalised_feature_weights(query_features(q, features), key_features)
 
   def causal_attention(self, q, k, v, padding_mask, projection, config):
     del projection, config

@@ -61,6 +61,7 @@ import jax.numpy as jnp
 
 from linformer_jax.model import attention
 from linformer_jax.model import precision
+from linformer_jax.model.attention_kinds.base import ATTENDED
 from linformer_jax.model.attention_kinds.base import REGISTRY
 from linformer_jax.model.attention_kinds.base import AttentionKind
 from linformer_jax.model.attention_kinds.base import Constant
@@ -215,6 +216,40 @@ def lsh_attention(
   return jnp.swapaxes(out, 1, 2).astype(q.dtype)
 
 
+def lsh_weights(q: Array, rotations: Array, key_padding_mask: Optional[Array] = None) -> Array:
+  """The matrix bidirectional `lsh_attention` applies to the values, for analyses.
+
+  The rounds' log-sum-exp merge is one softmax over the union of the keys
+  open to a query in any round (those of its chunk and the chunk before, in
+  that round's sorted order), each key once: that softmax, formed densely.
+  A query with no open key gets a zero row, as its output is zero.
+
+  Args:
+    q: [batch, length, heads, head_dim], the queries; the keys are these normalised.
+    rotations: [rounds, head_dim, B / 2], the hashing W of each round.
+    key_padding_mask: optional [batch, length], True for real tokens.
+
+  Returns:
+    float32 [batch, heads, length, length].
+  """
+  attention.check_mask(key_padding_mask, q.shape[0], q.shape[1])
+  batch, length, _, head_dim = q.shape
+  chunk = chunk_length(length, 2 * rotations.shape[-1])
+  real = jnp.ones((batch, length), bool) if key_padding_mask is None else key_padding_mask
+  q = jnp.where(real[:, :, None, None], q, jnp.zeros_like(q))
+  bucket = lsh_buckets(q, rotations, real)  # [batch, heads, rounds, n]
+  position = jnp.arange(length, dtype=jnp.int32)
+  slot = jnp.argsort(jnp.argsort(bucket * length + position, axis=-1), axis=-1)
+  chunk_of = slot // chunk
+  back = chunk_of[..., :, None] - chunk_of[..., None, :]  # [batch, heads, rounds, query, key]
+  open_keys = jnp.any((back == 0) | (back == 1), axis=2) & real[:, None, None, :]
+  keys = _unit_length(q).astype(q.dtype)
+  logits = precision.einsum('bnhd,bshd->bhns', q, keys) / math.sqrt(head_dim)
+  logits = logits - SELF_PENALTY * jnp.eye(length, dtype=logits.dtype)
+  weights = jax.nn.softmax(jnp.where(open_keys, logits, attention.MASKED_LOGIT), axis=-1)
+  return jnp.where(jnp.any(open_keys, axis=-1, keepdims=True), weights, 0.0)
+
+
 def _unit_length(x: Array) -> Array:
   """x / |x| over the last axis, float32 (a zero row stays zero)."""
   x = x.astype(jnp.float32)
@@ -265,6 +300,7 @@ class Reformer(AttentionKind):
   """Shared-QK LSH attention with fixed random rotations; see the module docstring."""
 
   uses_kernel = False  # its own chunked softmax, no kernel's
+  drops_attention_weights = False  # its chunked softmax has no dropout
   queries_independent = False  # the sorted order mixes every position's bucket
 
   settings = (
@@ -290,15 +326,20 @@ class Reformer(AttentionKind):
     return {'rotations': Constant(shape=shape, init=nn.initializers.normal(stddev=1.0))}
 
   def keys_and_values(self, x, padding_mask, dense, projection, config, *, compress_first, record):
-    del projection, config, compress_first, record
+    del projection, config, compress_first
     # Shared QK: the keys are the queries, which `attend` receives; the values
     # stand in the keys' place, and the key dense layer is never applied.
     values = dense.values(x)
+    record(ATTENDED, (values, values, padding_mask))
     return values, values, padding_mask
 
   def attend(self, q, keys, values, key_mask, *, kernel):
     del keys, kernel  # the keys are the normalised queries; no kernel computes this
     return lsh_attention(q, values, self.constant_values['rotations'], key_mask)
+
+  def attention_weights(self, q, keys, values, key_mask):
+    del keys, values  # the keys are the normalised queries; P does not depend on the values
+    return lsh_weights(q, self.constant_values['rotations'], key_mask)
 
   def causal_attention(self, q, k, v, padding_mask, projection, config):
     del k, projection, config  # shared QK: the keys are the normalised queries

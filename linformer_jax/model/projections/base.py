@@ -15,6 +15,7 @@ from typing import Any, NamedTuple, Optional, Tuple
 import jax
 import jax.numpy as jnp
 
+from linformer_jax.errors import ConfigError
 from linformer_jax.registry import Registry
 from linformer_jax.registry import Setting
 
@@ -32,9 +33,11 @@ class SequenceProjectionKind:
   """One kind of sequence projection: its weights and how it compresses.
 
   A subclass sets the class attributes that apply and overrides `compress`
-  (always), `make_weight` (when it holds weights) and `compress_layer_input`
-  (when `compresses_first`). The causal Linformer's `block_summaries` works
-  unchanged for a windowed kind; others override it (or cannot be causal).
+  (always), `make_weight` (when it holds weights; the layer checks that it
+  has `weight_shape`, E's [max_len, k] unless overridden) and
+  `compress_layer_input` (when `compresses_first`). The causal Linformer's
+  `block_summaries` works unchanged for a windowed kind; others override it
+  (or cannot be causal).
 
   Attributes:
     name: the `config.model.projection` value it was chosen by.
@@ -100,10 +103,41 @@ class SequenceProjectionKind:
       per_head: one weight per head, with a leading heads axis.
 
     Returns:
-      The weight, or None for a kind without weights (the default).
+      The weight, or None for a kind without weights (the default); its shape
+      must be `weight_shape`'s.
     """
     del module, name, config, projected_len, per_head
     return None
+
+  def weight_shape(self, *, config: Any, projected_len: int, per_head: bool) -> Tuple[int, ...]:
+    """The shape `make_weight` must give: E's layout, [max_len, k] (a position
+    per row, a slot per column), after a heads axis for a per-head weight. A
+    kind whose weights are no such matrix (the 'conv' kernels) overrides it."""
+    heads = (config.num_heads,) if per_head else ()
+    return heads + (config.max_len, projected_len)
+
+  def check_weight(
+      self, weight: Optional[Array], name: str, *, config: Any, projected_len: int, per_head: bool
+  ) -> Optional[Array]:
+    """The weight `make_weight` made, once its shape is `weight_shape`'s.
+
+    Raises:
+      ConfigError: another shape, naming the kind, the weight, the shape it
+        has and the one expected.
+    """
+    if weight is None:
+      return None
+    expected = self.weight_shape(config=config, projected_len=projected_len, per_head=per_head)
+    if tuple(weight.shape) != tuple(expected):
+      layout = ('[heads, max_len, k]' if per_head else '[max_len, k]') + f' = {tuple(expected)}'
+      if type(self).weight_shape is not SequenceProjectionKind.weight_shape:
+        layout = f'{tuple(expected)} (its weight_shape)'
+      raise ConfigError(
+          f'projection={self.name!r}: make_weight gave {name} the shape {tuple(weight.shape)}, '
+          f'not {layout}; make it in that layout, or override weight_shape for a weight that '
+          'is no E (docs/extending.md).'
+      )
+    return weight
 
   def compress(
       self,

@@ -56,12 +56,15 @@ class StridedConvolution(SequenceProjectionKind):
   windowed = True
   weight_ndim = 3
 
-  def make_weight(self, module, name, *, config, projected_len, per_head):
-    window = config.compressed_span // projected_len
+  def weight_shape(self, *, config, projected_len, per_head):
     heads = (config.num_heads,) if per_head else ()
+    window = config.compressed_span // projected_len
+    return heads + (window, config.head_dim, config.head_dim)
+
+  def make_weight(self, module, name, *, config, projected_len, per_head):
+    shape = self.weight_shape(config=config, projected_len=projected_len, per_head=per_head)
     # Not axes.HEADS: projections stay replicated unless a rule names them.
     head_axes = (axes.PROJECTION_HEADS,) if per_head else ()
-    shape = heads + (window, config.head_dim, config.head_dim)
     names = head_axes + (axes.CONV_WINDOW, axes.HEAD_DIM_IN, axes.HEAD_DIM)
     fan_in = nn.initializers.variance_scaling(
         1.0, 'fan_in', 'normal', in_axis=(-3, -2), out_axis=-1

@@ -102,7 +102,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.model = ml_collections.ConfigDict()
   config.model.attention = 'linformer'  # 'linformer' or 'full' (the Transformer baseline)
   config.model.max_len = 128  # n: sequence length the model is built for
-  config.model.projected_len = 32  # k: compressed length of keys/values (int or one per layer)
+  # k: compressed length of keys/values, an int or one per layer, e.g. (8, 6); typed `object`
+  # so that the command line takes either form.
+  config.model.projected_len = ml_collections.FieldReference(32, field_type=object)
   config.model.sharing = 'layerwise'  # E/F sharing: 'none', 'headwise', 'kv', 'layerwise'
   config.model.projection = 'linear'  # 'linear', 'random', 'mean', 'max' or 'conv'
   # Initial 'linear' E/F: 'jl' N(0, 1/k) (the paper's), 'local' (window means, as 'mean'),

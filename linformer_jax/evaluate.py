@@ -12,14 +12,15 @@ classification run, loss and accuracy next to the majority class's accuracy
 on the run's config with the --config.X overrides. The results name the step
 scored (`step`) and the split (`eval_split`): the newest step, or the kept
 step --config.restore_step names (then saved as eval_SPLIT_STEP.json); a step
-that is not kept is refused in one line that lists the kept ones. Evaluating
-never moves a checkpoint (`linformer_jax.training.run_loading`). A workdir it
+that is not kept is refused in one line that lists the kept ones. A damaged
+newest step is skipped with a one-line warning naming it and what is wrong,
+and a damaged step asked for is refused saying so. Evaluating never moves a
+checkpoint (`linformer_jax.training.run_loading`). A workdir it
 cannot write still gets its results printed, then one error line saying they
 were not saved.
 """
 
 import dataclasses
-import json
 
 from absl import flags
 
@@ -28,6 +29,7 @@ from linformer_jax import cli
 from linformer_jax import settings_flags
 from linformer_jax.settings_flags import setting
 from linformer_jax.training import evaluation
+from linformer_jax.training.metric_writers import json_text
 
 FLAGS = flags.FLAGS
 
@@ -47,7 +49,7 @@ def main(_):
   cli.start_processes()
   run = api.load(FLAGS.workdir, with_data=True, split=settings.split, config=FLAGS.config)
   results = run.evaluate()
-  print(json.dumps(results, indent=2, sort_keys=True), flush=True)
+  print(json_text(results, indent=2, sort_keys=True), flush=True)
   path = evaluation.results_path(FLAGS.config, FLAGS.workdir, settings.split)
   with cli.saving_printed_results(path):
     evaluation.write_results(path, results)

@@ -20,6 +20,11 @@ retries for two minutes, then raises through a page of traceback), so the
 commands call `check_reachable` first: it looks for credentials and sends
 one request to the store, and gives up after REACH_TIMEOUT_S.
 `check_folder` is the same early check for a local folder a command writes.
+
+A refused command leaves the file system as it found it: inside
+`undone_if_refused`, the folders `makedirs` creates and the files
+`note_created` is told of are removed again if the block raises, unless
+`keep_created` said that the command is past every check that can refuse it.
 """
 
 import contextlib
@@ -118,12 +123,66 @@ def getsize(path: str) -> int:
   return os.path.getsize(path)
 
 
+# What each open `undone_if_refused` block created, outermost block first.
+_CREATED: List[List[str]] = []
+
+
+@contextlib.contextmanager
+def undone_if_refused() -> Iterator[None]:
+  """Removes again, if the block raises, what was created inside it and not
+  kept (`keep_created`): the files `note_created` names, newest first, and
+  the local folders `makedirs` made, each only once nothing else is in it.
+  So a command refused after making its workdir (and the parents that did not
+  exist) or after training its tokenizer leaves the file system as it was."""
+  created: List[str] = []
+  _CREATED.append(created)
+  try:
+    yield
+  except BaseException:
+    for path in reversed(created):
+      with contextlib.suppress(OSError):
+        if is_object_store(path):
+          remove(path)
+        elif os.path.isdir(path) and not os.path.islink(path):
+          os.rmdir(path)  # only when empty
+        else:
+          os.remove(path)
+    raise
+  finally:
+    _CREATED[:] = [other for other in _CREATED if other is not created]
+
+
+def note_created(path: str) -> None:
+  """Records a file the command created (none was there before), for the
+  open `undone_if_refused` blocks to remove if they are refused."""
+  for created in _CREATED:
+    created.append(path)
+
+
+def keep_created() -> None:
+  """Keeps what the command created so far, whatever happens next: it passed
+  every check that can refuse it (e.g. a run that starts writing its own files)."""
+  for created in _CREATED:
+    created.clear()
+
+
 def makedirs(path: str) -> None:
-  """Creates a folder and its parents (on an object store: nothing to do)."""
+  """Creates a folder and its parents (on an object store: nothing to do); the
+  local folders made are noted for `undone_if_refused`."""
   if is_object_store(path):
     _remote(path).mkdir(parents=True, exist_ok=True)
-  else:
+    return
+  missing = []
+  folder = os.path.abspath(path)
+  while not os.path.exists(folder) and os.path.dirname(folder) != folder:
+    missing.append(folder)
+    folder = os.path.dirname(folder)
+  try:
     os.makedirs(path, exist_ok=True)
+  finally:  # also the parents made before a deeper folder failed
+    for folder in reversed(missing):
+      if os.path.isdir(folder):
+        note_created(folder)
 
 
 def remove(path: str) -> None:

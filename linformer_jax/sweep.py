@@ -9,7 +9,10 @@ from this module): a base config and named `Variant`s of dotted overrides.
 Each variant trains in WORKDIR/<name>; a finished one is skipped and an
 interrupted one resumes. The report (`sweep_report`) is written at the end,
 also when an error stops the sweep. Bad input ends with a one-line error and
-exit code 2 before anything is trained (docs/training.md, "Sweeps").
+exit code 2 before anything is trained (docs/training.md, "Sweeps"). A
+variant that diverges stops the sweep the same way, its line giving the
+sweep's own command to go on with that variant (`--only=NAME
+--set=restore_step=N --set=learning_rate=R`).
 """
 
 import ast
@@ -21,6 +24,7 @@ import json
 import math
 import os
 import re
+import sys
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import ml_collections
@@ -38,6 +42,7 @@ from linformer_jax.errors import ConfigError
 from linformer_jax.extensions import import_extensions
 from linformer_jax.registry import add_declared_settings
 from linformer_jax.settings_flags import setting
+from linformer_jax.training import divergence
 from linformer_jax.training import run_config
 from linformer_jax.training import trainer
 from linformer_jax.training import training_run
@@ -252,6 +257,49 @@ def _selected(sweep: Sweep, only: Optional[Sequence[str]]) -> List[Variant]:
   return [variant for variant in sweep.variants if not only or variant.name in only]
 
 
+class VariantDivergedError(ConfigError):
+  """A variant of the sweep diverged (`divergence.DivergenceError`): how to
+  go on with it in the sweep's own flags.
+
+  Attributes:
+    summary: the variant and what happened (one line).
+    advice: 'Go on with ...', up to the command.
+    flags: the sweep's flags to go on with it: --only=NAME, and
+      --set=restore_step=N and --set=learning_rate=R where they apply.
+    dropped: flags of the sweep's command to drop (a --set of the learning
+      rate, to go back to the sweep file's own).
+    set_aside: the variant's folder, where none of its kept steps is sound
+      (it must be moved aside to start the variant again), else None.
+  """
+
+  def __init__(
+      self,
+      variant: str,
+      variant_dir: str,
+      error: divergence.DivergenceError,
+      own_learning_rate: Optional[float],
+  ):
+    self.summary = f'sweep variant {variant!r}: {error.summary}'
+    rate, why = divergence.advised_learning_rate(
+        error.learning_rate, own_learning_rate, 'the sweep file'
+    )
+    self.advice = f'Go on with {why}'
+    self.flags = [f'--only={variant}']
+    if error.restore_step is not None:
+      self.flags.append(f'--set=restore_step={error.restore_step}')
+    if rate is not None:
+      self.flags.append(f'--set=learning_rate={rate:g}')
+    self.dropped = ['--set=learning_rate'] if rate is None else []
+    self.set_aside = variant_dir if error.restart_workdir else None
+    super().__init__(self.line(f'the sweep\'s command with {" ".join(self.flags)}'))
+
+  def line(self, command: str) -> str:
+    """The one-line message, with `command` as the way to go on."""
+    if self.set_aside:
+      command = f'move {self.set_aside} aside, then run {command}'
+    return f'{self.summary} {self.advice}: {command}'
+
+
 def run_sweep(
     sweep: Sweep, workdir: str, only: Optional[Sequence[str]] = None, sets: Sequence[str] = ()
 ) -> Dict[str, Dict[str, Any]]:
@@ -262,7 +310,8 @@ def run_sweep(
   'total_steps=50'. Returns each run variant's eval_results.json, by name.
   Before anything is trained or written, raises a ConfigError for a bad sweep,
   sets or names, a workdir that is not a folder this process can write (or
-  make), or a variant directory holding a run of another model.
+  make), or a variant directory holding a run of another model. A variant
+  that diverges stops the sweep with a VariantDivergedError.
   """
   configs = variant_configs(sweep, sets)
   selected = _selected(sweep, only)
@@ -285,7 +334,14 @@ def run_sweep(
         training_run.report(f'{progress} finished its {steps} steps before; skipping it.')
       else:
         training_run.report(f'{progress}: {describe(variant.overrides)}')
-        results = trainer.train_and_evaluate(config, variant_dir)
+        try:
+          results = trainer.train_and_evaluate(config, variant_dir)
+        except divergence.DivergenceError as error:
+          own = None  # the sweep file's rate, where a --set of the one that diverged replaced it
+          set_keys = [item.partition('=')[0].strip() for item in sets]
+          if 'learning_rate' in set_keys and config.learning_rate == error.learning_rate:
+            own = variant.overrides.get('learning_rate', sweep.base.learning_rate)
+          raise VariantDivergedError(variant.name, variant_dir, error, own) from None
       finished[variant.name] = results
   finally:
     write_report(sweep, workdir)
@@ -319,7 +375,17 @@ def main(_):
         'folder; give a local --workdir (each variant can still be trained alone on gs://).'
     )
   sweep = load_sweep(settings.sweep)
-  run_sweep(sweep, settings.workdir, only=list(settings.only), sets=list(settings.sets))
+  try:
+    run_sweep(sweep, settings.workdir, only=list(settings.only), sets=list(settings.sets))
+  except VariantDivergedError as error:
+    command = divergence.command_to_go_on(
+        sys.argv[1:],
+        error.flags,
+        dropped=error.dropped,
+        program='linformer_jax.sweep',
+        keyed=['--set'],
+    )
+    raise ConfigError(error.line(command)) from None
   print(report_table(sweep, settings.workdir), flush=True)
   figure = os.path.join(settings.workdir, figure_file(sweep))
   print(f'Report in {os.path.join(settings.workdir, REPORT_FILE)}, figure in {figure}.', flush=True)

@@ -134,6 +134,12 @@ CASES: Dict[str, Case] = {
         "--config.restor_step=3: config has no field 'restor_step'; did you mean "
         'config.restore_step?',
     ),
+    # One k per layer, as docs/training.md writes it, reaches the model's checks.
+    'evaluate/k per layer with one shared E': case(
+        'evaluate',
+        EVALUATE + ('--config.model.projected_len=(8,6)',),
+        "config.model.projected_len=(8, 6) is not allowed: sharing='layerwise' needs one k",
+    ),
     'evaluate/typo in a nested key': case(
         'evaluate',
         EVALUATE + ('--config.model.projected_lenn=3',),

@@ -91,6 +91,7 @@ def test_isolated_bad_steps_are_skipped_and_a_streak_stops_the_run():
     _feed(guard, [float('nan'), float('nan')], first_step=7)
   message = str(error.value)
   assert 'at step 6 the training loss is nan' in message and 'steps 6..8' in message
+  assert message.endswith('add --config.restore_step=1 --config.learning_rate=0.0002.')
   assert '\n' not in message
 
 
@@ -105,7 +106,7 @@ def test_a_spike_protects_the_newest_checkpoint_from_two_steps_before():
   assert store.protected_steps() == [6]
   with pytest.raises(divergence.NonFiniteLossError) as error:
     _feed(guard, [float('inf')], first_step=13)
-  assert error.value.flags == ['--config.restore_step=6', '--config.learning_rate=0.0002']
+  assert error.value.restore_step == 6 and error.value.learning_rate == 2e-3
   assert 'steps 6, 10, 12; step 6 is from before the divergence' in str(error.value)
 
 
@@ -114,26 +115,89 @@ def test_an_update_that_overflows_keeps_the_step_before_it():
   guard = _guard(store, max_skipped_steps=0)
   with pytest.raises(divergence.NonFiniteLossError, match='step 2 the parameters') as error:
     _feed(guard, [5.0, 5.0], finite=[True, False])
-  assert error.value.flags[0] == '--config.restore_step=1'
+  assert error.value.restore_step == 1
 
 
 def test_with_nothing_from_before_the_divergence_it_says_start_again():
   guard = _guard(FakeStore([1]), max_skipped_steps=0)
   with pytest.raises(divergence.NonFiniteLossError, match='none is from before') as error:
     _feed(guard, [5.0, float('nan')])
-  assert error.value.flags[0] == '--workdir=/run-restart'
+  assert error.value.restart_workdir == '/run-restart' and error.value.restore_step is None
   guard = _guard(FakeStore([]), max_skipped_steps=0)
-  with pytest.raises(divergence.NonFiniteLossError, match='No checkpoint was saved'):
+  with pytest.raises(divergence.NonFiniteLossError, match='No checkpoint was saved') as error:
     _feed(guard, [float('nan')])
+  assert error.value.train_flags(1e-4) == ['--config.learning_rate=0.0001']
 
 
 def test_the_command_to_go_on_replaces_the_flags_it_names():
-  error = divergence.NonFiniteLossError('x', ['--config.restore_step=3', '--workdir=b c'])
+  flags = ['--config.restore_step=3', '--workdir=b c']
   argv = ['--config', 'configs/tiny.py', '--workdir', 'a', '--config.restore_step=1']
-  assert divergence.command_to_go_on(error, argv) == (
+  assert divergence.command_to_go_on(argv, flags) == (
       'python -m linformer_jax.train --config configs/tiny.py --config.restore_step=3 '
       "'--workdir=b c'"
   )
+  argv += ['--config.learning_rate=1e12']
+  assert divergence.command_to_go_on(argv, [], dropped=['--config.learning_rate']) == (
+      'python -m linformer_jax.train --config configs/tiny.py --workdir a --config.restore_step=1'
+  )
+
+
+def test_the_advised_learning_rate_comes_down_to_a_sane_one_at_once():
+  """An override above the config file's rate goes back to the file's; a rate
+  far above any AdamW trains with comes down to 1e-3; else a tenth."""
+  rate, why = divergence.advised_learning_rate(1e12, 2e-3, 'configs/tiny.py')
+  assert rate is None and why.startswith("configs/tiny.py's own learning rate, 0.002")
+  rate, why = divergence.advised_learning_rate(100.0)
+  assert rate == 1e-3 and 'orders of magnitude' in why
+  assert divergence.advised_learning_rate(2e-3, 2e-3)[0] == pytest.approx(2e-4)
+  assert divergence.advised_learning_rate(5e-3, 1e-2)[0] == pytest.approx(5e-4)
+
+
+def _ended_unsound(losses, eval_loss, saved_config=None):
+  """A guard fed `losses`, step 5 kept (and recorded as the run saves it),
+  and what `unsound_end` says of the run ending at step 5."""
+  guard = _guard(FakeStore([5]), max_skipped_steps=0, spike_factor=2.0)
+  if losses:
+    _feed(guard, losses)
+  guard.ledger.record(5, finite=True, param_norm=1.0, recent_losses=[], suspect='spiking')
+  return guard, guard.unsound_end(5, eval_loss, saved_config)
+
+
+def test_a_run_ending_on_a_diverged_unsound_step_says_so_and_records_it():
+  """The loss spiked at step 3 and stayed high, finite: the error gives the
+  numbers and, with no sound step, a new workdir."""
+  guard, error = _ended_unsound([5.6, 5.5, 6.0e4, 5.2e4, 5.0e4], eval_loss=4.5e4)
+  assert type(error) is divergence.DivergenceError  # pylint: disable=unidiomatic-typecheck
+  assert str(error).startswith(
+      'Training diverged: step 5, the last, is not sound (spiking); its validation loss 45,000 '
+      'and its training loss 50,000 (above 69 nats: a perplexity above 1e30), against 5.55 '
+      'before the loss spiked at step 3. No results were saved. Kept checkpoints in '
+      '/run/checkpoints: steps 5; none is from before the divergence'
+  )
+  assert error.restart_workdir == '/run-restart' and error.learning_rate == 2e-3
+  assert guard.ledger.diverged['step'] == 3
+  assert guard.ledger.diverged['config']['learning_rate'] == 2e-3
+
+
+def test_an_unsound_last_step_with_a_model_s_loss_keeps_its_results_with_a_warning(caplog):
+  """Unsound by the spike rule's caution alone (the loss came back): no
+  error, a warning; nothing recorded as diverged."""
+  guard, error = _ended_unsound([5.6, 5.5, 60.0, 5.4, 5.3], eval_loss=5.4)
+  assert error is None and guard.ledger.diverged is None
+  assert 'Step 5, the last, is not sound (spiking); its results are saved' in caplog.text
+
+
+def test_a_finished_run_run_again_on_a_diverged_step_records_the_step_s_own_config():
+  """Nothing trained in this process (a run from before this check, whose
+  divergence was never recorded): the evaluation decides, and the
+  divergence is recorded with the config the step was trained with."""
+  saved = {**tiny_config().to_dict(), 'learning_rate': 100.0}
+  guard, error = _ended_unsound([], eval_loss=6.0e4, saved_config=saved)
+  assert str(error).startswith('Training diverged: step 5, the last, is not sound (spiking); its')
+  assert error.learning_rate == 100.0 and guard.ledger.diverged['config']['learning_rate'] == 100
+  assert guard.ledger.diverged['step'] is None
+  with pytest.raises(ConfigError, match="/run's run diverged, ending at step 5 and none of"):
+    divergence.go_back(FakeStore([5]), tiny_config(), '/run', guard.ledger)
 
 
 @pytest.mark.parametrize(
@@ -198,9 +262,8 @@ def _error_line(process):
 
 
 def _printed_command(line):
-  command = shlex.split(line.split('Go on with a lower learning rate: ', 1)[1])
-  assert command[:3] == ['python', '-m', 'linformer_jax.train']
-  return command[3:]
+  """The flags of the `train` command the error line ends with."""
+  return shlex.split(line.split(' python -m linformer_jax.train ', 1)[1])
 
 
 def _with_learning_rate(flags, rate):
@@ -249,9 +312,10 @@ def diverged_run(tmp_path_factory, run_command):
 def test_a_diverged_workdir_keeps_its_sound_step_across_re_runs(
     diverged_run, tmp_path, run_command
 ):
-  """The same command twice is refused untouched; the printed command (a
-  tenth of 1e12 diverges again) keeps step 1; its own command with a sane
-  learning rate reaches a healthy loss."""
+  """The same command twice is refused untouched; its advice goes back to the
+  config file's own rate, not a tenth of the override. A tenth (1e11)
+  diverges again and still keeps step 1; the command its error prints reaches
+  a healthy loss."""
   source, flags, line = diverged_run
   workdir = tmp_path / 'run'
   shutil.copytree(source, workdir)
@@ -261,12 +325,14 @@ def test_a_diverged_workdir_keeps_its_sound_step_across_re_runs(
     refused = _error_line(run_command('train', *flags))
     assert 'Refused' in refused and 'step 1 is the newest sound one' in refused, refused
     assert _files(workdir) == before
+  assert "Go on with configs/tiny.py's own learning rate, 0.002" in refused, refused
   printed = _printed_command(refused)
-  assert '--config.restore_step=1' in printed and '--config.learning_rate=1e+11' in printed
-  again = _error_line(run_command('train', *printed))
+  assert '--config.restore_step=1' in printed
+  assert not any(f.startswith('--config.learning_rate') for f in printed), printed
+  again = _error_line(run_command('train', *_with_learning_rate(printed, '1e11')))
   assert 'step 1 is from before the divergence' in again, again
   assert '1' in os.listdir(workdir / 'checkpoints')
-  went_on = run_command('train', *_with_learning_rate(_printed_command(again), '1e-3'))
+  went_on = run_command('train', *_printed_command(again))
   assert went_on.returncode == 0, went_on.stderr
   _healthy(workdir)
   assert sorted(os.listdir(workdir / 'diverged_checkpoints' / 'from_1'))

@@ -117,14 +117,20 @@ def test_a_damaged_newest_step_is_moved_aside_and_the_intact_one_restored(
   assert len(warnings) == 1 and 'step 2' in warnings[0] and f'moved it to {moved}' in warnings[0]
 
 
-def test_readers_skip_a_damaged_step_and_leave_it_where_it_is(two_steps):
+def test_readers_skip_a_damaged_step_and_leave_it_where_it_is(two_steps, caplog):
   _flip_one_bit(os.path.join(two_steps, '2'))
-  assert CheckpointStore(two_steps).latest_step() == 1
+  store = CheckpointStore(two_steps)
+  assert store.latest_step() == 1 and store.latest_step() == 1
+  (warning,) = [r.getMessage() for r in caplog.records if 'damaged' in r.getMessage()]
+  assert 'step 2' in warning and 'sha256 mismatch' in warning
+  assert warning.endswith('skipped it: step 1, the newest intact one, is read instead.')
   workdir = os.path.dirname(two_steps)
   params = partial_restore.restore_subtrees(workdir, {('w',): _abstract(_state(0.0))['w']})
   np.testing.assert_array_equal(params[('w',)], np.full((256,), 1.0))
   assert os.path.isdir(os.path.join(two_steps, '2'))
-  with pytest.raises(ConfigError, match=r'step 2 .* is damaged \(.*sha256 mismatch\)'):
+  with pytest.raises(
+      ConfigError, match=r'step 2 .* is damaged \(.*sha256 mismatch\)\); use step 1, the newest'
+  ):
     CheckpointStore(two_steps).restore(2, abstract_state=_abstract(_state(0.0)))
 
 

@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import os
+import shlex
 
 import pytest
 from run_helpers import tiny_config
@@ -16,6 +17,7 @@ from run_helpers import tiny_config
 from linformer_jax import sweep as sweep_lib
 from linformer_jax.analysis import sweep_report
 from linformer_jax.errors import ConfigError
+from linformer_jax.training import divergence
 from linformer_jax.training import run_config
 from linformer_jax.training import trainer
 
@@ -250,6 +252,71 @@ def test_cli_bad_key_is_a_one_line_error(tmp_path, run_command):
   assert len(lines) == 1 and lines[0].startswith('error: ')
   assert 'model.projected_lenn' in lines[0]
   assert not workdir.exists()
+
+
+def test_a_diverged_variant_is_advised_in_the_sweep_s_own_flags(tiny_sweep):
+  """--only=NAME and --set=KEY=VALUE, which the sweep takes (not train's
+  --config.X); a --set of the learning rate goes back to the sweep file's."""
+  error = divergence.NonFiniteLossError('Diverged.', learning_rate=1e12, restore_step=1)
+  diverged = sweep_lib.VariantDivergedError('k4', '/w/k4', error, own_learning_rate=2e-3)
+  assert diverged.flags == ['--only=k4', '--set=restore_step=1']
+  argv = ['--sweep=s.py', '--workdir=/w', '--only=k4,transformer', '--set=total_steps=8']
+  command = divergence.command_to_go_on(
+      [*argv, '--set', 'learning_rate=1e12'],
+      diverged.flags,
+      dropped=diverged.dropped,
+      program='linformer_jax.sweep',
+      keyed=['--set'],
+  )
+  assert command == (
+      'python -m linformer_jax.sweep --sweep=s.py --workdir=/w --set=total_steps=8 --only=k4 '
+      '--set=restore_step=1'
+  )
+  assert str(diverged) == (
+      "sweep variant 'k4': Diverged. Go on with the sweep file's own learning rate, 0.002 (the "
+      "override 1e+12 diverged): the sweep's command with --only=k4 --set=restore_step=1"
+  )
+  # No sound step kept: the variant's folder is set aside; the rate is the sweep's own form.
+  error = divergence.DivergenceError('Diverged.', learning_rate=100.0, restart_workdir='/w/k4-x')
+  diverged = sweep_lib.VariantDivergedError('k4', '/w/k4', error, own_learning_rate=None)
+  assert diverged.flags == ['--only=k4', '--set=learning_rate=0.001'] and not diverged.dropped
+  assert str(diverged).endswith(
+      "move /w/k4 aside, then run the sweep's command with --only=k4 --set=learning_rate=0.001"
+  )
+  assert sweep_lib.parse_sets(tiny_sweep.base, ['restore_step=1', 'learning_rate=0.001']) == {
+      'restore_step': 1,
+      'learning_rate': 0.001,
+  }
+
+
+@pytest.mark.slow
+def test_a_diverged_variant_s_command_goes_on_with_it(tmp_path, run_command):
+  """learning_rate=1e12 by --set: the variant diverges keeping step 1; the
+  sweep command its error line gives is accepted and trains the variant
+  from step 1 to a healthy end."""
+  workdir = tmp_path / 'diverging'
+  process = run_command(
+      'sweep',
+      f'--sweep={write_sweep_file(tmp_path)}',
+      f'--workdir={workdir}',
+      '--only=k4',
+      '--set=checkpoint_every=1',
+      '--set=log_every=1',
+      '--set=total_steps=8',
+      '--set=learning_rate=1e12',
+  )
+  assert process.returncode == 2, process.stderr
+  (line,) = [line for line in process.stderr.splitlines() if line.startswith('error:')]
+  assert "sweep variant 'k4': Training diverged" in line and 'step 1 is from before' in line
+  command = shlex.split(line.split(': python -m linformer_jax.sweep ', 1)[1])
+  assert command[-2:] == ['--only=k4', '--set=restore_step=1'], line
+  assert not any(flag.startswith(('--config.', '--set=learning_rate')) for flag in command)
+  went_on = run_command('sweep', *command)
+  assert went_on.returncode == 0, went_on.stderr
+  with open(workdir / 'k4' / trainer.RESULTS_FILE) as f:
+    results = json.load(f)
+  assert results['step'] == 8 and results['eval_loss'] < math.log(260)  # a uniform guess
+  assert sorted(os.listdir(workdir / 'k4' / 'diverged_checkpoints' / 'from_1')) == ['4', '5']
 
 
 def test_a_classification_sweep_reports_accuracy_and_the_spread_over_seeds(tmp_path):

@@ -18,6 +18,11 @@ accepted as unverified when their orbax structure is complete.
 The step-level files orbax rewrites after the rename (`_CHECKPOINT_METADATA`,
 its commit timestamp, and `commit_success.txt`) are outside the manifest; the
 arrays, the data-iterator state and the config are all inside it.
+
+`StepInspector` is what every reader of a run goes through: the newest intact
+step, with one warning for each newer damaged step it skips, and a step asked
+for by number refused, when it is damaged, in one message that names the
+first bad file, what is wrong with it and which step to read instead.
 """
 
 import dataclasses
@@ -266,6 +271,7 @@ class StepInspector:
     self._items = items
     self.trusted: set = set()
     self._inspections: Dict[int, Inspection] = {}
+    self._skipped: set = set()
 
   def inspection(self, step: int) -> Inspection:
     """The step's inspection, made on first use (warns if unverified)."""
@@ -287,6 +293,7 @@ class StepInspector:
   def forget(self, step: int) -> None:
     self._inspections.pop(step, None)
     self.trusted.discard(step)
+    self._skipped.discard(step)
 
   def damage(self, step: int) -> str:
     """'the checkpoint of step S in DIR is damaged (what is wrong)'."""
@@ -295,24 +302,101 @@ class StepInspector:
         f'({self.inspection(step).problem})'
     )
 
+  def _newest_intact(self, steps: List[int]) -> Optional[int]:
+    return next(
+        (step for step in sorted(steps, reverse=True) if self.inspection(step).problem is None),
+        None,
+    )
+
+  def newest_intact(self, steps: List[int]) -> Optional[int]:
+    """The newest intact step of `steps`, None if none is; warns once, in
+    one line, about each newer damaged step it skips."""
+    newest = self._newest_intact(steps)
+    for step in sorted(steps, reverse=True):
+      if step == newest:
+        break
+      if step not in self._skipped:
+        self._skipped.add(step)
+        instead = (
+            f'step {newest}, the newest intact one, is read instead'
+            if newest is not None
+            else 'no older step is intact'
+        )
+        logging.warning('%s; skipped it: %s.', capitalized(self.damage(step)), instead)
+    return newest
+
+  def damaged_step(self, steps: List[int], step: int) -> Optional[str]:
+    """What to tell someone who asks for `step` by number when it is
+    damaged: the first bad file, what is wrong with it, and which step to
+    read instead. A damaged step is either still among `steps`, or was moved
+    to DAMAGED_FOLDER by the run that owns the folder. None when `step` is
+    intact, or was never kept."""
+    folder = os.path.join(self.directory, str(step))
+    if step in steps:
+      if self.inspection(step).problem is None:
+        return None
+      what = self.damage(step)
+    else:
+      moved = _moved_aside(self.directory, step)
+      if moved is None:
+        return None
+      problem = inspect(moved, step, self._items).problem or 'it was found damaged'
+      what = (
+          f'the checkpoint of step {step} in {self.directory} is damaged ({problem}); '
+          f'the run on this folder moved it to {moved}'
+      )
+    newest = self._newest_intact([kept for kept in steps if kept != step])
+    if newest is None:
+      return f'{what}; no other kept step is intact'
+    if step not in steps or newest > step:
+      return f'{what}; use step {newest}, the newest intact one, instead'
+    return (
+        f'{what}; use step {newest}, the newest intact one, instead, or delete {folder} '
+        f'so that step {newest} is the newest'
+    )
+
+  def refuse_damaged(self, steps: List[int], step: int, asked_as: str = '') -> None:
+    """Raises ConfigError with `damaged_step`'s message (after `asked_as`,
+    e.g. 'config.restore_step=3: ') when `step` is damaged."""
+    damaged = self.damaged_step(steps, step)
+    if damaged:
+      raise ConfigError(f'{asked_as}{damaged}.' if asked_as else f'{capitalized(damaged)}.')
+
   def step_to_read(self, steps: List[int], step: Optional[int]) -> int:
-    """`step`, or the newest intact one when None; ConfigError if there is none."""
+    """`step`, or the newest intact one when None (`newest_intact`).
+
+    Raises:
+      ConfigError: `step` is damaged (`damaged_step`'s message) or not kept,
+        or no step is intact.
+    """
     if step is not None:
+      self.refuse_damaged(steps, step)
       if step not in steps:
         raise ConfigError(
             f'{self.directory} holds no checkpoint of step {step}; '
             f'it holds steps {sorted(steps)}.'
         )
-      if self.inspection(step).problem is not None:
-        raise ConfigError(f'{capitalized(self.damage(step))}; choose another step.')
       return step
-    for candidate in sorted(steps, reverse=True):
-      if self.inspection(candidate).problem is None:
-        return candidate
-      logging.warning('%s; skipping it.', capitalized(self.damage(candidate)))
+    newest = self.newest_intact(steps)
+    if newest is not None:
+      return newest
     if steps:
       raise ConfigError(f'Every checkpoint in {self.directory} is damaged; see the warnings above.')
     raise ConfigError(f'{self.directory} holds no checkpoint.')
+
+
+def _moved_aside(directory: str, step: int) -> Optional[str]:
+  """The newest copy of `step` that `move_aside` put in the DAMAGED_FOLDER
+  beside the checkpoint directory `directory`, or None."""
+  damaged = os.path.join(os.path.dirname(directory), DAMAGED_FOLDER)
+  if not storage.isdir(damaged):
+    return None
+  copies = {}
+  for name in storage.listdir(damaged):
+    number, _, copy = name.partition('.')
+    if number == str(step) and (not copy or copy.isdigit()):
+      copies[int(copy or 0)] = os.path.join(damaged, name)
+  return copies[max(copies)] if copies else None
 
 
 def set_aside_damaged_steps(inspector: StepInspector) -> None:

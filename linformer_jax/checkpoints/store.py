@@ -16,8 +16,10 @@ Every step folder is sealed with a manifest of its files' sizes and sha256
 (`step_files`), written just before orbax renames it into place, and
 checked before the step is read: a damaged step is never restored. The run that
 owns the folder moves damaged steps aside and continues from the newest intact
-one; readers skip them. A save that would not fit on the disk, or that meets
-a full disk, stops the run with one line (`full_disk`).
+one; readers skip them, with one warning each. A damaged step asked for by
+number is refused in one message saying what is wrong and what to do. A save
+that would not fit on the disk, or that meets a full disk, stops the run with
+one line (`full_disk`).
 
 A step can be protected (`protect`), so that it outlives the newest `keep`:
 the run protects its newest checkpoint from before a loss spike
@@ -147,16 +149,36 @@ class CheckpointStore:
     return self._inspector.inspection(step).problem is None
 
   def latest_step(self) -> Optional[int]:
-    """The newest intact step (possibly still being written), or None."""
-    for step in sorted(self._manager.all_steps(), reverse=True):
-      if self._readable(step):
-        return step
-    return None
+    """The newest intact step (possibly still being written), or None; warns
+    once, in one line, about each newer damaged step it skips."""
+    return self._inspector.newest_intact(self._manager.all_steps())
 
   def all_steps(self) -> List[int]:
     """The kept intact steps in increasing order, including one still being
     written."""
     return sorted(step for step in self._manager.all_steps() if self._readable(step))
+
+  def step_folders(self) -> List[int]:
+    """Every step that has a folder, intact or damaged, in increasing order."""
+    return sorted(self._manager.all_steps())
+
+  def step_to_read(self, step: Optional[int] = None) -> int:
+    """`step`, or the newest intact one when None, warning once about each
+    newer damaged step skipped.
+
+    Raises:
+      ConfigError: `step` is damaged or not kept, or no step is intact.
+    """
+    return self._inspector.step_to_read(self._manager.all_steps(), step)
+
+  def refuse_damaged(self, step: int, *, asked_as: str = '') -> None:
+    """Raises ConfigError when `step`, asked for by number, is damaged: in
+    place, or moved to WORKDIR/damaged_checkpoints by the run that owns the
+    folder. The message (after `asked_as`, e.g. 'config.restore_step=3: ')
+    names the first bad file, what is wrong with it and the step to use
+    instead. Returns when the step is intact or was never kept: the caller
+    says that in its own words."""
+    self._inspector.refuse_damaged(self._manager.all_steps(), step, asked_as)
 
   def protected_steps(self) -> List[int]:
     """The kept steps that outlive the newest `keep`, in increasing order."""
@@ -254,7 +276,7 @@ class CheckpointStore:
         differs, both shapes and what to change).
     """
     self.wait()
-    step = self._inspector.step_to_read(self._manager.all_steps(), step)
+    step = self.step_to_read(step)
     metadata = orbax_items.state_metadata(self._manager, step)
     orbax_items.check_arrays_match(
         *orbax_items.stored_and_wanted(metadata, abstract_state, ()),
@@ -289,7 +311,7 @@ class CheckpointStore:
 
   def _restore_json(self, item: str, step: Optional[int]) -> Any:
     self.wait()
-    step = self._inspector.step_to_read(self._manager.all_steps(), step)
+    step = self.step_to_read(step)
     restored = self._manager.restore(
         step, args=ocp.args.Composite(**{item: ocp.args.JsonRestore()})
     )

@@ -17,12 +17,14 @@ batches are the same for every worker_count.
 """
 
 import json
+import os
 import sys
 from typing import Any, Dict, List, Sequence, Tuple
 
 import grain
 import numpy as np
 
+from linformer_jax.data import worker_lifetime
 from linformer_jax.errors import ConfigError
 
 _SEED_MODULUS = 2**32
@@ -71,6 +73,11 @@ class ShuffledBatches(grain.sources.RandomAccessDataSource):
   sampler gives that index: per record, or, for a batch transform, that of
   the batch's last record, as grain's `Batch` passes it on. The length is
   endless for any run: sys.maxsize over the records a batch spans.
+
+  A grain worker unpickles its copy before making a batch; grain's
+  DataLoader takes no worker initializer, so unpickling is where the worker
+  arranges to end with the process that made the loader
+  (`worker_lifetime`).
   """
 
   def __init__(
@@ -99,6 +106,11 @@ class ShuffledBatches(grain.sources.RandomAccessDataSource):
     self._shard_start = process_index * self._shard_length
     self._read_many = getattr(source, '__getitems__', None)
     self._length = sys.maxsize // (batch_size * process_count)
+    self._loader_pid = os.getpid()
+
+  def __setstate__(self, state: Dict[str, Any]) -> None:
+    self.__dict__.update(state)
+    worker_lifetime.end_with_parent(self._loader_pid)
 
   def __len__(self) -> int:
     return self._length

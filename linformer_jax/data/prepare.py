@@ -33,6 +33,7 @@ from linformer_jax.data import shards
 from linformer_jax.data import sources
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.data import units
+from linformer_jax.data import worker_lifetime
 from linformer_jax.errors import ConfigError
 
 # Defaults of config.data fields (also for configs written before them).
@@ -45,8 +46,9 @@ SEQUENCES_PER_SHARD = 8192
 _WORKER_TOKENIZER: Optional[tokenizer_lib.Tokenizer] = None
 
 
-def _start_worker(tokenizer_spec: Tuple[str, str]) -> None:
+def _start_worker(tokenizer_spec: Tuple[str, str], parent_pid: int) -> None:
   global _WORKER_TOKENIZER
+  worker_lifetime.end_with_parent(parent_pid)
   kind, path = tokenizer_spec
   # One thread each: the pool's processes are the parallelism (the tokenizers
   # library reads its thread count when it first encodes).
@@ -94,7 +96,7 @@ def _ordered_map(
   # 'spawn': this process may run JAX's threads, which fork would copy broken.
   context = multiprocessing.get_context('spawn')
   with context.Pool(
-      workers, initializer=_start_worker, initargs=(_tokenizer_spec(tokenizer),)
+      workers, initializer=_start_worker, initargs=(_tokenizer_spec(tokenizer), os.getpid())
   ) as pool:
     pending: List[Any] = []
     for unit in work:

@@ -54,6 +54,9 @@ class Tokenizer(abc.ABC):
   mask_id: int
   # sha256 (hex) of the model file's bytes; None for a tokenizer without one.
   sha256: Optional[str] = None
+  # Whether this process made the run's file: trained, or copied from a
+  # pretrained run, where the workdir had none (`tokenizer_files`).
+  made_now: bool = False
 
   @abc.abstractmethod
   def encode(self, text: str) -> List[int]:

@@ -97,13 +97,16 @@ def workdir_tokenizer(
   renamed into place only when the block ends without an error: a run that
   fails on its data leaves no tokenizer that a later run, maybe on other data,
   would reuse. (Training is seeded, so a run killed before the rename trains
-  the same model again.) A tokenizer.json is never trained: it comes with an
-  imported checkpoint (`linformer_jax.import_checkpoint`).
+  the same model again.) A command refused later, after the block, removes
+  the kept model again (`storage.undone_if_refused`: a training run refused
+  before it starts, a reader whose checkpoint needs another tokenizer). A
+  tokenizer.json is never trained: it comes with an imported checkpoint
+  (`linformer_jax.import_checkpoint`).
 
   Args:
     data_config: `config.data`; reads `tokenizer` and `vocab_size`.
-    workdir: the run's directory; created for the staged model if missing, and
-      removed again (when empty) if the block fails.
+    workdir: the run's directory; created (with its missing parents) for the
+      staged model, and removed again (when empty) if the block fails.
     train_documents_fn: returns the training documents; only called to train.
     pretrained_model: a tokenizer file of the configured kind to copy instead
       of training one.
@@ -139,33 +142,36 @@ def workdir_tokenizer(
   # gs:// run trains in its mirror in the data cache, checked with the cache.
   if not remote:
     storage.check_folder(workdir)
-  created = not model_path.parent.exists()
   staged = model_path.with_name(f'{filename}.staged{os.getpid()}')
-  try:
-    if pretrained_model:
-      tokenizer = _load_checked(
-          kind,
-          pathlib.Path(pretrained_model),
-          vocab_size,
-          'fine-tune from a run of that vocabulary',
-      )
-      staged.parent.mkdir(parents=True, exist_ok=True)
-      shutil.copyfile(pretrained_model, staged)
-      tokenizer.model_path = str(staged)
-    else:
-      tokenizer = SentencePieceTokenizer.train(
-          training_sentences(train_documents_fn()), vocab_size, str(staged)
-      )
-    yield tokenizer
-  except BaseException:
-    staged.unlink(missing_ok=True)
-    if created and model_path.parent.is_dir() and not any(model_path.parent.iterdir()):
-      model_path.parent.rmdir()
-    raise
-  os.replace(staged, model_path)
-  tokenizer.model_path = str(model_path)
-  if remote:
-    storage.copy_file(str(model_path), storage.join(remote, filename))
+  # The folders made for it and the kept model are noted: a command refused
+  # after this block (`storage.undone_if_refused`) removes them again.
+  with storage.undone_if_refused():
+    storage.makedirs(str(model_path.parent))
+    try:
+      if pretrained_model:
+        tokenizer = _load_checked(
+            kind,
+            pathlib.Path(pretrained_model),
+            vocab_size,
+            'fine-tune from a run of that vocabulary',
+        )
+        shutil.copyfile(pretrained_model, staged)
+        tokenizer.model_path = str(staged)
+      else:
+        tokenizer = SentencePieceTokenizer.train(
+            training_sentences(train_documents_fn()), vocab_size, str(staged)
+        )
+      yield tokenizer
+    except BaseException:
+      staged.unlink(missing_ok=True)
+      raise
+    os.replace(staged, model_path)
+    storage.note_created(str(model_path))
+    tokenizer.model_path = str(model_path)
+    tokenizer.made_now = True
+    if remote:
+      storage.copy_file(str(model_path), storage.join(remote, filename))
+      storage.note_created(storage.join(remote, filename))
 
 
 def build_tokenizer(

@@ -5,6 +5,9 @@ every scalar (absl), writes it to a TensorBoard event file in the workdir
 (`EventFile`) and appends it to `WORKDIR/metrics.jsonl`, one JSON object per
 line: `{"step": 120, "train_loss": 5.1, ...}`. `read_metrics` reads that file
 back, for tests, notebooks and plotting tools that should not need TensorBoard.
+JSON has no NaN or infinity: such a value (a skipped step's loss, a perplexity
+too large to mean anything) is written null (`json_text`, which the results
+files use too) and read back as NaN.
 
 Event files are written with TensorBoard's own TF-free pieces, its protocol
 buffers and its `RecordWriter` (the TFRecord framing): TensorFlow's summary
@@ -31,6 +34,7 @@ import contextlib
 import errno
 import itertools
 import json
+import math
 import os
 import socket
 import tempfile
@@ -65,9 +69,31 @@ def _complete_lines(path: str) -> List[str]:
   return [line for line in text.split('\n')[:-1] if line.strip()]
 
 
+def _finite_or_null(value: Any) -> Any:
+  """`value` with every NaN or infinite float in it (in dicts, lists and
+  tuples) as None."""
+  if isinstance(value, float) and not math.isfinite(value):
+    return None
+  if isinstance(value, dict):
+    return {key: _finite_or_null(item) for key, item in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_finite_or_null(item) for item in value]
+  return value
+
+
+def json_text(payload: Any, **dumps_options: Any) -> str:
+  """`payload` as strict JSON, which has no NaN or infinity: such a value is
+  null. `dumps_options` go to json.dumps (indent, sort_keys)."""
+  return json.dumps(_finite_or_null(payload), allow_nan=False, **dumps_options)
+
+
 def read_metrics(workdir: str) -> List[Dict[str, Any]]:
-  """All records of `workdir/metrics.jsonl` in the order written ([] if none)."""
-  return [json.loads(line) for line in _complete_lines(_metrics_path(workdir))]
+  """All records of `workdir/metrics.jsonl` in the order written ([] if none);
+  a value written null (NaN or infinite) is NaN."""
+  return [
+      {name: math.nan if value is None else value for name, value in json.loads(line).items()}
+      for line in _complete_lines(_metrics_path(workdir))
+  ]
 
 
 # Event files of one process are told apart by a counter: two loggers may open
@@ -207,7 +233,7 @@ class MetricLogger:
         self._events.write_scalars(step, values)
     if not self.is_primary:
       return
-    record = json.dumps({'step': step, **values})
+    record = json_text({'step': step, **values})
     if storage.is_object_store(self.workdir):
       if self._records is None:
         self._records = _complete_lines(_metrics_path(self.workdir))

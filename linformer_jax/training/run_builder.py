@@ -239,6 +239,14 @@ def check_same_tokenizer(data_state: Mapping[str, Any], data: Any, workdir: str)
         f'The checkpoint in {workdir} was trained {used} {path}, this run is {uses} it; set '
         'config.data.tokenizer as the checkpoint was trained, or use another --workdir.'
     )
+  if getattr(tokenizer, 'made_now', False):
+    # The run's own file was gone, and the one made in its place differs.
+    raise ConfigError(
+        f'{path} was missing, and the one made again now is not the tokenizer the checkpoint '
+        f'in {workdir} was trained with (its sha256 starts {current[:16]}, not {saved[:16]}); '
+        'put the original file back, give the data the run was trained on (its config.json '
+        'names it), or use another --workdir to start a new run.'
+    )
   raise ConfigError(
       f'{path} is not the tokenizer the checkpoint in {workdir} was trained with (its sha256 '
       f'starts {current[:16]}, not {saved[:16]}); put the original file back, or use another '
@@ -315,7 +323,13 @@ def save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Writes WORKDIR/config.json (on process 0), whole or not at all, naming each
   extension file by its absolute path, and keeps a copy of each file in
   WORKDIR/extensions/: the run then loads from any directory, and after its
-  files move or change (`saved_config`)."""
+  files move or change (`saved_config`).
+
+  Training calls it once every check that can refuse the run has passed: the
+  run keeps from then on what it made before (its folder, its tokenizer;
+  `storage.keep_created`), whatever stops it later.
+  """
+  storage.keep_created()
   if jax.process_index() != 0:
     return
   saved = config.to_dict()

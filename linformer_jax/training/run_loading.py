@@ -6,7 +6,10 @@ newest checkpoint (or a kept step), with the run's tokenizer and, if asked,
 its evaluation data: no optimizer, no training iterator. Every reader of a
 finished run gets the one shape, `LoadedRun`. Loading only reads the
 workdir: unlike training, which moves the steps after `config.restore_step`
-aside, it leaves every step kept.
+aside, it leaves every step kept. A damaged newest step is skipped with a
+one-line warning, and refused when asked for by number (`CheckpointStore`).
+The one file a reader may write, a tokenizer trained again for a run whose
+tokenizer.model is gone, stays only if the checkpoint was trained with it.
 """
 
 import dataclasses
@@ -15,6 +18,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import ml_collections
 
+from linformer_jax import storage
 from linformer_jax.checkpoints import partial_restore
 from linformer_jax.checkpoints.store import CheckpointStore
 from linformer_jax.checkpoints.store import checkpoint_directory
@@ -85,18 +89,21 @@ def load_run(
   parts = run_builder.build_parts(config)
   step, data_state = _newest_step(config, workdir, step)
   data = None
-  if with_data:
-    data = parts.build_data(workdir, train=False)
-    tokenizer = getattr(data, 'tokenizer', None)
-    fingerprint = data
-  else:
-    tokenizer = None
-    if config.data.source != 'listops':
-      tokenizer = tokenizer_files.run_tokenizer(config.data, workdir)
-    sha256 = tokenizer.sha256 if tokenizer else None
-    fingerprint = types.SimpleNamespace(tokenizer=tokenizer, tokenizer_sha256=sha256)
-  if isinstance(data_state, dict):
-    run_builder.check_same_tokenizer(data_state, fingerprint, workdir)
+  # A tokenizer the data trains for a run that lost its own is kept only if
+  # the checkpoint was trained with that very one.
+  with storage.undone_if_refused():
+    if with_data:
+      data = parts.build_data(workdir, train=False)
+      tokenizer = getattr(data, 'tokenizer', None)
+      fingerprint = data
+    else:
+      tokenizer = None
+      if config.data.source != 'listops':
+        tokenizer = tokenizer_files.run_tokenizer(config.data, workdir)
+      sha256 = tokenizer.sha256 if tokenizer else None
+      fingerprint = types.SimpleNamespace(tokenizer=tokenizer, tokenizer_sha256=sha256)
+    if isinstance(data_state, dict):
+      run_builder.check_same_tokenizer(data_state, fingerprint, workdir)
   variables = _restore_variables(workdir, parts.abstract_variables(), step)
   return LoadedRun(config, parts, variables, tokenizer, step, workdir, data)
 
@@ -104,23 +111,26 @@ def load_run(
 def _newest_step(
     config: ml_collections.ConfigDict, workdir: str, wanted: Optional[int] = None
 ) -> Tuple[int, Any]:
-  """The newest intact step of workdir, or its kept step `wanted` (else
-  config.restore_step, 0 = the newest), checked against config, and its data
-  state."""
+  """The newest intact step of workdir (warning about each newer damaged step
+  it skips), or its kept step `wanted` (else config.restore_step, 0 = the
+  newest), checked against config, and its data state. A damaged `wanted` is
+  refused in a message that names what is wrong and the step to use instead."""
   named = ''
   if wanted is None and config.restore_step:
     wanted = config.restore_step
     named = f'config.restore_step={wanted}: '
   with CheckpointStore(checkpoint_directory(workdir)) as store:
-    step = store.latest_step()
-    if step is None:
+    if not store.step_folders():
       raise ConfigError(f'{workdir} holds no checkpoint; train first or fix --workdir.')
-    if wanted is not None and wanted not in store.all_steps():
+    kept = store.all_steps()
+    if wanted is not None and wanted not in kept:
+      store.refuse_damaged(wanted, asked_as=named)
       raise ConfigError(
           f'{named}{workdir} keeps no checkpoint of step {wanted}; its kept steps are '
-          f'{", ".join(map(str, store.all_steps()))} (0 = the newest).'
+          f'{", ".join(map(str, kept)) or "none"} (0 = the newest).'
       )
-    step = step if wanted is None else wanted
+    # The newest intact step, with a warning for each newer damaged one skipped.
+    step = store.step_to_read(wanted)
     run_config.check_same_model(store.restore_config(step), config, workdir)
     return step, store.restore_data_state(step)
 

@@ -15,11 +15,13 @@ each save and when it diverges. It holds, per kept step:
   recent_losses  the losses the spike rule averages at that step, so that a
                  resumed run judges spikes as the uninterrupted one would
 
-and, once a run has stopped on a divergence, `diverged`: the step it began,
-the newest sound step, and the config of the run that diverged. A later run
-reads it before it restores anything (`decide_start`): the same command again
-is refused in one line naming the sound step; a changed setting goes back to
-the sound step by itself; `config.restore_step` must name a sound step.
+and, once a run has stopped on a divergence, `diverged`: the step it began
+(None where not known: a run that ended on a diverged step, see
+`divergence.DivergenceGuard.unsound_end`), the newest sound step, and the
+config of the run that diverged. A later run reads it before it restores
+anything (`divergence.go_back`): the same command again is refused in one line
+naming the sound step; a changed setting goes back to the sound step by
+itself; `config.restore_step` must name a sound step.
 
 A step the ledger does not list (a workdir from before it, an imported
 checkpoint) counts as sound.

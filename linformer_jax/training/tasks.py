@@ -37,6 +37,9 @@ Batch = Dict[str, np.ndarray]
 # The sums every task's eval step returns, accumulated over evaluation batches.
 SUM_KEYS = ('loss_sum', 'correct_sum', 'weight_sum')
 
+# A perplexity above this describes no model (the loss diverged): reported as inf.
+PERPLEXITY_LIMIT = 1e30
+
 
 def unigram_perplexity(train_token_counts: np.ndarray, batches: Iterable[Batch]) -> float:
   """Perplexity at the predicted tokens of a unigram model of the training split.
@@ -162,7 +165,8 @@ class LanguageModelling(Task):
     return {
         'loss': loss,
         'accuracy': sums['correct_sum'] / weight,
-        'perplexity': math.exp(min(loss, 700.0)),
+        # exp(loss) above PERPLEXITY_LIMIT describes no model: it is inf.
+        'perplexity': math.exp(loss) if loss < math.log(PERPLEXITY_LIMIT) else math.inf,
         self.positions_metric: sums['weight_sum'],
     }
 

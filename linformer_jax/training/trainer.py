@@ -20,13 +20,15 @@ protects a checkpoint from before a loss spike and stops a run whose bad
 steps come in a row, so every checkpoint holds finite parameters;
 every save records in WORKDIR/sound_steps.json whether the step is sound, so
 that a re-run after a divergence never goes on from, or loses, the wrong
-step; `config.restore_step` goes back to an older sound step. SIGTERM and
+step; `config.restore_step` goes back to an older sound step. A run that ends
+on a step that is not sound with a diverged model's loss (finite, but above
+`divergence.DIVERGED_LOSS`) writes no results and stops with the divergence
+error; one whose loss is a model's saves them with a warning. SIGTERM and
 Ctrl-C save a checkpoint before the program exits (143, 130); with several
 processes, SIGTERM to any
 one of them makes all save the same step (JAX's preemption sync point).
 """
 
-import json
 import math
 import os
 import signal
@@ -42,11 +44,13 @@ import ml_collections
 from linformer_jax import storage
 from linformer_jax.training import compiled_step
 from linformer_jax.training import divergence
+from linformer_jax.training import evaluation
 from linformer_jax.training import run_builder
 from linformer_jax.training import training_run
 from linformer_jax.training import workdir_lock
 from linformer_jax.training.divergence import NonFiniteLossError
 from linformer_jax.training.metric_writers import MetricLogger
+from linformer_jax.training.metric_writers import json_text
 from linformer_jax.units import size_text
 
 RESULTS_FILE = 'eval_results.json'
@@ -114,7 +118,7 @@ def _prefixed(prefix: str, metrics: Dict[str, float]) -> Dict[str, float]:
 def _write_json(path: str, payload: Dict[str, Any]) -> None:
   """Writes `payload` to `path` (process 0) whole or not at all."""
   if jax.process_index() == 0:
-    storage.write_text(path, json.dumps(payload, indent=2, sort_keys=True))
+    storage.write_text(path, json_text(payload, indent=2, sort_keys=True))
 
 
 def is_due(step: int, every: int, last_step: int) -> bool:
@@ -166,7 +170,8 @@ def train_and_evaluate(
 
   Returns:
     The final results, also written to workdir/eval_results.json, or None when
-    stopped early by stop_after.
+    stopped early by stop_after. A perplexity too large to mean anything is
+    inf (`evaluation.bounded`), and null in the file.
 
   Raises:
     ConfigError: bad config, data or workdir, or the workdir is in use by
@@ -174,6 +179,9 @@ def train_and_evaluate(
     NonFiniteLossError: more than config.max_skipped_steps steps in a row had
       a non-finite loss or parameters; the message names the kept checkpoints
       and the flags to go on with.
+    DivergenceError: the run ended on a step that is not sound, with a
+      diverged model's loss (finite, above divergence.DIVERGED_LOSS): the
+      same message, and no results are written.
   """
   workdir = storage.location(workdir)
   with workdir_lock.exclusive_workdir(workdir):
@@ -291,7 +299,10 @@ def _train_and_evaluate(
       if evaluate:
         eval_metrics = run.evaluate()
         logger.write_scalars(step, _prefixed('eval', eval_metrics))
-        training_run.report(f'step {step}: ' + task.describe(config.data.eval_split, eval_metrics))
+        training_run.report(
+            f'step {step}: {task.describe(config.data.eval_split, eval_metrics)}'
+            + evaluation.perplexity_note(eval_metrics.get('perplexity'))
+        )
       if save:
         run.save(data_position=consumed, guard=guard)
       logger.exclude(time.monotonic() - paused)
@@ -319,6 +330,14 @@ def _train_and_evaluate(
       logger.close()
   if eval_metrics is None:
     eval_metrics = run.evaluate()
+  final_step = int(run.state.step)
+  if not run.ledger.is_sound(final_step):
+    # Trained nothing (a finished run, run again): the step's own config diverged, if any.
+    saved_config = run.store.restore_config(final_step) if done == first_step else None
+    diverged = guard.unsound_end(final_step, eval_metrics.get('loss'), saved_config)
+    if diverged:
+      run.store.close()
+      raise diverged
   peak_bytes = compiled_step.peak_device_bytes()
   if peak_bytes is not None:
     training_run.report(f'peak device memory {size_text(peak_bytes)}.')

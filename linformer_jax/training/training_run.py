@@ -25,6 +25,7 @@ from linformer_jax.checkpoints.store import CheckpointStore
 from linformer_jax.checkpoints.store import checkpoint_directory
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import divergence
+from linformer_jax.training import evaluation
 from linformer_jax.training import optimization
 from linformer_jax.training import run_builder
 from linformer_jax.training import run_config
@@ -162,8 +163,16 @@ class Run:
     self.ledger.write()
 
   def evaluate(self) -> Dict[str, float]:
-    return tasks.evaluate_batches(
-        self.task, self.eval_step, self.state.variables(), self.data.eval_batches, self.device_batch
+    """The task's metrics on the evaluation batches; a perplexity too large
+    to mean anything as inf (`evaluation.bounded`)."""
+    return evaluation.bounded(
+        tasks.evaluate_batches(
+            self.task,
+            self.eval_step,
+            self.state.variables(),
+            self.data.eval_batches,
+            self.device_batch,
+        )
     )
 
 

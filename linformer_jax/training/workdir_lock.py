@@ -40,7 +40,11 @@ RENEW_SECONDS = 30.0
 def exclusive_workdir(workdir: str) -> Iterator[None]:
   """Holds an exclusive lock on `workdir` (on process 0) while a run uses it.
 
-  A local folder this call created stays only if the run wrote into it.
+  A run that stops before it keeps what it made (`storage.keep_created`,
+  called once it passed every check that can refuse it) leaves the file
+  system as it found it: the local folder and the parents this call created,
+  and the files the run noted (a tokenizer trained for it), are removed
+  again (`storage.undone_if_refused`).
 
   Raises:
     ConfigError: another run holds the workdir, or it cannot be a folder.
@@ -48,13 +52,21 @@ def exclusive_workdir(workdir: str) -> Iterator[None]:
   if jax.process_index() != 0:
     yield
     return
-  if storage.is_object_store(workdir):
-    with _Lease(workdir):
+  with storage.undone_if_refused():
+    if storage.is_object_store(workdir):
+      with _Lease(workdir):
+        yield
+      return
+    with _locked_folder(workdir):
       yield
-    return
-  created = not os.path.exists(workdir)
+
+
+@contextlib.contextmanager
+def _locked_folder(workdir: str) -> Iterator[None]:
+  """Holds `flock` on the local folder `workdir`, made (and noted for
+  `storage.undone_if_refused`) if missing."""
   try:
-    os.makedirs(workdir, exist_ok=True)
+    storage.makedirs(workdir)
     folder = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY)
   except OSError as error:
     raise ConfigError(
@@ -70,10 +82,6 @@ def exclusive_workdir(workdir: str) -> Iterator[None]:
       ) from None
     storage.check_folder(workdir)
     yield
-  except ConfigError:
-    if created and not os.listdir(workdir):
-      os.rmdir(workdir)
-    raise
   finally:
     os.close(folder)
 

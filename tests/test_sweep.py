@@ -289,7 +289,9 @@ def test_a_diverged_variant_is_advised_in_the_sweep_s_own_flags(tiny_sweep):
   }
 
 
-@pytest.mark.slow
+# About 16 s: in make test-all; the line itself is checked by
+# test_a_diverged_variant_is_advised_in_the_sweep_s_own_flags.
+@pytest.mark.long
 def test_a_diverged_variant_s_command_goes_on_with_it(tmp_path, run_command):
   """learning_rate=1e12 by --set: the variant diverges keeping step 1; the
   sweep command its error line gives is accepted and trains the variant

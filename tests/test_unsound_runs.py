@@ -183,3 +183,17 @@ def test_every_reader_of_a_diverged_loss_gets_inf_not_a_clamped_number():
   assert math.isinf(task.metrics({**sums, 'loss_sum': 10.0 * 700.0})['perplexity'])
   assert task.metrics({**sums, 'loss_sum': 10.0 * 5.0})['perplexity'] == pytest.approx(math.exp(5))
   assert json.loads(json_text(task.metrics({**sums, 'loss_sum': 1e4})))['perplexity'] is None
+
+
+def test_a_setting_another_extension_adds_at_its_default_changes_no_training_setting():
+  """A process that imported more extensions (a notebook, the test suite) adds
+  their declared settings to every config it builds: not a change of settings."""
+  from linformer_jax.extensions import import_extensions
+  from linformer_jax.training.sound_steps import same_training_settings
+
+  import_extensions(['docs/examples/tempered_attention.py'])
+  saved = {'model': {'attention': 'linformer'}, 'learning_rate': 1.0}
+  built = {'model': {'attention': 'linformer', 'temperature_init': 1.0}, 'learning_rate': 1.0}
+  assert same_training_settings(saved, built) and same_training_settings(built, saved)
+  changed = {**built, 'model': {**built['model'], 'temperature_init': 2.0}}
+  assert not same_training_settings(saved, changed)

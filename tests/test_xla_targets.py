@@ -284,10 +284,10 @@ SLICE_MESHES = (
     ('h100x8', '4,2'),
     (MULTI_SLICE, '-1,2'),
 )
-# `make test` compiles one cell, at one layer and n = 512 (the same kernel in the same
+# `make test` compiles one cell, at one layer and n = 256 (the same kernel in the same
 # shard_map, in half the compile time); `make test-all` every kind on every slice.
 REPRESENTATIVE_CELL = ('linformer', 'v5e-4', '-1,2')
-REPRESENTATIVE_SIZE = {'--config.model.num_layers': '1', '--config.model.max_len': '512'}
+REPRESENTATIVE_SIZE = {'--config.model.num_layers': '1', '--config.model.max_len': '256'}
 
 
 def _roberta_flags(cell):

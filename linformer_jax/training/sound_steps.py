@@ -33,7 +33,9 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import jax
 
+from linformer_jax import registry
 from linformer_jax import storage
+from linformer_jax.model import model_config
 
 LEDGER_FILE = 'sound_steps.json'
 # A step whose parameter norm is above this times the largest norm of an
@@ -58,9 +60,23 @@ def _training_settings(config: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def same_training_settings(a: Dict[str, Any], b: Dict[str, Any]) -> bool:
-  """Whether two configs (as dicts) train alike, bookkeeping fields aside."""
+  """Whether two configs (as dicts) train alike, bookkeeping fields aside.
+
+  A setting a registered part declares (`registry.Setting`) that one config
+  holds at its default and the other lacks is the same: a process that
+  imported more extensions adds their settings to every config it builds.
+  """
   as_json = lambda config: json.loads(json.dumps(_training_settings(config), sort_keys=True))
-  return as_json(a) == as_json(b)
+  a, b = as_json(a), as_json(b)
+  models = a.get('model'), b.get('model')
+  if isinstance(models[0], dict) and isinstance(models[1], dict):
+    declared = registry.declared_settings(model_config.SETTINGS_SECTION)
+    for name, declaration in declared.items():
+      default = json.loads(json.dumps(declaration.setting.default))
+      for model, other in (models, models[::-1]):
+        if name in model and name not in other and model[name] == default:
+          del model[name]
+  return a == b
 
 
 class SoundStepLedger:

@@ -16,9 +16,9 @@ import jax
 import numpy as np
 
 from configs import tiny
+from linformer_jax import testing
 from linformer_jax.checkpoints.store import CheckpointStore
 from linformer_jax.checkpoints.store import checkpoint_directory
-from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.training import training_run
 from linformer_jax.training.metric_writers import read_metrics
 
@@ -36,19 +36,21 @@ def tiny_config(**overrides):
 
 def small_model_config(**overrides):
   """A ModelConfig of a 2-layer model, 8 wide, n = 16 and k = 4, vocabulary
-  of 40, no dropout: model-level checks of parts, fast to compile."""
-  fields = dict(
-      vocab_size=40,
-      max_len=16,
-      num_layers=2,
-      num_heads=2,
-      hidden_dim=8,
-      mlp_dim=16,
-      projected_len=4,
-      dropout_rate=0.0,
-      attention_dropout_rate=0.0,
-  )
-  return ModelConfig(**{**fields, **overrides})
+  of 40, no dropout: model-level checks of parts, fast to compile
+  (`linformer_jax.testing.small_config`, which extension authors use too)."""
+  return testing.small_config(**overrides)
+
+
+def file_hashes(folder):
+  """Every file under `folder` -> its bytes' sha256: what a refused command
+  must leave unchanged."""
+  return {
+      os.path.relpath(os.path.join(root, name), folder): hashlib.sha256(
+          open(os.path.join(root, name), 'rb').read()
+      ).hexdigest()
+      for root, _, names in os.walk(folder)
+      for name in names
+  }
 
 
 def final_params(workdir, config):

@@ -1,7 +1,6 @@
 """Skipped non-finite steps, the spike rule, the kept pre-spike checkpoint,
 and going on from the divergence error's own command (docs/reliability.md)."""
 
-import hashlib
 import math
 import os
 import shlex
@@ -12,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from run_helpers import file_hashes
 from run_helpers import losses_by_step
 from run_helpers import tiny_config
 from run_helpers import tiny_flags
@@ -272,17 +272,6 @@ def _with_learning_rate(flags, rate):
   ]
 
 
-def _files(folder):
-  """Every file under `folder` -> its bytes' hash."""
-  return {
-      os.path.relpath(os.path.join(root, name), folder): hashlib.sha256(
-          open(os.path.join(root, name), 'rb').read()
-      ).hexdigest()
-      for root, _, names in os.walk(folder)
-      for name in names
-  }
-
-
 def _healthy(workdir):
   losses = losses_by_step(workdir)
   assert sorted(losses) == list(range(1, 9)) and all(np.isfinite(list(losses.values())))
@@ -320,11 +309,11 @@ def test_a_diverged_workdir_keeps_its_sound_step_across_re_runs(
   workdir = tmp_path / 'run'
   shutil.copytree(source, workdir)
   flags = [str(workdir) if f == str(source) else f for f in flags]
-  before = _files(workdir)
+  before = file_hashes(workdir)
   for _ in range(2):
     refused = _error_line(run_command('train', *flags))
     assert 'Refused' in refused and 'step 1 is the newest sound one' in refused, refused
-    assert _files(workdir) == before
+    assert file_hashes(workdir) == before
   assert "Go on with configs/tiny.py's own learning rate, 0.002" in refused, refused
   printed = _printed_command(refused)
   assert '--config.restore_step=1' in printed

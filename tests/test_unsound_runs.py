@@ -4,16 +4,15 @@ re-run of its workdir says so too; its advice leads to a sound run; a
 perplexity too large to mean anything reads as such, and the files stay
 strict JSON (docs/reliability.md, "Ending on unsound steps")."""
 
-import hashlib
 import json
 import math
-import os
 import re
 import shlex
 import shutil
 
 import ml_collections
 import pytest
+from run_helpers import file_hashes
 from run_helpers import tiny_flags
 
 from linformer_jax.errors import ConfigError
@@ -46,16 +45,6 @@ def _strict_json(text):
     raise AssertionError(f'{token} is not JSON')
 
   return json.loads(text, parse_constant=refuse)
-
-
-def _files(folder):
-  return {
-      os.path.relpath(os.path.join(root, name), folder): hashlib.sha256(
-          open(os.path.join(root, name), 'rb').read()
-      ).hexdigest()
-      for root, _, names in os.walk(folder)
-      for name in names
-  }
 
 
 @pytest.fixture(scope='module')
@@ -120,7 +109,7 @@ def test_a_re_run_of_its_workdir_says_why_it_cannot_go_on(finite_divergence, tmp
   step's own config: never scored as a finished run."""
   workdir = tmp_path / 'run'
   shutil.copytree(finite_divergence[0], workdir)
-  before = _files(workdir)
+  before = file_hashes(workdir)
   same = run_builder.saved_config(str(workdir))  # the command's own config
   lower = ml_collections.ConfigDict(same.to_dict())
   lower.learning_rate = 1e-3
@@ -129,7 +118,7 @@ def test_a_re_run_of_its_workdir_says_why_it_cannot_go_on(finite_divergence, tmp
   assert error.value.restart_workdir == f'{workdir}-restart'
   with pytest.raises(ConfigError, match=r'diverged at step 3 and none of its kept steps \(5, 10\)'):
     training_run.Run(lower, str(workdir))
-  assert _files(workdir) == before
+  assert file_hashes(workdir) == before
   ledger = SoundStepLedger(str(workdir))
   ledger.diverged = None
   ledger.write()

@@ -15,6 +15,7 @@ import errno
 import importlib.machinery
 import importlib.util
 import os
+import signal
 import sys
 import traceback
 from typing import Callable, Iterator, List, Optional, Sequence
@@ -24,7 +25,13 @@ from typing import Callable, Iterator, List, Optional, Sequence
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
 
+from linformer_jax import interrupts  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax import xla_cpu  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+# Ctrl-C and SIGTERM end a command in one line from here on, JAX's import
+# included (interrupts); a library user's or a test's process is left alone.
+if interrupts.is_command_process():
+  interrupts.install()
 
 # Before JAX starts a backend: XLA:CPU without YNNPACK fusions (see xla_cpu),
 # where the CPU will be the backend.
@@ -369,15 +376,14 @@ def run(main: Callable[[List[str]], None]) -> None:
           f'{where} cannot be used ({error.strerror}); fix the path or its permissions, or '
           'give another one, then run the same command again.'
       )
-    except KeyboardInterrupt:
-      # Ctrl-C before a training loop takes it over (which saves and exits 130
-      # itself), or in a command that only reads: nothing half-written is kept.
-      print(
-          'interrupted (Ctrl-C): stopped before anything was saved; run the same command '
-          'again to start over.',
-          file=sys.stderr,
-          flush=True,
-      )
-      sys.exit(128 + 2)  # 128 + SIGINT, as a shell reports it
 
-  app.run(guarded_main, flags_parser=_parse_flags)
+  # Ctrl-C or SIGTERM outside a training loop (which saves and exits 130 or
+  # 143 itself), or in a command that only reads: nothing half-written is
+  # kept, and the process ends in one line without shutting the interpreter
+  # down under XLA's threads (interrupts).
+  interrupts.install()
+  with interrupts.raising():
+    try:
+      app.run(guarded_main, flags_parser=_parse_flags)
+    except KeyboardInterrupt as error:
+      interrupts.exit_for(getattr(error, 'signum', signal.SIGINT))

@@ -20,8 +20,17 @@ ALLOWED = {
 # Modules below every layer: error types, the registries of named parts, the
 # importing of the files config.extensions names (so that their parts register;
 # the training layer imports a run's), the path layer (local folders and gs://),
-# the units of memory and settings dataclasses whose fields are flags.
-BASE_MODULES = ('errors', 'registry', 'extensions', 'storage', 'units', 'settings_flags')
+# the units of memory, settings dataclasses whose fields are flags, and the
+# handling of Ctrl-C and SIGTERM that a training loop takes over.
+BASE_MODULES = (
+    'errors',
+    'registry',
+    'extensions',
+    'storage',
+    'units',
+    'settings_flags',
+    'interrupts',
+)
 # The Python API (api.py: linformer_jax.load and build) sits on the training
 # layer, beside analysis: the commands may import it, no layer does.
 API_ALLOWED = {'training', 'checkpoints', 'model', 'data'}

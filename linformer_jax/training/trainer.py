@@ -29,6 +29,7 @@ processes, SIGTERM to any
 one of them makes all save the same step (JAX's preemption sync point).
 """
 
+import contextlib
 import math
 import os
 import signal
@@ -41,6 +42,7 @@ import jax
 from jax.experimental import multihost_utils
 import ml_collections
 
+from linformer_jax import interrupts
 from linformer_jax import storage
 from linformer_jax.training import compiled_step
 from linformer_jax.training import divergence
@@ -78,6 +80,9 @@ class _TerminationRequest:
     self.signal: Optional[int] = None  # the signal received, once one is
     self._shared = jax.process_count() > 1
     self._previous = {}
+    # A command's signal watcher leaves the signals to this loop (interrupts).
+    self._held = contextlib.ExitStack()
+    self._held.enter_context(interrupts.held_by_loop())
     if not self._shared:
       for signum in (signal.SIGTERM, signal.SIGINT):
         self._previous[signum] = signal.signal(signum, self._handle)
@@ -109,6 +114,7 @@ class _TerminationRequest:
   def restore(self):
     for signum, previous in self._previous.items():
       signal.signal(signum, previous)
+    self._held.close()
 
 
 def _prefixed(prefix: str, metrics: Dict[str, float]) -> Dict[str, float]:

@@ -84,8 +84,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.tokenizer = 'sentencepiece'  # 'sentencepiece' (trained on train split) or 'byte'
   config.data.vocab_size = 8000  # SentencePiece vocabulary size
   config.data.mask_rate = 0.15  # fraction of tokens masked (80% <mask>, 10% random, 10% kept)
-  # The loader makes 7.3 M masked tokens/s on one core; the ~12 k tokens/s this model
-  # trains at on 2 cores take 0.2% of one, so no thread or worker (docs/data.md).
+  # The loader keeps up with this model from the main process, so no thread or worker
+  # (its measured throughput: docs/data.md).
   config.data.worker_count = 0  # grain worker processes making batches (0 = in the main process)
   config.data.read_threads = 0  # threads making batches ahead in this process (0 = none)
   config.data.prefetch_buffer = 0  # batches those threads keep ready (both > 0 to take effect)

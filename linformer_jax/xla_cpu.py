@@ -6,13 +6,10 @@ this project's CPUs that costs memory accounting and speed (measured side by
 side in docs/benchmarks.md, "XLA:CPU's library fusions"):
 
 - a ynn fusion allocates its intermediates itself, outside XLA's buffer
-  assignment, so `compiled.memory_analysis()` does not count them. The
-  benchmark's memory columns and its memory-budget method read that analysis:
-  the naive Transformer's forward pass at n = 4096 plans 2.4 GiB and peaks
-  about 1 GiB above that;
+  assignment, so `compiled.memory_analysis()` does not count them, and the
+  benchmark's memory columns and its memory-budget method read that analysis;
 - YNNPACK runs a product whose right operand is transposed, as in a training
-  step's backward pass, at half the rate of the same product untransposed;
-  a training step at n = 8192 is 1.4x faster without them.
+  step's backward pass, slower than the same product untransposed.
 
 `without_library_fusions(XLA_FLAGS)` adds
 `--xla_cpu_experimental_ynn_fusion_type=` (an empty list: none) unless the

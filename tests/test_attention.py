@@ -121,16 +121,18 @@ def test_padding_invariance(projection):
   }.get(projection)
 
   def run(q, k, v, mask):
-    return linformer.compressed_attention(
+    return attention.attend(
         q,
-        k,
-        v,
-        projection=projection,
-        key_weight=weight,
-        value_weight=weight,
-        max_len=max_len,
-        projected_len=PROJECTED,
-        key_padding_mask=mask,
+        *linformer.compressed_keys_and_values(
+            k,
+            v,
+            projection=projection,
+            key_weight=weight,
+            value_weight=weight,
+            max_len=max_len,
+            projected_len=PROJECTED,
+            key_padding_mask=mask,
+        ),
     )
 
   q, k, v = random_qkv(seed=11, batch=3, length=max_len)

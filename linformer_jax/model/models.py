@@ -139,11 +139,10 @@ class Encoder(nn.Module):
 
     `nn.Embed` casts the table first, so under model.dtype='bfloat16' its
     gradient is a scatter-add into a bfloat16 table: the thousands of terms of a
-    frequent token's row (the mask token is ~12% of a batch) add in bfloat16,
-    3-25% off the float64 sum in `tests/test_matmul_dtypes.py`, and on an H100
-    that scatter took about half of a roberta_base step (docs/benchmarks.md).
-    Gathered from the float32 table, the gradient adds in float32; the forward
-    values are the same.
+    frequent token's row (the mask token is ~12% of a batch) add in bfloat16
+    (`tests/test_matmul_dtypes.py` checks them against a float64 sum; what the
+    scatter cost a step is in docs/benchmarks.md). Gathered from the float32
+    table, the gradient adds in float32; the forward values are the same.
     """
     table = self.token_embedding.embedding
     return jnp.take(table, tokens, axis=0).astype(self.config.compute_dtype)

@@ -1,7 +1,7 @@
 """'linformer': attention over keys and values compressed along the sequence.
 
 Bidirectional: every query attends over the k positions the layer's sequence
-projection compresses the n keys and values into (`compressed_attention`),
+projection compresses the n keys and values into (`compressed_keys_and_values`),
 softmax(Q (E^T K)^T / sqrt(d)) (F^T V) for a matrix projection. A layer whose
 E and F are shared by the heads (any sharing but 'none'), with a projection
 that commutes with the dense layers (`compresses_first`: linear, random,
@@ -15,7 +15,7 @@ Causal (config.model.causal): the block-wise Linformer of
 and the finished blocks' summaries in the cache (variable 'blocks').
 """
 
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import jax
 
@@ -29,8 +29,7 @@ from linformer_jax.model.attention_kinds.base import AttentionKind
 Array = jax.Array
 
 
-def compressed_attention(
-    q: Array,
+def compressed_keys_and_values(
     k: Array,
     v: Array,
     *,
@@ -40,23 +39,24 @@ def compressed_attention(
     max_len: int,
     projected_len: int,
     key_padding_mask: Optional[Array] = None,
-) -> Array:
-  """Linformer attention with any registered sequence projection.
-
-  Keys and values are compressed by the projection (a name or a kind) with
-  `key_weight` and `value_weight`, the E and F of the paper, then every query
-  attends over the projected_len compressed positions.
+) -> Tuple[Array, Array, Array]:
+  """Keys and values compressed along the sequence by a registered projection
+  (a name or a kind) with `key_weight` and `value_weight`, the E and F of the
+  paper; every query then attends over the projected_len positions
+  (`attention.attend`).
 
   Returns:
-    [batch, length, heads, head_dim] in the dtype of `q`.
+    keys and values [batch, projected_len, heads, head_dim] and their
+    [batch, projected_len] mask, False where a compressed position holds no
+    real token.
   """
-  attention.check_qkv(q, k, v)
+  attention.check_qkv(k, k, v)
   attention.check_mask(key_padding_mask, k.shape[0], k.shape[1])
   projection = projections.kind(projection)
   common = dict(max_len=max_len, projected_len=projected_len, key_padding_mask=key_padding_mask)
-  projected_k, projected_mask = projection.compress(k, key_weight, name='E', **common)
-  projected_v, _ = projection.compress(v, value_weight, name='F', **common)
-  return attention.attend(q, projected_k, projected_v, projected_mask)
+  keys, key_mask = projection.compress(k, key_weight, name='E', **common)
+  values, _ = projection.compress(v, value_weight, name='F', **common)
+  return keys, values, key_mask
 
 
 @REGISTRY.register('linformer')
@@ -85,8 +85,14 @@ class Linformer(AttentionKind):
       keys = dense.keys_from_compressed(key_rows, key_bias)
       values = dense.values_from_compressed(value_rows, value_bias)
     else:
-      keys, key_mask = kind.compress(dense.keys(x), key_weight, name='E', **common)
-      values, _ = kind.compress(dense.values(x), value_weight, name='F', **common)
+      keys, values, key_mask = compressed_keys_and_values(
+          dense.keys(x),
+          dense.values(x),
+          projection=kind,
+          key_weight=key_weight,
+          value_weight=value_weight,
+          **common,
+      )
     record(ATTENDED, (keys, values, key_mask))
     return keys, values, key_mask
 

@@ -51,7 +51,7 @@ from linformer_jax.units import GIB
 
 
 @dataclasses.dataclass(frozen=True)
-class CausalBenchmarkSettings:
+class CausalBenchmarkSettings(benchmark_settings.model_size_settings(12, 768, 12, 3072)):
   """What to measure; invalid values raise a ConfigError naming the flag. Each field is
   also the command's flag of its name, but memory_limit_bytes (--memory_limit_gb, in GiB)."""
 
@@ -62,10 +62,6 @@ class CausalBenchmarkSettings:
   seq_lens: Sequence[int] = setting(
       (1024, 2048, 4096, 8192, 16384), 'Sequence lengths n of the timed forward pass; empty: skip.'
   )
-  num_layers: int = setting(12, 'Layers.', minimum=1)
-  hidden_dim: int = setting(768, 'Model width.', minimum=1)
-  num_heads: int = setting(12, 'Attention heads.', minimum=1)
-  mlp_dim: int = setting(3072, 'Feed-forward hidden width.', minimum=1)
   batch: int = setting(1, 'Sequences per call.', minimum=1)
   repeats: int = setting(10, 'Timed runs per cell, after a warm-up.', minimum=1)
   dtype: str = setting('float32', 'Compute dtype.', choices=benchmark_settings.DTYPES)

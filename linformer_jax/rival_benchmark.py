@@ -113,7 +113,7 @@ def _parse_kind_setting(text: str) -> tuple:
 
 
 @dataclasses.dataclass(frozen=True)
-class RivalBenchmarkSettings:
+class RivalBenchmarkSettings(benchmark_settings.model_size_settings(4, 256, 4, 1024, 'LRA Text')):
   """What to measure; each field is the flag of its name (in GiB for bytes), and
   a bad value raises a ConfigError naming the flag."""
 
@@ -134,10 +134,6 @@ class RivalBenchmarkSettings:
       'once per setting.',
       repeated=True,
   )
-  num_layers: int = setting(4, 'Encoder layers (LRA Text: 4).', minimum=1)
-  hidden_dim: int = setting(256, 'Model width (LRA Text: 256).', minimum=1)
-  num_heads: int = setting(4, 'Attention heads (LRA Text: 4).', minimum=1)
-  mlp_dim: int = setting(1024, 'Feed-forward hidden width (LRA Text: 1024).', minimum=1)
   batch: int = setting(
       1,
       'Sequences per step. LRA timed batch 32 on a TPU v3 4x4 slice (32 cores), about one '

@@ -39,6 +39,26 @@ def benchmark_model(settings: Any, **fields: Any) -> ModelConfig:
   )
 
 
+def model_size_settings(
+    num_layers: int, hidden_dim: int, num_heads: int, mlp_dim: int, source: str = ''
+) -> type:
+  """A frozen dataclass of the encoder's size settings, each the flag of its
+  name, with these defaults (`source` names where they come from, for the
+  help): the base of a benchmark's settings class."""
+  where = f' ({source}: {{}})' if source else ''
+  sizes = (
+      ('num_layers', num_layers, 'Encoder layers.'),
+      ('hidden_dim', hidden_dim, 'Model width.'),
+      ('num_heads', num_heads, 'Attention heads.'),
+      ('mlp_dim', mlp_dim, 'Feed-forward hidden width.'),
+  )
+  fields = [
+      (name, int, setting(default, help_text[:-1] + where.format(default) + '.', minimum=1))
+      for name, default, help_text in sizes
+  ]
+  return dataclasses.make_dataclass('ModelSizeSettings', fields, frozen=True)
+
+
 def require_heads_divide_width(settings: Any) -> None:
   """--num_heads must divide --hidden_dim."""
   advice = f'it must be divisible by --num_heads={settings.num_heads}'
@@ -52,7 +72,7 @@ def memory_limit_of_flag(limit_gb: Optional[float]) -> float:
 
 
 @dataclasses.dataclass(frozen=True)
-class BenchmarkSettings:
+class BenchmarkSettings(model_size_settings(12, 768, 12, 3072)):
   """What to measure: each field is the flag of its name, or of `flag` (in GiB for bytes).
 
   Invalid values raise a ConfigError naming the flag.
@@ -66,10 +86,6 @@ class BenchmarkSettings:
       "Linformer's projected lengths k; only k < n are measured.",
       minimum=1,
   )
-  num_layers: int = setting(12, 'Encoder layers.', minimum=1)
-  hidden_dim: int = setting(768, 'Model width.', minimum=1)
-  num_heads: int = setting(12, 'Attention heads.', minimum=1)
-  mlp_dim: int = setting(3072, 'Feed-forward hidden width.', minimum=1)
   batch: int = setting(1, 'Sequences per forward pass; ignored with --memory_budget_gb.', minimum=1)
   repeats: int = setting(10, 'Timed runs per cell.', minimum=1)
   dtype: str = setting('float32', 'Compute dtype.', choices=DTYPES)

@@ -190,6 +190,19 @@ class LanguageModelling(Task):
 TASKS: Registry[Type[Task]] = Registry('config.task')
 
 
+def _building_with(build_datasets: Any) -> Any:
+  """A task's `build_data`: a data module's `build_datasets(config, workdir,
+  *, process_index, process_count, train)`."""
+
+  def build_data(self, config, workdir, *, process_index, process_count, train):
+    del self
+    return build_datasets(
+        config, workdir, process_index=process_index, process_count=process_count, train=train
+    )
+
+  return build_data
+
+
 @TASKS.register('masked_lm')
 class MaskedLanguageModelling(LanguageModelling):
   """RoBERTa's masked-LM pretraining on packed sequences (`data.masked_lm`)."""
@@ -198,10 +211,7 @@ class MaskedLanguageModelling(LanguageModelling):
   positions_metric = 'masked_tokens'
   perplexity_label = 'perplexity'
 
-  def build_data(self, config, workdir, *, process_index, process_count, train):
-    return masked_lm.build_datasets(
-        config, workdir, process_index=process_index, process_count=process_count, train=train
-    )
+  build_data = _building_with(masked_lm.build_datasets)
 
   def create_model(self, model_config, config):
     del config
@@ -222,10 +232,7 @@ class CausalLanguageModelling(LanguageModelling):
   positions_metric = 'predicted_tokens'
   perplexity_label = 'next-token perplexity'
 
-  def build_data(self, config, workdir, *, process_index, process_count, train):
-    return causal_lm.build_datasets(
-        config, workdir, process_index=process_index, process_count=process_count, train=train
-    )
+  build_data = _building_with(causal_lm.build_datasets)
 
   def create_model(self, model_config, config):
     if not model_config.causal:
@@ -246,10 +253,7 @@ class Classification(Task):
 
   name = 'classification'
 
-  def build_data(self, config, workdir, *, process_index, process_count, train):
-    return classification.build_datasets(
-        config, workdir, process_index=process_index, process_count=process_count, train=train
-    )
+  build_data = _building_with(classification.build_datasets)
 
   def create_model(self, model_config, config):
     return models.SequenceClassifier(model_config, classification.num_classes(config))

@@ -145,10 +145,14 @@ def classification_loss(model: nn.Module) -> LossSums:
 
 
 def all_finite(tree: Any) -> Array:
-  """A boolean scalar: every element of every array in `tree` is finite."""
-  return jnp.all(
-      jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree_util.tree_leaves(tree)])
-  )
+  """A boolean scalar: every element of every floating-point array in `tree`
+  is finite (integer leaves, such as an optimizer's step count, always are)."""
+  leaves = [
+      leaf
+      for leaf in jax.tree_util.tree_leaves(tree)
+      if jnp.issubdtype(jnp.result_type(leaf), jnp.inexact)
+  ]
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves] or [jnp.bool_(True)]))
 
 
 def _microbatches(batch: Batch, count: int) -> Batch:

@@ -16,7 +16,6 @@ from typing import Any, Dict, List, Optional, Tuple
 from absl import logging
 import jax
 from jax.experimental import multihost_utils
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
@@ -180,10 +179,5 @@ class Run:
 def _health(state: train_steps.TrainState) -> Tuple[jax.Array, jax.Array]:
   """Whether the parameters and optimizer state are all finite, and the
   parameters' global L2 norm."""
-  leaves = [
-      x
-      for x in jax.tree_util.tree_leaves((state.params, state.opt_state))
-      if jnp.issubdtype(x.dtype, jnp.inexact)
-  ]
-  finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+  finite = train_steps.all_finite((state.params, state.opt_state))
   return finite, optax.tree.norm(state.params)

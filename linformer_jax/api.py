@@ -54,6 +54,7 @@ from linformer_jax.model import layers
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.training import hf_import
+from linformer_jax.training import loop_actions
 from linformer_jax.training import run_builder
 from linformer_jax.training import run_config
 from linformer_jax.training import run_loading
@@ -926,14 +927,20 @@ class TrainOutput(NamedTuple):
     results: the final evaluation, as WORKDIR/eval_results.json holds it:
       'step', 'eval_split', 'task', 'eval_loss', 'eval_perplexity', ... (the
       names `Run.evaluate` and the evaluate command give), the reference
-      model's figure, 'parameters' and 'wall_time_s'.
+      model's figure, 'parameters' and 'wall_time_s'; None when an action
+      of `train`'s ended the loop early.
   """
 
   run: Run
   results: Dict[str, Any]
 
 
-def train(config: ml_collections.ConfigDict, workdir: str) -> TrainOutput:
+def train(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    *,
+    actions: Sequence[loop_actions.PeriodicAction] = (),
+) -> TrainOutput:
   """Trains a run to config.total_steps, as `python -m linformer_jax.train` does.
 
   A run already in `workdir` is resumed from its newest checkpoint (a
@@ -943,9 +950,12 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> TrainOutput:
   Args:
     config: a run config, e.g. configs/tiny.py's get_config().
     workdir: the run's folder, local or gs://.
+    actions: periodic actions of your own in the training loop
+      (`loop_actions.PeriodicAction`, docs/extending.md).
 
   Returns:
-    TrainOutput(run, results): the trained run, loaded, and its final evaluation.
+    TrainOutput(run, results): the trained run, loaded, and its final
+    evaluation (None when an action ended the loop early).
 
   Raises:
     ConfigError: a bad config, data or workdir, a workdir of another model,
@@ -953,5 +963,5 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> TrainOutput:
     NonFiniteLossError: the loss stayed non-finite; the message names the
       kept checkpoints and the flags to go on with.
   """
-  results = trainer.train_and_evaluate(_prepared(config), workdir)
+  results = trainer.train_and_evaluate(_prepared(config), workdir, actions=actions)
   return TrainOutput(load(workdir), results)

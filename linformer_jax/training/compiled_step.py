@@ -12,13 +12,14 @@ calls the compiled executable. XLA's analyses of that executable give:
   against the device's peak bfloat16 rate, where the device is in
   `PEAK_BF16_FLOPS`. On a CPU there is no such peak: MFU is left out.
 
-An out-of-memory error raised while the step runs (`is_out_of_memory`) gets
-the same one-line message.
+An out-of-memory error raised while the step compiles or runs gets a
+one-line message too (`memory_budget.out_of_memory_message`).
 
 The readings of XLA's analyses live here once, for the run and for every
 analysis command: `cost_analysis` (FLOPs, bytes accessed), `planned_bytes`
 (the memory a compiled program plans), `is_out_of_memory` and
-`out_of_memory_need` (what XLA:TPU said a step it refused needs).
+`out_of_memory_need` (what XLA:TPU said a step it refused needs); what a
+device has, and the state's share of it, in `memory_budget`.
 """
 
 import dataclasses
@@ -27,20 +28,19 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import jax
 import ml_collections
-import psutil
 
 from linformer_jax.errors import ConfigError
+from linformer_jax.training import memory_budget
 from linformer_jax.training import optimization
 from linformer_jax.training import run_builder
 from linformer_jax.training import sharding as sharding_lib
+from linformer_jax.training.memory_budget import device_memory_bytes
+from linformer_jax.training.memory_budget import is_out_of_memory
 from linformer_jax.units import GIB
 from linformer_jax.units import KIB
 from linformer_jax.units import MIB
 from linformer_jax.units import TIB
 from linformer_jax.units import size_text
-
-# Lower-cased phrases of XLA's allocation failures on CPU, GPU and TPU.
-_OUT_OF_MEMORY_MARKERS = ('resource_exhausted', 'out of memory', 'failed to allocate')
 
 # XLA:TPU's refusals: '... HLO temporaries (29.90G) exceeds available HBM
 # (15.75G).', or '... Exceeded hbm capacity by 2.56M.' with a breakdown that
@@ -72,18 +72,6 @@ def peak_flops(device_kind: str) -> Optional[float]:
   return None
 
 
-def device_memory_bytes(device: jax.Device) -> Tuple[int, str]:
-  """The memory one device may use, and where the figure comes from.
-
-  An accelerator reports its own limit; CPU devices share the host's
-  available memory."""
-  stats = device.memory_stats() if device.platform != 'cpu' else None
-  if stats and stats.get('bytes_limit'):
-    return int(stats['bytes_limit']), f'{device.device_kind} memory'
-  available = psutil.virtual_memory().available // max(jax.local_device_count(), 1)
-  return int(available), 'host memory available per device'
-
-
 def peak_device_bytes() -> Optional[int]:
   """The most memory any local accelerator has held since the process began
   (its allocator's `peak_bytes_in_use`), or None on CPUs."""
@@ -104,6 +92,10 @@ class StepCost:
   argument_bytes: int
   temporary_bytes: int
   flops: float  # per device per step; 0 where XLA gives no cost analysis
+  # Of the arguments, the bytes the run's state already holds in the host's
+  # memory (on CPU devices; 0 on accelerators): `device_memory_bytes` reads
+  # the host's available memory with them already taken out.
+  held_bytes: int = 0
 
   @property
   def total_bytes(self) -> int:
@@ -115,16 +107,6 @@ class StepCost:
         f'per device {size_text(self.total_bytes)} (arguments {size_text(self.argument_bytes)}, '
         f'temporaries {size_text(self.temporary_bytes)}), {self.flops / 1e9:.3g} GFLOP per step'
     )
-
-
-def what_to_change(config: ml_collections.ConfigDict) -> str:
-  """The settings that lower a step's memory, for error messages."""
-  return (
-      f'lower --config.batch_size={config.batch_size} (or raise '
-      f'--config.grad_accum_steps={config.grad_accum_steps}), lower '
-      f'--config.model.max_len={config.model.max_len}, or spread the model over more '
-      f'devices with --config.mesh_shape (now {tuple(config.mesh_shape)})'
-  )
 
 
 def lowered_train_step(
@@ -149,18 +131,31 @@ def lowered_train_step(
 
 def compile_train_step(run: Any, dropout_key: jax.Array) -> Tuple[Any, StepCost]:
   """Compiles `run.train_step` for the run's state, batch and key; returns the
-  executable and its cost per device."""
+  executable and its cost per device.
+
+  Raises:
+    ConfigError: XLA ran out of memory compiling the step (XLA:TPU refuses a
+      step that cannot fit), in one line.
+  """
   key = jax.ShapeDtypeStruct(dropout_key.shape, dropout_key.dtype)
   batch = run.parts.abstract_batch()
   lowered = run.train_step.lower(run.abstract_state, batch, key)
-  compiled = lowered.compile()
+  try:
+    compiled = lowered.compile()
+  except jax.errors.JaxRuntimeError as error:
+    message = memory_budget.out_of_memory_message(error, run.config)
+    if message is None:
+      raise
+    raise ConfigError(message) from None
   memory = planned_bytes(compiled)
+  on_host = jax.local_devices()[0].platform == 'cpu'
   return compiled, StepCost(
       argument_bytes=memory['argument_bytes'],
       temporary_bytes=memory['temp_bytes'],
       flops=step_flops(
           run.config, lowered, attention_kernel=run.parts.model_config.attention_kernel
       ),
+      held_bytes=memory_budget.state_bytes(run.abstract_state).state if on_host else 0,
   )
 
 
@@ -245,20 +240,18 @@ def host_step_flops(config: ml_collections.ConfigDict, device_count: int) -> flo
 
 
 def check_fits(cost: StepCost, config: ml_collections.ConfigDict) -> None:
-  """A ConfigError if one step needs more memory than a device has."""
+  """A ConfigError if one step needs more memory than a device has (the
+  state it already holds on the host counted as there: `StepCost.held_bytes`)."""
   available, source = device_memory_bytes(jax.local_devices()[0])
+  available += cost.held_bytes
+  held = f", the run's state ({size_text(cost.held_bytes)}) included" if cost.held_bytes else ''
   if cost.total_bytes > available:
     raise ConfigError(
         f'The train step needs {cost.total_bytes / GIB:.2f} GiB per device (arguments '
         f'{cost.argument_bytes / GIB:.2f}, temporaries {cost.temporary_bytes / GIB:.2f}) '
-        f'but {available / GIB:.2f} GiB is there ({source}): {what_to_change(config)}.'
+        f'but {available / GIB:.2f} GiB is there ({source}){held}: '
+        f'{memory_budget.what_to_change(config, step=True, model=False)}.'
     )
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-  """Whether an error of compiling or running a program says memory ran out."""
-  message = str(error).lower()
-  return any(marker in message for marker in _OUT_OF_MEMORY_MARKERS)
 
 
 def _bytes(match: Optional[re.Match]) -> int:
@@ -281,8 +274,6 @@ def out_of_memory_need(error: BaseException) -> Optional[Tuple[int, int]]:
 
 
 def out_of_memory_error(error: BaseException, config: ml_collections.ConfigDict) -> ConfigError:
-  """The one-line error for an out-of-memory error raised while running."""
-  first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-  return ConfigError(
-      f'The device ran out of memory ({first_line[:200]}): {what_to_change(config)}.'
-  )
+  """The one-line error for an out-of-memory error raised while running
+  (`memory_budget.out_of_memory_message`)."""
+  return ConfigError(memory_budget.out_of_memory_message(error, config))

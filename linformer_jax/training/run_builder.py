@@ -30,6 +30,7 @@ from linformer_jax import storage
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
 from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.training import memory_budget
 from linformer_jax.training import run_config
 from linformer_jax.training import sharding as sharding_lib
 from linformer_jax.training import tasks
@@ -100,13 +101,17 @@ class RunParts:
 
   def initial_variables(self, seed: int) -> Dict[str, Any]:
     """The variables a fresh run seeded by `seed` starts from ({'params': ...,
-    other collections}): the trainer's draw, created split over the mesh."""
+    other collections}): the trainer's draw, created split over the mesh.
+
+    Raises:
+      ConfigError: XLA ran out of memory creating them, in one line.
+    """
     tokens = jnp.ones((1, self.model_config.max_len), jnp.int32)
     init = jax.jit(
         lambda rng: nn.meta.unbox(self.model.init(rng, tokens)),
         out_shardings=shardings_of(self.abstract_variables()),
     )
-    return init(jax.random.PRNGKey(seed))
+    return memory_budget.created(init(jax.random.PRNGKey(seed)), self.config)
 
   def initial_train_state(
       self,
@@ -115,14 +120,21 @@ class RunParts:
       seed: int,
   ) -> train_steps.TrainState:
     """The train state a fresh run seeded by `seed` starts from, created split
-    over the mesh as `abstract_state` (`abstract_train_state`) lays it out."""
+    over the mesh as `abstract_state` (`abstract_train_state`) lays it out.
+
+    Raises:
+      ConfigError: the state and its gradients cannot fit in a device's memory
+        (`memory_budget.check_state_fits`), said before anything is allocated;
+        or XLA ran out of memory creating the state anyway.
+    """
+    memory_budget.check_state_fits(abstract_state, self.config)
     init = jax.jit(
         lambda rng: train_steps.init_train_state(
             rng, model=self.model, optimizer=optimizer, seq_len=self.model_config.max_len
         ),
         out_shardings=shardings_of(abstract_state),
     )
-    return init(jax.random.PRNGKey(seed))
+    return memory_budget.created(init(jax.random.PRNGKey(seed)), self.config)
 
   def abstract_train_state(self, optimizer: optax.GradientTransformation) -> train_steps.TrainState:
     """The train state as `jax.ShapeDtypeStruct`s carrying their shardings.

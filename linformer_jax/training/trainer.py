@@ -35,7 +35,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from clu import parameter_overview
 import jax
@@ -46,7 +46,7 @@ from linformer_jax import interrupts
 from linformer_jax import storage
 from linformer_jax.training import compiled_step
 from linformer_jax.training import divergence
-from linformer_jax.training import evaluation
+from linformer_jax.training import loop_actions
 from linformer_jax.training import run_builder
 from linformer_jax.training import training_run
 from linformer_jax.training import workdir_lock
@@ -117,51 +117,86 @@ class _TerminationRequest:
     self._held.close()
 
 
-def _prefixed(prefix: str, metrics: Dict[str, float]) -> Dict[str, float]:
-  return {f'{prefix}_{name}': value for name, value in metrics.items()}
-
-
 def _write_json(path: str, payload: Dict[str, Any]) -> None:
   """Writes `payload` to `path` (process 0) whole or not at all."""
   if jax.process_index() == 0:
     storage.write_text(path, json_text(payload, indent=2, sort_keys=True))
 
 
-def is_due(step: int, every: int, last_step: int) -> bool:
-  """Whether a periodic action (log, evaluate, save) is due after `step`: every
-  `every` steps and after the last one."""
-  return step % every == 0 or step == last_step
+def _run_loop(
+    run: training_run.Run,
+    actions: Sequence[loop_actions.PeriodicAction],
+    guard: divergence.DivergenceGuard,
+    logger: MetricLogger,
+    first_step: int,
+    last: int,
+    dropout_key: jax.Array,
+    config: ml_collections.ConfigDict,
+) -> bool:
+  """Takes steps first_step + 1..last, each followed by the periodic actions
+  (`loop_actions`); True when one of them ended the loop early.
+
+  The loop never waits on the device between steps: the batch of step t + 1
+  is read and put on the devices while step t runs (dispatch is
+  asynchronous), and the losses are fetched only when an action is due. A
+  checkpoint keeps the iterator's position after step t's batch, read before
+  the next batch, so a resumed run reads step t + 1's batch again.
+  """
+  iterator = run.data.train_iterator
+  next_batch = run.device_batch(next(iterator)) if first_step < last else None
+  try:
+    for step in range(first_step + 1, last + 1):
+      run.state, metrics = _step(run, next_batch, dropout_key, config)
+      for action in actions:
+        action.each_step(step, metrics)
+      due = [action for action in actions if action.due(step)]
+      position = iterator.get_state() if any(action.saves for action in due) else None
+      if step < last:
+        next_batch = run.device_batch(next(iterator))
+      guard.add(step, metrics)
+      run.store.check_for_errors()  # A background save that failed stops the run now.
+      if not due:
+        continue
+      guard.check()
+      done = loop_actions.StepDone(step, metrics, run, logger, position)
+      for action in due:
+        started = time.monotonic()
+        ends = action.act(done)
+        if action.paused:
+          logger.exclude(time.monotonic() - started)
+        if ends:
+          return True
+    return False
+  except NonFiniteLossError:
+    run.store.close()  # its threads stopped, only the one-line error is printed
+    raise
+  finally:
+    for action in actions:
+      action.close()
+    try:
+      run.store.wait()
+    finally:
+      logger.close()
 
 
-# Where `config.profile_steps` writes its trace (TensorBoard's profile plugin
-# reads WORKDIR/profile/plugins/profile/...).
-PROFILE_FOLDER = 'profile'
-
-
-def _profiler(profile: Optional[Tuple[int, int]], workdir: str, first_step: int) -> Optional[Any]:
-  """clu's periodic profiler tracing steps profile = (FIRST, LAST) into
-  WORKDIR/profile, called with each step done, and now with `first_step`
-  (= FIRST - 1, where it starts the trace); None for no trace."""
-  if not profile:
-    return None
-  # Imported only to profile: clu's periodic_actions imports TensorFlow, seconds
-  # that a run without a trace should not spend.
-  from clu import periodic_actions  # pylint: disable=g-import-not-at-top
-
-  profiler = periodic_actions.Profile(
-      logdir=os.path.join(workdir, PROFILE_FOLDER),
-      num_profile_steps=profile[1] - profile[0] + 1,
-      profile_duration_ms=None,
-      first_profile=profile[0] - 1,
-      every_steps=None,
-      every_secs=None,
-  )
-  profiler(first_step)
-  return profiler
+def _step(
+    run: training_run.Run, batch: Any, dropout_key: jax.Array, config: ml_collections.ConfigDict
+) -> Tuple[Any, Dict[str, jax.Array]]:
+  """One train step; XLA's out-of-memory as one line."""
+  try:
+    return run.train_step(run.state, batch, dropout_key)
+  except jax.errors.JaxRuntimeError as error:
+    if compiled_step.is_out_of_memory(error):
+      raise compiled_step.out_of_memory_error(error, config) from None
+    raise
 
 
 def train_and_evaluate(
-    config: ml_collections.ConfigDict, workdir: str, *, stop_after: Optional[int] = None
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    *,
+    stop_after: Optional[int] = None,
+    actions: Sequence[loop_actions.PeriodicAction] = (),
 ) -> Optional[Dict[str, Any]]:
   """Trains to config.total_steps (resuming if possible) and evaluates.
 
@@ -173,6 +208,8 @@ def train_and_evaluate(
       existing run there is resumed.
     stop_after: if set, stop with a checkpoint once the run has taken this
       many steps (a budget for now; the run stays resumable to total_steps).
+    actions: periodic actions of your own (`loop_actions.PeriodicAction`),
+      called after the evaluation and before the checkpoint of each step.
 
   Returns:
     The final results, also written to workdir/eval_results.json, or None when
@@ -191,11 +228,14 @@ def train_and_evaluate(
   """
   workdir = storage.location(workdir)
   with workdir_lock.exclusive_workdir(workdir):
-    return _train_and_evaluate(config, workdir, stop_after)
+    return _train_and_evaluate(config, workdir, stop_after, actions)
 
 
 def _train_and_evaluate(
-    config: ml_collections.ConfigDict, workdir: str, stop_after: Optional[int]
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    stop_after: Optional[int],
+    own_actions: Sequence[loop_actions.PeriodicAction],
 ) -> Optional[Dict[str, Any]]:
   start_time = time.time()
   run = training_run.Run(config, workdir)
@@ -239,107 +279,32 @@ def _train_and_evaluate(
   )
   logger = MetricLogger(workdir, total_steps=loop.total_steps, is_primary=jax.process_index() == 0)
   logger.discard_after(first_step)
-  termination = _TerminationRequest()
   guard = divergence.DivergenceGuard(
       config, workdir, run.store, run.ledger, resumed_step=first_step if first_step else None
   )
   last = loop.total_steps
-  eval_metrics: Optional[Dict[str, float]] = None
+  evaluate = loop_actions.Evaluate(loop.eval_every, last, config.data.eval_split)
   peak_flops = compiled_step.peak_flops(jax.devices()[0].device_kind)
-  profile = loop.profile_steps
-  if profile and first_step >= profile[0]:
-    # A resume inside the window traces the rest of it; after it, nothing.
-    profile = (first_step + 1, profile[1]) if first_step < profile[1] else None
-  profiler = _profiler(profile, workdir, first_step)
-  done = first_step
-  iterator = run.data.train_iterator
-  # The batch of step t + 1 is read and put on the devices while step t runs
-  # (dispatch is asynchronous); a checkpoint keeps the iterator's position
-  # after step t's batch, so a resumed run reads step t + 1's batch again.
-  next_batch = run.device_batch(next(iterator)) if first_step < last else None
-  try:
-    for step in range(first_step + 1, last + 1):
-      batch = next_batch
-      try:
-        run.state, metrics = run.train_step(run.state, batch, dropout_key)
-      except jax.errors.JaxRuntimeError as error:
-        if compiled_step.is_out_of_memory(error):
-          raise compiled_step.out_of_memory_error(error, config) from None
-        raise
-      log, evaluate, save = (
-          is_due(step, every, last)
-          for every in (loop.log_every, loop.eval_every, loop.checkpoint_every)
-      )
-      stop = stop_after is not None and stop_after <= step < last
-      terminate = termination.at(step)
-      # The iterator's position after this step's batch, read before the next
-      # batch, for a checkpoint of this step.
-      consumed = iterator.get_state() if save or stop or terminate else None
-      if step < last:
-        next_batch = run.device_batch(next(iterator))
-      if profiler:
-        if step == profile[1]:
-          jax.block_until_ready(metrics)  # the trace holds the whole of the last step
-        profiler(step)
-      done = step
-      guard.add(step, metrics)
-      run.store.check_for_errors()  # A background save that failed stops the run now.
-      if not (log or evaluate or save or stop or terminate):
-        continue
-      guard.check()
-      if log:
-        scalars = jax.device_get(metrics)
-        scalars = {name: float(value) for name, value in scalars.items() if name != 'finite'}
-        scalars['learning_rate'] = float(run.schedule(step - 1))
-        scalars.update(
-            logger.progress(
-                step,
-                tokens_per_step=tokens_per_step,
-                loss=scalars['loss'],
-                flops_per_step=cost.flops,
-                peak_flops=peak_flops,
-            )
-        )
-        logger.write_scalars(step, _prefixed('train', scalars))
-      paused = time.monotonic()  # evaluations and saves are left out of the rates
-      if evaluate:
-        eval_metrics = run.evaluate()
-        logger.write_scalars(step, _prefixed('eval', eval_metrics))
-        training_run.report(
-            f'step {step}: {task.describe(config.data.eval_split, eval_metrics)}'
-            + evaluation.perplexity_note(eval_metrics.get('perplexity'))
-        )
-      if save:
-        run.save(data_position=consumed, guard=guard)
-      logger.exclude(time.monotonic() - paused)
-      if stop:
-        run.save(force=True, data_position=consumed, guard=guard)
-        return None
-      if terminate:
-        training_run.report(
-            f'{termination.describe()} received: saving the checkpoint of step {step}, '
-            'then exiting.'
-        )
-        run.save(force=True, data_position=consumed, guard=guard)
-        run.store.wait()
-        raise SystemExit(128 + termination.signal)
-  except NonFiniteLossError:
-    run.store.close()  # its threads stopped, only the one-line error is printed
-    raise
-  finally:
-    if profiler and profile[0] - 1 <= done < profile[1]:  # stopped inside the window
-      jax.profiler.stop_trace()
-    termination.restore()
-    try:
-      run.store.wait()
-    finally:
-      logger.close()
+  actions = [
+      loop_actions.Profile(loop.profile_steps, workdir, first_step),
+      loop_actions.LogProgress(
+          loop.log_every, last, tokens_per_step=tokens_per_step, cost=cost, peak_flops=peak_flops
+      ),
+      evaluate,
+      *own_actions,
+      loop_actions.SaveCheckpoint(loop.checkpoint_every, last, guard),
+      loop_actions.StopAfter(stop_after, last, guard),
+      loop_actions.Terminate(_TerminationRequest(), guard),
+  ]
+  if _run_loop(run, actions, guard, logger, first_step, last, dropout_key, config):
+    return None  # stopped by stop_after, its step saved
+  eval_metrics = evaluate.latest
   if eval_metrics is None:
     eval_metrics = run.evaluate()
   final_step = int(run.state.step)
   if not run.ledger.is_sound(final_step):
     # Trained nothing (a finished run, run again): the step's own config diverged, if any.
-    saved_config = run.store.restore_config(final_step) if done == first_step else None
+    saved_config = run.store.restore_config(final_step) if first_step >= last else None
     diverged = guard.unsound_end(final_step, eval_metrics.get('loss'), saved_config)
     if diverged:
       run.store.close()
@@ -351,7 +316,7 @@ def _train_and_evaluate(
       'step': int(run.state.step),
       'eval_split': config.data.eval_split,
       'task': task.name,
-      **_prefixed('eval', eval_metrics),
+      **loop_actions.prefixed('eval', eval_metrics),
       **task.reference_results(run.data),
       'parameters': parameter_count,
       'wall_time_s': time.time() - start_time,

@@ -25,6 +25,7 @@ from linformer_jax.checkpoints.store import checkpoint_directory
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import divergence
 from linformer_jax.training import evaluation
+from linformer_jax.training import memory_budget
 from linformer_jax.training import optimization
 from linformer_jax.training import run_builder
 from linformer_jax.training import run_config
@@ -92,10 +93,12 @@ class Run:
       divergence.go_back(self.store, config, workdir, self.ledger)  # refuses it: nothing is kept
     # Checked before the data is built, so a bad init_from fails fast.
     init_from = self.task.check_init_from(config) if config.init_from and not resuming else None
-    self.data = self.parts.build_data(workdir)
     self.optimizer = optimization.create_optimizer(self.parts.settings.optimizer)
     self.schedule = optimization.learning_rate_schedule(self.parts.settings.optimizer)
     self.abstract_state = self.parts.abstract_train_state(self.optimizer)
+    # Before the data is read or a checkpoint restored: a state that cannot fit stops here.
+    memory_budget.check_state_fits(self.abstract_state, config)
+    self.data = self.parts.build_data(workdir)
     self.train_step = self.parts.jit_train_step(self.optimizer, self.abstract_state)
     self.eval_step = self.parts.jit_eval_step(self.abstract_state.variables())
     self.state = self._initial_state(init_from)

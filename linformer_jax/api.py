@@ -790,6 +790,7 @@ def _prepared(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """A complete copy of `config`, its extensions imported and the settings
   they declare added; `config` itself is left as it is."""
   config = run_config.complete(copy.deepcopy(config))
+  run_config.expand_paths(config)  # `~` is the home folder, as on the command line
   extensions.import_extensions(config.extensions)
   registry.add_declared_settings(config)
   return config

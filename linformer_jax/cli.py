@@ -2,12 +2,14 @@
 
 A mistake in what the user asked for (an unknown config key, a bad value, a
 missing data path, a workdir holding a different model, a path that cannot be
-written, a gs:// workdir without credentials or network) ends the program with
-a one-line message `error: ...` saying what to change and exit code 2, before
-anything in the workdir is written. A command that prints results before
-saving them (evaluate, spectrum, projection_stats) saves them inside
-`saving_printed_results`: a file it cannot write then ends the command in one
-line that says the printed results were not saved.
+written, a path that is not valid UTF-8, a gs:// path without credentials or
+network) ends the program with a one-line message `error: ...` saying what to
+change and exit code 2, before anything in the workdir is written. A `~` in a
+path flag or a config field that names a path is the home folder, as the
+shell would have made it at the start of a word. A command that prints
+results before saving them (evaluate, spectrum, projection_stats) saves them
+inside `saving_printed_results`: a file it cannot write then ends the command
+in one line that says the printed results were not saved.
 """
 
 import contextlib
@@ -54,11 +56,14 @@ from linformer_jax.extensions import import_command_extensions  # pylint: disabl
 from linformer_jax.extensions import import_extensions  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.flag_errors import flag_error_words  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.training import compilation_cache  # pylint: disable=g-import-not-at-top,wrong-import-position
+from linformer_jax.training import memory_budget  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.training import multihost  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.training import run_builder  # pylint: disable=g-import-not-at-top,wrong-import-position
 from linformer_jax.training import run_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 USAGE_ERROR_EXIT_CODE = 2
+# How long a command that failed may take to shut down before it is ended.
+EXIT_DEADLINE_SECONDS = 5.0
 # An OSError the user fixes by changing a path or its permissions: a read-only
 # filesystem, no permission, a file where a folder belongs or the other way round.
 _PATH_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR, errno.EEXIST)
@@ -115,8 +120,15 @@ class ConfigFileParser(flags.ArgumentParser):
 
   def parse(self, argument: str) -> ml_collections.ConfigDict:
     flag = f'--{self.name}={argument}'
-    if argument == _config_from_workdir:
+    from_workdir = argument == _config_from_workdir
+    try:
+      storage.check_name(argument, '--workdir' if from_workdir else f'--{self.name}')
+    except ConfigError as error:
+      raise ConfigFileError(str(error)) from None
+    if from_workdir:
       return self._run_config(argument, flag=None)
+    # `~` is the home folder, also where the shell leaves it (after = or :).
+    argument = ':'.join(os.path.expanduser(part) for part in argument.split(':', 1))
     if storage.is_object_store(argument) or os.path.isdir(argument):
       return self._run_config(argument, flag=flag)
     path, *config_argument = argument.split(':', 1)
@@ -148,7 +160,7 @@ class ConfigFileParser(flags.ArgumentParser):
     # parses for a run of an extension.
     init_from = _flag_values(sys.argv, 'config.init_from') or [config.init_from]
     try:
-      for run in (_reads_run_workdir(sys.argv), init_from[-1]):
+      for run in map(os.path.expanduser, (_reads_run_workdir(sys.argv), init_from[-1])):
         # Local runs only: a gs:// one is read after its store is checked.
         if (
             run
@@ -165,9 +177,11 @@ class ConfigFileParser(flags.ArgumentParser):
   def _run_config(self, folder: str, flag: Optional[str]) -> ml_collections.ConfigDict:
     """The config a run saved in FOLDER/config.json, its extensions imported:
     for --config=FOLDER (`flag`), or in place of a --config not given (None)."""
+    try:  # before gcsfs would retry for minutes
+      storage.check_reachable(folder, flag.split('=')[0] if flag else '--workdir')
+    except ConfigError as error:
+      raise ConfigFileError(str(error)) from None
     try:
-      if storage.is_object_store(folder):  # before gcsfs would retry for minutes
-        storage.check_reachable(folder, flag.split('=')[0] if flag else '--workdir')
       config = run_builder.saved_config(folder)
       import_command_extensions(config, sys.argv)
     except ConfigError as error:
@@ -190,6 +204,18 @@ def _defining_config_flag(define: Callable[[], None]) -> None:
     fail(flag_error_words(error, sys.argv))
 
 
+# The flags of the commands that name a file or folder (each command defines
+# those it takes), checked with the config's path fields (`_check_paths`), and
+# what to give instead of a URL where the path can only be local ('' where
+# gs:// will do; a command may say otherwise: `local_path_flag`).
+PATH_FLAGS = {
+    'workdir': '',
+    'out': 'results are written to a local folder: give a local --out',
+    'from': 'a Hugging Face folder is read from this machine: download it here, or give a hub name',
+    'sweep': 'a sweep file is read from this machine: copy it here',
+    'books': 'the books are read from this machine: copy them here',
+    'torch_python': 'give the path of a Python on this machine',
+}
 # Whether this process's command reads the run in --workdir (evaluate,
 # generate, spectrum, projection_stats): its --config then defaults to the
 # run's own config.json. Set by `define_config_flags`.
@@ -313,16 +339,48 @@ def _reads_run_workdir(argv: Sequence[str]) -> str:
   return workdirs[-1] if workdirs else ''
 
 
+def local_path_flag(name: str, instead: str) -> None:
+  """Refuses a gs:// --NAME in one line saying `instead`, before the object
+  store is checked: for a command that reads or writes --NAME as local files."""
+  PATH_FLAGS[name] = instead
+
+
+def _check_paths() -> None:
+  """Makes `~` the home folder in the path flags (PATH_FLAGS) and the config's
+  path fields (`run_config.expand_paths`), so that the run uses and saves the
+  expanded paths, and refuses one that no library could use
+  (`storage.check_paths`: not UTF-8, a URL where only a local path will do, an
+  object store that cannot be reached), before anything reads or writes it."""
+  paths = []
+  for name in PATH_FLAGS:
+    if name not in flags.FLAGS or not flags.FLAGS[name].value:
+      continue
+    value = flags.FLAGS[name].value
+    values = [os.path.expanduser(path) for path in ([value] if isinstance(value, str) else value)]
+    flags.FLAGS[name].value = values[0] if isinstance(value, str) else values
+    paths += [(f'--{name}', path) for path in values]
+  config = flags.FLAGS.config if 'config' in flags.FLAGS else None
+  if config is not None:
+    for setting, path in run_config.expand_paths(config):
+      # Only a fresh run reads init_from: a run-reading command leaves it be.
+      if not (_reads_run and setting == 'config.init_from'):
+        paths.append((setting, path))
+  local = {f'--{name}': instead for name, instead in PATH_FLAGS.items() if instead}
+  storage.check_paths(paths, {**run_config.LOCAL_PATHS, **local})
+
+
 def _parse_flags(argv: List[str]) -> List[str]:
   # A run-reading command without --config reads the run's own config.
   global _config_from_workdir
-  workdir = _reads_run_workdir(argv)
+  workdir = os.path.expanduser(_reads_run_workdir(argv))
   if workdir and not _flag_values(argv, 'config'):
     _config_from_workdir = workdir
     argv = [argv[0], f'--config={workdir}', *argv[1:]]
   try:
-    return flags.FLAGS(argv)
-  except ConfigFileError as error:
+    remaining = flags.FLAGS(argv)
+    _check_paths()
+    return remaining
+  except (ConfigFileError, ConfigError) as error:
     fail(error)
   except (flags.Error, KeyError, TypeError, ValueError, AttributeError) as error:
     fail(flag_error_words(error, argv))
@@ -350,11 +408,8 @@ def run(main: Callable[[List[str]], None]) -> None:
       )
     try:
       if 'config' in flags.FLAGS and flags.FLAGS.config is not None:
+        # Every path was checked as the flags were read (`_check_paths`).
         workdir = flags.FLAGS['workdir'].value if 'workdir' in flags.FLAGS else ''
-        # Before any library meets a gs:// workdir without credentials or
-        # network: it would retry for minutes, then raise a page of traceback.
-        if workdir:
-          storage.check_reachable(storage.location(workdir))
         # Before anything compiles: JAX picks its cache folder at the first compile.
         compilation_cache.use_config_cache(flags.FLAGS.config, workdir or '')
         # The user's own parts register themselves before the config is checked.
@@ -362,6 +417,14 @@ def run(main: Callable[[List[str]], None]) -> None:
       main(argv)
     except ConfigError as error:
       fail(error)
+    except (jax.errors.JaxRuntimeError, MemoryError) as error:
+      # XLA's (or numpy's) out-of-memory wherever it comes: restoring a
+      # checkpoint, evaluating, generating, a step running out mid-run.
+      config = flags.FLAGS.config if 'config' in flags.FLAGS else None
+      message = memory_budget.out_of_memory_message(error, config)
+      if message is None:
+        raise
+      fail(message)
     except OSError as error:
       where = error.filename or (flags.FLAGS['workdir'].value if 'workdir' in flags.FLAGS else '')
       where = where or os.getcwd()
@@ -387,3 +450,11 @@ def run(main: Callable[[List[str]], None]) -> None:
       app.run(guarded_main, flags_parser=_parse_flags)
     except KeyboardInterrupt as error:
       interrupts.exit_for(getattr(error, 'signum', signal.SIGINT))
+    except SystemExit as error:
+      if error.code not in (0, None):
+        # Its line is printed: a library thread that never ends (orbax's,
+        # after a background save failed) must not keep the process alive.
+        interrupts.exit_within(
+            EXIT_DEADLINE_SECONDS, error.code if isinstance(error.code, int) else 1
+        )
+      raise

@@ -29,12 +29,13 @@ from absl import flags
 from ml_collections.config_flags import tuple_parser
 
 from linformer_jax import registry
+from linformer_jax import run_folder
 from linformer_jax import storage
 from linformer_jax.errors import ConfigError
 
 # The folder of a run (WORKDIR/extensions) that keeps a copy of each extension
 # file it was trained with.
-COPIES_FOLDER = 'extensions'
+COPIES_FOLDER = run_folder.EXTENSIONS
 
 
 def import_command_extensions(config: Any, argv: Sequence[str]) -> None:
@@ -101,41 +102,43 @@ _IMPORTED_FILES: Dict[str, object] = {}
 _IMPORTED_SOURCES: Dict[str, str] = {}
 
 
-def _entries(extensions: Optional[Iterable[str]]) -> Tuple[str, ...]:
-  """`config.extensions` as a tuple of entries; ConfigError for a string or a
-  bad entry."""
+def entries(extensions: Optional[Iterable[str]]) -> Tuple[str, ...]:
+  """`config.extensions` as a tuple of entries, a file's leading `~` made the
+  home folder; ConfigError for a string or a bad entry."""
   if isinstance(extensions, str):
     raise ConfigError(
         f'config.extensions={extensions!r} is a string; give a tuple of files or module names: '
         f'config.extensions = ({extensions!r},) in Python, '
         f'--config.extensions="({extensions!r},)" on the command line.'
     )
-  entries = tuple(extensions or ())
-  for entry in entries:
+  given = tuple(extensions or ())
+  for entry in given:
     if not isinstance(entry, str) or not entry:
       raise ConfigError(
           f'config.extensions holds {entry!r}: give Python files (path/to/file.py) or module names.'
       )
-  return entries
+  return tuple(os.path.expanduser(entry) if is_file(entry) else entry for entry in given)
 
 
-def _is_file(entry: str) -> bool:
+def is_file(entry: str) -> bool:
+  """Whether a config.extensions entry names a file (else a module)."""
   return entry.endswith('.py')
 
 
 def import_extensions(extensions: Optional[Iterable[str]]) -> None:
-  """Imports each entry of `config.extensions`: a Python file (a path ending in
-  .py, relative to the working directory) or an importable module name. Each
-  import runs the file's `register` calls. A file is imported once per process,
-  and not again when a normal `import` has imported it already.
+  """Imports each entry of `config.extensions`: a local Python file (a path
+  ending in .py, relative to the working directory, `~` the home folder) or an
+  importable module name. Each import runs the file's `register` calls. A file
+  is imported once per process, and not again when a normal `import` has
+  imported it already.
 
   Raises:
     ConfigError: a string instead of a tuple, a file that does not exist, a
       module that cannot be found, or an error raised while importing one,
       naming the entry.
   """
-  for entry in _entries(extensions):
-    if _is_file(entry):
+  for entry in entries(extensions):
+    if is_file(entry):
       _import_file(entry)
     else:
       _import_module(entry)
@@ -155,6 +158,11 @@ def _import_file(entry: str) -> None:
   path = os.path.abspath(entry)
   if path in _IMPORTED_FILES:
     return
+  if storage.scheme_of(entry):
+    raise ConfigError(
+        f'config.extensions names {entry!r}: an extension is imported from a local file; copy '
+        'it to this machine and name that copy.'
+    )
   if not os.path.isfile(path):
     raise ConfigError(f'config.extensions names {entry!r}, which is not a file; fix the path.')
   source = _sha256(_read_bytes(path))
@@ -211,15 +219,16 @@ def saved_entries(extensions: Optional[Iterable[str]]) -> Tuple[str, ...]:
   """`extensions` as a run's config.json keeps them: each file by its absolute
   path (a relative one is taken from the working directory, as importing it
   does), so that the run loads from any directory; module names as they are."""
-  return tuple(os.path.abspath(e) if _is_file(e) else e for e in _entries(extensions))
+  return tuple(os.path.abspath(e) if is_file(e) else e for e in entries(extensions))
 
 
-def _copy_names(entries: Sequence[str]) -> Dict[str, str]:
-  """Each file of `entries` -> the name of its copy in WORKDIR/extensions: its
-  own name, or NAME_2.py, NAME_3.py, ... for a later file of a name taken."""
+def _copy_names(given: Sequence[str]) -> Dict[str, str]:
+  """Each file of the entries `given` -> the name of its copy in
+  WORKDIR/extensions: its own name, or NAME_2.py, NAME_3.py, ... for a later
+  file of a name taken."""
   names: Dict[str, str] = {}
-  for entry in entries:
-    if not _is_file(entry) or entry in names:
+  for entry in given:
+    if not is_file(entry) or entry in names:
       continue
     stem = os.path.splitext(os.path.basename(entry))[0]
     name, number = f'{stem}.py', 1
@@ -274,10 +283,10 @@ def import_run_extensions(
     ConfigError: as `import_extensions`, or a file that changed after this
       process imported it from the original, while the run needs its copy.
   """
-  entries = _entries(extensions)
-  copies = _copy_names(entries)
+  given = entries(extensions)
+  copies = _copy_names(given)
   used, notes = [], []
-  for entry in entries:
+  for entry in given:
     copy = storage.join(workdir, COPIES_FOLDER, copies[entry]) if entry in copies else None
     if copy is None or not storage.isfile(copy):
       used.append(entry)
@@ -301,7 +310,7 @@ def import_run_extensions(
     used.append(local)
     notes.append(f"{entry} {how}: the run's copy {copy}")
   import_extensions(used)
-  for entry, local in zip(entries, used):
+  for entry, local in zip(given, used):
     if local != entry and not os.path.isfile(entry):
       # The copy stands for the moved file: a config naming it imports nothing more.
       _IMPORTED_FILES.setdefault(os.path.abspath(entry), _IMPORTED_FILES[os.path.abspath(local)])

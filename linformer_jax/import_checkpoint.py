@@ -35,6 +35,7 @@ class ImportSettings:
 def define_flags() -> None:
   settings_flags.define_flags(ImportSettings)
   cli.define_config_flags()
+  cli.local_path_flag('workdir', 'an import is written to a local folder: give a local --workdir')
 
 
 def main(_):

@@ -109,6 +109,22 @@ def exit_for(signum: int, line: Optional[str] = None) -> None:
     time.sleep(1.0)
 
 
+def exit_within(seconds: float, code: int) -> None:
+  """Ends the process with `code` if it is still alive `seconds` from now: a
+  command that has said why it stops (its one line printed) must not be kept
+  alive by a library's thread that never ends (orbax's, after a background
+  save failed). The interpreter's own shutdown goes first."""
+
+  def end() -> None:
+    time.sleep(seconds)
+    with contextlib.suppress(Exception):
+      sys.stdout.flush()
+      sys.stderr.flush()
+    os._exit(code)  # pylint: disable=protected-access
+
+  threading.Thread(target=end, name='exit-deadline', daemon=True).start()
+
+
 def _raise_in_main_thread(signum, frame) -> None:
   del frame
   with _STATE.lock:

@@ -18,7 +18,9 @@ to use gcsfs.
 Without credentials or network, those clients fail slowly and loudly (gcsfs
 retries for two minutes, then raises through a page of traceback), so the
 commands call `check_reachable` first: it looks for credentials and sends
-one request to the store, and gives up after REACH_TIMEOUT_S.
+one request to the store, and gives up after REACH_TIMEOUT_S. `check_paths`
+does it once for all the paths a command is given, after refusing a name
+that is not valid UTF-8 and a gs:// URL where only a local folder will do.
 `check_folder` is the same early check for a local folder a command writes.
 
 A refused command leaves the file system as it found it: inside
@@ -28,13 +30,14 @@ A refused command leaves the file system as it found it: inside
 """
 
 import contextlib
+import logging
 import os
 import pathlib
 import re
 import shutil
 import tempfile
 import threading
-from typing import IO, Iterator, List, Optional, Tuple
+from typing import IO, Iterator, List, Mapping, Optional, Sequence, Tuple
 import urllib.error
 import urllib.request
 
@@ -76,7 +79,7 @@ def location(path: str, flag: str = '--workdir') -> str:
     raise ConfigError(f"{flag}='' cannot be a run folder (it is empty); give the path of a folder.")
   scheme = scheme_of(path)
   if not scheme:
-    return os.path.abspath(path)
+    return os.path.abspath(os.path.expanduser(path))  # `~`: the home folder
   if scheme not in OBJECT_STORE_SCHEMES:
     raise ConfigError(
         f'{flag}={path!r}: {scheme}:// is not a supported storage; use a local path or '
@@ -346,6 +349,11 @@ def _credentials_problem() -> str:
   import google.auth  # pylint: disable=g-import-not-at-top
   from google.auth import exceptions  # pylint: disable=g-import-not-at-top
 
+  # Its warning that no project is set would be a second line: the store's
+  # paths name their bucket, so no project is needed.
+  auth_log = logging.getLogger('google.auth._default')
+  level = auth_log.level
+  auth_log.setLevel(logging.ERROR)
   try:
     google.auth.default()
   except exceptions.DefaultCredentialsError as error:
@@ -354,6 +362,8 @@ def _credentials_problem() -> str:
     reason = error.args[0] if error.args else str(error)
     reason = str(reason[0] if isinstance(reason, tuple) else reason)
     return reason.split('. ')[0].rstrip('.')
+  finally:
+    auth_log.setLevel(level)
   return ''
 
 
@@ -377,6 +387,64 @@ def _reach_problem(url: str, emulator: bool, timeout_s: float) -> str:
     reason = getattr(reason, 'strerror', None) or str(reason) or type(reason).__name__
     return f'{url} cannot be reached ({reason}): check {_what_to_check(emulator)}'
   return ''
+
+
+def _not_utf8(path: str) -> str:
+  """'' when `path` is valid UTF-8, else `path` with each byte that is not
+  written as \\xNN. A name of other bytes reaches Python as surrogates (PEP 383)."""
+  try:
+    path.encode('utf-8')
+    return ''
+  except UnicodeEncodeError:
+    pass
+  try:
+    return path.encode('utf-8', 'surrogateescape').decode('utf-8', 'backslashreplace')
+  except UnicodeEncodeError:  # a surrogate that stands for no byte
+    return path.encode('utf-8', 'backslashreplace').decode()
+
+
+def check_name(path: str, setting: str) -> None:
+  """Refuses a path that is not valid UTF-8 (TensorStore, JSON and the event
+  files take text paths only), in one line naming `setting`."""
+  shown = _not_utf8(path)
+  if shown:
+    raise ConfigError(
+        f"{setting}='{shown}' is not a valid UTF-8 name, and the libraries a run uses take "
+        f'UTF-8 paths only; rename the folder or file, or choose another {setting}.'
+    )
+
+
+def check_paths(
+    paths: Sequence[Tuple[str, str]],
+    local: Optional[Mapping[str, str]] = None,
+    timeout_s: Optional[float] = None,
+) -> None:
+  """Refuses, in one ConfigError naming its setting, the first path a run
+  could not use, before anything reads or writes it.
+
+  `paths` holds (setting, path) pairs, e.g. ('--workdir', 'runs/a') or
+  ('config.init_from', 'gs://b/run'); an empty path is none and passes.
+  Refused: a name that is not valid UTF-8 (TensorStore, JSON and the event
+  files take text paths only); a URL in a setting of `local` (setting -> what
+  to give instead), which is read as a local folder; a URL of another scheme
+  than gs://, or without a bucket (`location`). Then, when any path is on the
+  object store, the store is checked once (`check_reachable`), naming the
+  first setting that holds one.
+  """
+  local = local or {}
+  remote = []
+  for setting, path in paths:
+    if not path:
+      continue
+    check_name(path, setting)
+    if not scheme_of(path):
+      continue
+    if setting in local:
+      raise ConfigError(f'{setting}={path!r} names an object store; {local[setting]}.')
+    remote.append((setting, location(path, setting)))
+  if remote:
+    setting, path = remote[0]
+    check_reachable(path, setting, timeout_s)
 
 
 def check_reachable(path: str, flag: str = '--workdir', timeout_s: Optional[float] = None) -> None:

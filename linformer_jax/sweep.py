@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import ml_collections
 
 from linformer_jax import cli
+from linformer_jax import run_folder
 from linformer_jax import settings_flags
 from linformer_jax import storage
 from linformer_jax.analysis.sweep_report import REPORT_FILE
@@ -220,8 +221,10 @@ def parse_sets(base: ml_collections.ConfigDict, sets: Sequence[str]) -> Dict[str
 
 
 def variant_configs(sweep: Sweep, sets: Sequence[str] = ()) -> Dict[str, ml_collections.ConfigDict]:
-  """Every variant's validated config, in order: base, its overrides, then sets;
-  a ConfigError naming the variant and the key for an unknown key or bad value."""
+  """Every variant's validated config, in order: base, its overrides, then sets,
+  `~` made the home folder in its paths; a ConfigError naming the variant and
+  the key for an unknown key, a bad value or a path no library could use
+  (`storage.check_paths`)."""
   # The parts that the sweep and its variants name register first, so that
   # the settings they declare are fields a variant or a --set may assign.
   base = copy.deepcopy(sweep.base)
@@ -241,6 +244,7 @@ def variant_configs(sweep: Sweep, sets: Sequence[str] = ()) -> Dict[str, ml_coll
       # A variant may name parts of its own (config.extensions); they register first.
       import_extensions(run_config.complete(config).extensions)
       run_config.settings_of(config)
+      storage.check_paths(run_config.expand_paths(config), run_config.LOCAL_PATHS)
     except ConfigError as error:
       raise ConfigError(f'sweep variant {variant.name!r}: {error}') from None
     configs[variant.name] = config
@@ -317,7 +321,7 @@ def run_sweep(
   selected = _selected(sweep, only)
   storage.check_folder(workdir)
   for variant in selected:
-    saved = os.path.join(workdir, variant.name, 'config.json')
+    saved = run_folder.RunFolder(os.path.join(workdir, variant.name)).config
     if os.path.exists(saved):  # refused if it is a run of another model
       with open(saved) as f:
         run_config.check_same_model(json.load(f), configs[variant.name], os.path.dirname(saved))
@@ -365,15 +369,16 @@ class SweepSettings:
 
 def define_flags() -> None:
   settings_flags.define_flags(SweepSettings)
+  cli.local_path_flag(
+      'workdir',
+      'a sweep writes its report and figure to a local folder: give a local --workdir '
+      '(each variant can still be trained alone on gs://)',
+  )
 
 
 def main(_):
   settings = settings_flags.from_flags(SweepSettings)
-  if storage.is_object_store(storage.location(settings.workdir)):
-    raise ConfigError(
-        f'--workdir={settings.workdir}: a sweep writes its report and figure to a local '
-        'folder; give a local --workdir (each variant can still be trained alone on gs://).'
-    )
+  storage.location(settings.workdir)  # refuses an empty --workdir
   sweep = load_sweep(settings.sweep)
   try:
     run_sweep(sweep, settings.workdir, only=list(settings.only), sets=list(settings.sets))

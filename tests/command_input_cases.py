@@ -4,9 +4,11 @@ every command: what each case passes and what its one error line must say.
 An argument may name the case's own folders, made for it by the test:
 {run} and {causal} (copies of a finished tiny masked-LM and causal-LM run),
 {file} (a file), {missing} (nothing there), {read_only} (a read-only copy of
-the run), {read_only_folder} (an empty read-only folder); and
-{refused_port}, a local port where nothing listens. `says` may name them
-too. docs/reliability.md ("Every command's inputs") lists the table with the
+the run), {read_only_folder} (an empty read-only folder), {not_utf8} (an
+empty folder whose name is not valid UTF-8, written {not_utf8_shown} in an
+error line), {home} (the case's folder, its $HOME in AT_HOME: ~/a_file is
+{file}); and {refused_port}, a local port where nothing listens. `says` may
+name them too. docs/reliability.md ("Every command's inputs") lists the table with the
 line each case returns.
 """
 
@@ -58,6 +60,12 @@ IMPORT = (
     f'--from={HF_FOLDER}',
 )
 GS_WORKDIR = '--workdir=gs://linformer-test/run'
+# The case's folder as $HOME: `~/NAME` is its {NAME} placeholder's path.
+AT_HOME = {'HOME': '{home}'}
+# A tiny training run, refused before it trains: each case adds its own flag.
+TRAIN = TINY + ('--workdir={missing}',)
+# What check_paths says of a name that is not valid UTF-8, after the setting.
+NOT_UTF8 = "='{not_utf8_shown}' is not a valid UTF-8 name"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -414,6 +422,273 @@ CASES: Dict[str, Case] = {
     ),
     'prepare_data/gs without credentials': case(
         'prepare_data', TINY + (GS_WORKDIR,), 'no Google Cloud credentials'
+    ),
+    # Paths: `~` is the home folder in every path flag and config field (none
+    # is made in the working directory, and the line names the expanded path);
+    # a name that is not valid UTF-8, or a gs:// path that cannot be used, is
+    # refused before anything reads it.
+    'train/~ in workdir, a file': case(
+        'train',
+        TINY + ('--workdir=~/a_file',),
+        "--workdir='{file}' cannot be a run folder (File exists)",
+        AT_HOME,
+    ),
+    'train/~ in init_from': case(
+        'train',
+        TRAIN + ('--config.init_from=~/nothing',),
+        '{home}/nothing is not a run directory',
+        AT_HOME,
+    ),
+    'train/~ in data.path': case(
+        'train',
+        TRAIN + ('--config.data.source=text_files', '--config.data.path=~/nothing'),
+        "config.data.path='{home}/nothing' does not exist",
+        AT_HOME,
+    ),
+    'train/~ in cache_dir': case(
+        'train',
+        TRAIN + ('--config.data.cache_dir=~/a_file',),
+        "config.data.cache_dir='{file}' cannot be the data cache: {file} is a file",
+        AT_HOME,
+    ),
+    'train/~ in compilation_cache_dir': case(
+        'train',
+        TRAIN + ('--config.compilation_cache_dir=~/a_file',),
+        'config.compilation_cache_dir: {file} is a file, not a folder',
+        AT_HOME,
+    ),
+    'train/~ in extensions': case(
+        'train',
+        TRAIN + ("--config.extensions=('~/missing.py',)",),
+        "config.extensions names '{missing}.py', which is not a file",
+        AT_HOME,
+    ),
+    'evaluate/~ in workdir': case(
+        'evaluate', TINY + ('--workdir=~/missing',), '{missing} holds no checkpoint', AT_HOME
+    ),
+    'evaluate/~ in workdir, no config': case(
+        'evaluate',
+        ('--workdir=~/missing',),
+        'no --config was given, and {missing}/config.json does not exist',
+        AT_HOME,
+    ),
+    'evaluate/~ in a run folder config': case(
+        'evaluate',
+        ('--config=~/missing', '--workdir={run}'),
+        '--config=~/missing: no such file',
+        AT_HOME,
+    ),
+    'generate/~ in workdir': case(
+        'generate', GENERATE + ('--workdir=~/missing',), '{missing} holds no checkpoint', AT_HOME
+    ),
+    'spectrum/~ in out': case(
+        'spectrum',
+        SPECTRUM + ('--out=~/a_file',),
+        "--out='{file}' cannot be a folder (it is a file)",
+        AT_HOME,
+    ),
+    'projection_stats/~ in workdir': case(
+        'projection_stats',
+        TINY + ('--workdir=~/missing',),
+        '{missing} holds no checkpoint',
+        AT_HOME,
+    ),
+    'prepare_data/~ in workdir, a file': case(
+        'prepare_data',
+        TINY + ('--workdir=~/a_file',),
+        "--workdir='{file}' cannot be a folder (it is a file)",
+        AT_HOME,
+    ),
+    'sweep/~ in the sweep file': case(
+        'sweep',
+        ('--sweep=~/missing', '--workdir=~/missing'),
+        '--sweep={missing}: no such file',
+        AT_HOME,
+    ),
+    'sweep/~ in workdir, a file': case(
+        'sweep',
+        SWEEP + ('--workdir=~/a_file',),
+        "--workdir='{file}' cannot be a folder (it is a file)",
+        AT_HOME,
+    ),
+    'import_checkpoint/~ in from': case(
+        'import_checkpoint',
+        IMPORT + ('--workdir={missing}', '--from=~/missing'),
+        '--from={missing}: no such folder',
+        AT_HOME,
+    ),
+    'export_checkpoint/~ in workdir': case(
+        'export_checkpoint',
+        ('--workdir=~/missing', '--out={missing}_out'),
+        '{missing}/config.json does not exist',
+        AT_HOME,
+    ),
+    'make_book_passages/~ in books': case(
+        'make_book_passages',
+        ('--books=~/missing.txt,~/a_file', '--out={missing}'),
+        '{missing}.txt',
+        AT_HOME,
+    ),
+    'train/workdir not UTF-8': case(
+        'train', TINY + ('--workdir={not_utf8}',), '--workdir' + NOT_UTF8
+    ),
+    'train/data.path not UTF-8': case(
+        'train',
+        TRAIN + ('--config.data.source=text_files', '--config.data.path={not_utf8}'),
+        'config.data.path' + NOT_UTF8,
+    ),
+    'train/config file not UTF-8': case(
+        'train', ('--config={not_utf8}', '--workdir={missing}'), '--config' + NOT_UTF8
+    ),
+    'evaluate/workdir not UTF-8': case(
+        'evaluate', TINY + ('--workdir={not_utf8}',), '--workdir' + NOT_UTF8
+    ),
+    'evaluate/workdir not UTF-8, no config': case(
+        'evaluate', ('--workdir={not_utf8}',), '--workdir' + NOT_UTF8
+    ),
+    'generate/workdir not UTF-8': case(
+        'generate', GENERATE + ('--workdir={not_utf8}',), '--workdir' + NOT_UTF8
+    ),
+    'spectrum/out not UTF-8': case(
+        'spectrum', SPECTRUM + ('--out={not_utf8}',), '--out' + NOT_UTF8
+    ),
+    'projection_stats/workdir not UTF-8': case(
+        'projection_stats', TINY + ('--workdir={not_utf8}',), '--workdir' + NOT_UTF8
+    ),
+    'prepare_data/workdir not UTF-8': case(
+        'prepare_data', TINY + ('--workdir={not_utf8}',), '--workdir' + NOT_UTF8
+    ),
+    'sweep/workdir not UTF-8': case(
+        'sweep', SWEEP + ('--workdir={not_utf8}',), '--workdir' + NOT_UTF8
+    ),
+    'import_checkpoint/workdir not UTF-8': case(
+        'import_checkpoint', IMPORT + ('--workdir={not_utf8}',), '--workdir' + NOT_UTF8
+    ),
+    'export_checkpoint/out not UTF-8': case(
+        'export_checkpoint', ('--workdir={run}', '--out={not_utf8}'), '--out' + NOT_UTF8
+    ),
+    'benchmark/out not UTF-8': case('benchmark', ('--out={not_utf8}',), '--out' + NOT_UTF8),
+    'train/gs init_from without network': case(
+        'train',
+        TRAIN + ('--config.init_from=gs://linformer-test/run',),
+        'config.init_from=gs://linformer-test/run: http://127.0.0.1:{refused_port} cannot be '
+        'reached (Connection refused): check $STORAGE_EMULATOR_HOST, or give a local '
+        'config.init_from.',
+        NO_NETWORK,
+    ),
+    'train/gs data.path without network': case(
+        'train',
+        TRAIN + ('--config.data.source=text_files', '--config.data.path=gs://linformer-test/books'),
+        'config.data.path=gs://linformer-test/books: http://127.0.0.1:{refused_port} cannot be '
+        'reached',
+        NO_NETWORK,
+    ),
+    'train/gs prepared_dir without network': case(
+        'train',
+        TRAIN + ('--config.data.prepared_dir=gs://linformer-test/prepared',),
+        'config.data.prepared_dir=gs://linformer-test/prepared: http://127.0.0.1:{refused_port} '
+        'cannot be reached',
+        NO_NETWORK,
+    ),
+    'train/gs tfds_data_dir without network': case(
+        'train',
+        TRAIN + ('--config.data.tfds_data_dir=gs://linformer-test/tfds',),
+        'config.data.tfds_data_dir=gs://linformer-test/tfds: http://127.0.0.1:{refused_port} '
+        'cannot be reached',
+        NO_NETWORK,
+    ),
+    'train/gs compilation_cache_dir without network': case(
+        'train',
+        TRAIN + ('--config.compilation_cache_dir=gs://linformer-test/compiled',),
+        'config.compilation_cache_dir=gs://linformer-test/compiled: '
+        'http://127.0.0.1:{refused_port} cannot be reached',
+        NO_NETWORK,
+    ),
+    'train/gs cache_dir': case(
+        'train',
+        TRAIN + ('--config.data.cache_dir=gs://linformer-test/cache',),
+        "config.data.cache_dir='gs://linformer-test/cache' names an object store; the data cache "
+        'is a folder on this machine: give a local folder (prepared splits are shared through '
+        'gs:// with config.data.prepared_dir).',
+        NO_NETWORK,
+    ),
+    'train/gs cache variable': case(
+        'train',
+        TRAIN,
+        "$LINFORMER_JAX_CACHE_DIR='gs://linformer-test/cache' names an object store",
+        {**NO_NETWORK, 'LINFORMER_JAX_CACHE_DIR': 'gs://linformer-test/cache'},
+    ),
+    'train/gs extension': case(
+        'train',
+        TRAIN + ("--config.extensions=('gs://linformer-test/own.py',)",),
+        "config.extensions names 'gs://linformer-test/own.py': an extension is imported from a "
+        'local file; copy it to this machine and name that copy.',
+        NO_NETWORK,
+    ),
+    'train/gs workdir without network': case(
+        'train', TINY + (GS_WORKDIR,), '--workdir=gs://linformer-test/run: http://', NO_NETWORK
+    ),
+    'evaluate/gs prepared_dir without network': case(
+        'evaluate',
+        EVALUATE + ('--config.data.prepared_dir=gs://linformer-test/prepared',),
+        'config.data.prepared_dir=gs://linformer-test/prepared: http://127.0.0.1:{refused_port} '
+        'cannot be reached',
+        NO_NETWORK,
+    ),
+    'evaluate/gs run folder config without network': case(
+        'evaluate',
+        ('--config=gs://linformer-test/run', '--workdir={run}'),
+        '--config=gs://linformer-test/run: http://127.0.0.1:{refused_port} cannot be reached',
+        NO_NETWORK,
+    ),
+    'evaluate/gs workdir without network, no config': case(
+        'evaluate',
+        (GS_WORKDIR,),
+        '--workdir=gs://linformer-test/run: http://127.0.0.1:{refused_port} cannot be reached',
+        NO_NETWORK,
+    ),
+    'spectrum/gs workdir without network': case(
+        'spectrum', TINY + (GS_WORKDIR,), 'cannot be reached (Connection refused)', NO_NETWORK
+    ),
+    'spectrum/gs out': case(
+        'spectrum',
+        SPECTRUM + ('--out=gs://linformer-test/spectrum',),
+        "--out='gs://linformer-test/spectrum' names an object store; results are written to a "
+        'local folder: give a local --out.',
+        NO_NETWORK,
+    ),
+    'prepare_data/gs prepared_dir without network': case(
+        'prepare_data',
+        TRAIN + ('--config.data.prepared_dir=gs://linformer-test/prepared',),
+        'config.data.prepared_dir=gs://linformer-test/prepared: http://127.0.0.1:{refused_port} '
+        'cannot be reached',
+        NO_NETWORK,
+    ),
+    'sweep/gs prepared_dir without network': case(
+        'sweep',
+        SWEEP + ('--workdir={missing}', '--set=data.prepared_dir=gs://linformer-test/prepared'),
+        "sweep variant 'k16': config.data.prepared_dir=gs://linformer-test/prepared: "
+        'http://127.0.0.1:{refused_port} cannot be reached',
+        NO_NETWORK,
+    ),
+    'import_checkpoint/gs from': case(
+        'import_checkpoint',
+        IMPORT + ('--workdir={missing}', '--from=gs://linformer-test/roberta'),
+        "--from='gs://linformer-test/roberta' names an object store; a Hugging Face folder is "
+        'read from this machine',
+        NO_NETWORK,
+    ),
+    'export_checkpoint/gs workdir without network': case(
+        'export_checkpoint',
+        (GS_WORKDIR, '--out={missing}'),
+        '--workdir=gs://linformer-test/run: http://127.0.0.1:{refused_port} cannot be reached',
+        NO_NETWORK,
+    ),
+    'benchmark/gs out': case(
+        'benchmark',
+        ('--out=gs://linformer-test/benchmark',),
+        "--out='gs://linformer-test/benchmark' names an object store",
+        NO_NETWORK,
     ),
     'attention_benchmark/unexpected argument': case(
         'attention_benchmark',

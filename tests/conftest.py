@@ -156,6 +156,10 @@ FAST_CASES = {
         'import_checkpoint/from a missing folder',
         'prepare_data/workdir is a file',
         'benchmark/unexpected argument',
+        # A path: `~` expanded, a name that is not UTF-8, gs:// without network.
+        'train/~ in cache_dir',
+        'train/workdir not UTF-8',
+        'train/gs init_from without network',
     ),
     'test_model_output_is_padding_invariant': ('full-linear-False', 'linformer-mean-False'),
     'test_every_learned_projection_gets_a_nonzero_gradient': ('linear-none', 'conv-layerwise'),

@@ -15,6 +15,7 @@ from configs import classification
 from configs import finetune_qnli
 from configs import tiny
 from linformer_jax.data import classification as classification_data
+from linformer_jax.data import classification_sources
 from linformer_jax.data import encoding
 from linformer_jax.data import labelled_examples
 from linformer_jax.data import tokenizer as tokenizer_lib
@@ -458,7 +459,7 @@ def test_an_unprepared_tfds_dataset_says_how_to_get_it(tmp_path):
       },
   )
   with pytest.raises(ConfigError, match='config.data.tfds_download'):
-    labelled_examples.load_examples(config.data, 'train')
+    classification_sources.source_of(config.data).examples(config.data, 'train')
 
 
 def test_a_capped_evaluation_takes_a_fixed_random_subset_not_the_first_rows():

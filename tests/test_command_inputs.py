@@ -1,12 +1,15 @@
 """Every command's inputs get the project's contract: bad input ends in one
 line on stderr, `error: ...`, with exit code 2, no traceback, and nothing
-under the case's folders changed or created.
+under the case's folders changed or created (nor a folder named `~` in the
+working directory).
 
 CASES (tests/command_input_cases.py) is the table, by command and class of
 input: sampling settings, step choices, read-only, missing and file
-workdirs, bad flags and unknown config keys, object stores without
-credentials or network. docs/reliability.md ("Every command's inputs") lists
-it with the line each case returns.
+workdirs, bad flags and unknown config keys, and in every path flag and
+path field of the config: `~` (the line names the expanded path), names
+that are not valid UTF-8, object stores without credentials or network.
+docs/reliability.md ("Every command's inputs") lists it with the line each
+case returns.
 
 Each case runs as `python -m linformer_jax.COMMAND ARGS` in its own process,
 all of them forked one after another from one process that imported the
@@ -22,6 +25,7 @@ file and folder below it is hashed before and after. The fast tests at the
 end check the refusals themselves, in-process.
 """
 
+import json
 import os
 import pathlib
 import shutil
@@ -34,6 +38,7 @@ from command_input_cases import CASES
 from command_input_cases import CAUSAL_FIELDS
 from command_input_cases import EMULATOR_VARIABLES
 from command_input_cases import FRESH_CASES
+from command_input_cases import IMPORT
 from command_input_cases import NO_CREDENTIALS
 from command_input_cases import REPO_ROOT
 from command_input_cases import Case
@@ -60,8 +65,8 @@ def materialise(case_: Case, folder: pathlib.Path, runs: Dict[str, str], refused
   """(args, env, placeholders, read-only folders) of `case_`, its folders made
   under `folder`."""
   folder.mkdir(parents=True)
-  text = ' '.join(case_.args)
-  places, read_only = {'refused_port': str(refused_port)}, []
+  text = ' '.join((*case_.args, *(value for _, value in case_.env), case_.says))
+  places, read_only = {'refused_port': str(refused_port), 'home': str(folder)}, []
   for name in ('run', 'causal', 'read_only'):
     if '{' + name + '}' in text:
       places[name] = str(folder / name)
@@ -71,6 +76,10 @@ def materialise(case_: Case, folder: pathlib.Path, runs: Dict[str, str], refused
     pathlib.Path(places['file']).write_text('not a folder')
   if '{missing}' in text:
     places['missing'] = str(folder / 'missing')
+  if '{not_utf8' in text:
+    places['not_utf8'] = str(folder / os.fsdecode(b'bad\xff'))
+    places['not_utf8_shown'] = str(folder / 'bad\\xff')
+    os.mkdir(places['not_utf8'])
   if '{read_only_folder}' in text:
     places['read_only_folder'] = str(folder / 'read_only_folder')
     os.mkdir(places['read_only_folder'])
@@ -147,6 +156,7 @@ def test_bad_input_is_one_line_exit_2_and_changes_nothing(outcomes, name):
   one_error_line(process, CASES[name].says.format(**places))
   assert CASES[name].printed in process.stdout, process.stdout
   assert after == before, f'{name} changed its folders'
+  assert not (REPO_ROOT / '~').exists(), 'a folder named ~ was made in the working directory'
 
 
 @pytest.mark.slow
@@ -165,6 +175,28 @@ def test_a_fresh_python_prints_the_runners_line(outcomes, runs, run_command, tmp
     if key != 'refused_port':
       expected = expected.replace(value, places[key])
   assert line == expected
+
+
+@pytest.mark.slow
+def test_a_run_under_home_is_made_there_and_keeps_the_expanded_paths(
+    run_command, tmp_path, monkeypatch
+):
+  """`--workdir=~/run` as the shell passes it (it expands `~` only at the
+  start of a word): an import writes $HOME/run, its config.json holds the
+  expanded paths, and no folder named `~` is made in the working directory."""
+  monkeypatch.setenv('HOME', str(tmp_path))
+  process = run_command(
+      'import_checkpoint',
+      *IMPORT,
+      '--workdir=~/run',
+      '--config.data.cache_dir=~/cache',
+      '--config.data.path=~/books',
+  )
+  assert process.returncode == 0, process.stderr
+  saved = json.loads((tmp_path / 'run' / 'config.json').read_text())
+  assert saved['data']['cache_dir'] == str(tmp_path / 'cache')
+  assert saved['data']['path'] == str(tmp_path / 'books')
+  assert not (REPO_ROOT / '~').exists()
 
 
 @pytest.mark.slow

@@ -144,13 +144,17 @@ def test_every_command_in_the_docs_exists():
 
 
 def _declared_fields(arguments):
-  """The config.model fields that the kinds of a command's --config.extensions
-  declare (`registry.Setting`), as dotted paths."""
+  """The config.model and config.data fields that the parts of a command's
+  --config.extensions declare (`registry.Setting`), as dotted paths."""
   extensions = re.search(r'--config\.extensions="(\([^"]*\))"', arguments)
   if not extensions:
     return set()
   import_extensions(ast.literal_eval(extensions.group(1)))
-  return {f'model.{name}' for name in registry.declared_settings('config.model')}
+  return {
+      f'{section}.{name}'
+      for section in ('model', 'data')
+      for name in registry.declared_settings(f'config.{section}')
+  }
 
 
 def test_every_config_field_set_in_the_docs_exists(fields_by_config):

@@ -19,8 +19,10 @@ from linformer_jax.extensions import import_extensions
 from linformer_jax.model import attention
 from linformer_jax.model import attention_kinds
 from linformer_jax.model import layers
+from linformer_jax.model import logical_axes
 from linformer_jax.model import models
 from linformer_jax.model import projections
+from linformer_jax.model.projections import linear
 from linformer_jax.training import trainer
 from tests.run_helpers import losses_by_step
 from tests.run_helpers import small_model_config
@@ -28,11 +30,12 @@ from tests.run_helpers import tiny_config
 
 STRIDED = 'docs/examples/strided_projection.py'
 SCALED = 'docs/examples/scaled_linformer.py'
+CONVEX = 'docs/examples/convex_projection.py'
 
 
 @pytest.fixture(scope='module', autouse=True)
 def examples():
-  import_extensions([STRIDED, SCALED])
+  import_extensions([STRIDED, SCALED, CONVEX])
 
 
 def outputs(config, variables=None):
@@ -86,14 +89,92 @@ def test_projection_weights_keep_their_checkpoint_names_and_shapes(projection, s
   assert weights == PINNED_PROJECTION_WEIGHTS[(projection, sharing, causal)]
 
 
+def made_the_old_way(module, name, *, config, projected_len, per_head):
+  """A projection weight as the kinds made it before they declared it: each
+  kind's former `make_weight`, calling `module.param` or `module.variable`."""
+  heads = (config.num_heads,) if per_head else ()
+  head_axes = (logical_axes.PROJECTION_HEADS,) if per_head else ()
+  shape = heads + (config.max_len, projected_len)
+  names = head_axes + (logical_axes.LENGTH, logical_axes.PROJECTED_LENGTH)
+  matrix_init = nn.with_logical_partitioning(
+      linear.matrix_initializer(config, projected_len, per_head), names
+  )
+  if config.projection == 'linear':
+    return module.param(name, matrix_init, shape, jnp.float32)
+  if config.projection == 'random':
+    return module.variable(
+        'constants', name, lambda: matrix_init(module.make_rng('params'), shape, jnp.float32)
+    ).value
+  if config.projection == 'conv':
+    window = config.compressed_span // projected_len
+    names = head_axes + (logical_axes.CONV_WINDOW, logical_axes.HEAD_DIM_IN, logical_axes.HEAD_DIM)
+    fan_in = nn.initializers.variance_scaling(
+        1.0, 'fan_in', 'normal', in_axis=(-3, -2), out_axis=-1
+    )
+    shape = heads + (window, config.head_dim, config.head_dim)
+    return module.param(name, nn.with_logical_partitioning(fan_in, names), shape, jnp.float32)
+  assert config.projection == 'convex', config.projection
+  init = nn.with_logical_partitioning(nn.initializers.normal(stddev=1.0), names)
+  return module.param(name, init, shape, jnp.float32)
+
+
+def initial_variables(config):
+  """Every variable of a freshly initialised model, path -> (logical axes, array)."""
+  model = (models.CausalLanguageModel if config.causal else models.MaskedLanguageModel)(config)
+  variables = model.init(jax.random.PRNGKey(3), jnp.ones((2, 16), jnp.int32))
+  leaves = jax.tree_util.tree_leaves_with_path(
+      variables, is_leaf=lambda leaf: isinstance(leaf, nn.Partitioned)
+  )
+  return {
+      jax.tree_util.keystr(path): (getattr(leaf, 'names', None), np.asarray(nn.meta.unbox(leaf)))
+      for path, leaf in leaves
+  }
+
+
+@pytest.mark.parametrize(
+    'fields',
+    [
+        dict(projection='linear', sharing='none'),
+        dict(projection='conv', sharing='headwise'),
+        dict(projection='random', sharing='kv', scan_layers=True),
+        dict(projection='convex', sharing='layerwise'),
+    ],
+    ids=lambda fields: '-'.join(str(value) for value in fields.values()),
+)
+def test_declared_projection_weights_are_the_weights_the_kinds_made_themselves(fields, monkeypatch):
+  """Same names, collections, logical axes and bitwise values for the same
+  seed: checkpoints of runs from before the kinds declared their weights load
+  unchanged, and a seed starts where it did."""
+  config = small_model_config(**fields)
+  declared = initial_variables(config)
+  monkeypatch.setattr(
+      layers.SequenceProjection,
+      '_weight',
+      lambda self, name: made_the_old_way(
+          self, name, config=self.config, projected_len=self.projected_len, per_head=self.per_head
+      ),
+  )
+  made = initial_variables(config)
+  assert declared.keys() == made.keys()
+  assert any('projection' in path for path in made)
+  for path, (names, value) in made.items():
+    assert declared[path][0] == names, path
+    np.testing.assert_array_equal(declared[path][1], value, err_msg=path)
+    assert declared[path][1].dtype == value.dtype, path
+
+
 @projections.REGISTRY.register('transposed_for_tests')
 class TransposedMatrix(projections.SequenceProjectionKind):
   """E made [k, max_len], not the [max_len, k] the layout asks for."""
 
-  def make_weight(self, module, name, *, config, projected_len, per_head):
+  def weight(self, *, config, projected_len, per_head):
     heads = (config.num_heads,) if per_head else ()
-    shape = heads + (projected_len, config.max_len)
-    return module.param(name, nn.initializers.normal(1.0), shape, jnp.float32)
+    head_axes = (logical_axes.PROJECTION_HEADS,) if per_head else ()
+    return projections.Parameter(
+        shape=heads + (projected_len, config.max_len),
+        init=jax.nn.initializers.normal(1.0),
+        axes=head_axes + (logical_axes.PROJECTED_LENGTH, logical_axes.LENGTH),
+    )
 
   def compress(self, x, weight, *, max_len, projected_len, key_padding_mask=None, name='E'):
     rows = jnp.swapaxes(weight, -1, -2)
@@ -115,7 +196,7 @@ def test_a_weight_in_another_layout_than_e_is_refused_in_one_line(sharing, weigh
     jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.ones((1, 16), jnp.int32))
   message = str(error.value)
   assert message.startswith(
-      f"projection='transposed_for_tests': make_weight gave {weight} the shape {given}, "
+      f"projection='transposed_for_tests': weight() declared {weight} with the shape {given}, "
       f'not {expected}; '
   )
   assert 'weight_shape' in message and '\n' not in message
@@ -125,10 +206,56 @@ def test_a_kind_that_declares_its_own_weight_shape_is_checked_against_it():
   conv = projections.kind('conv')
   config = small_model_config(projection='conv')
   assert conv.weight_shape(config=config, projected_len=4, per_head=True) == (2, 4, 4, 4)
+  declared = conv.weight(config=config, projected_len=4, per_head=False)
+  assert (
+      conv.check_weight(declared, 'kv_projection', config=config, projected_len=4, per_head=False)
+      == declared
+  )
   with pytest.raises(ConfigError, match=r'shape \(4, 4\), not \(4, 4, 4\) \(its weight_shape\)'):
     conv.check_weight(
-        jnp.ones((4, 4)), 'kv_projection', config=config, projected_len=4, per_head=False
+        declared._replace(shape=(4, 4)),
+        'kv_projection',
+        config=config,
+        projected_len=4,
+        per_head=False,
     )
+
+
+@projections.REGISTRY.register('old_style_for_tests')
+class OldStyleMatrix(projections.SequenceProjectionKind):
+  """A kind written for the versions that handed `make_weight` the Flax module."""
+
+  def make_weight(self, module, name, *, config, projected_len, per_head):
+    shape = (config.max_len, projected_len)
+    return module.param(name, nn.initializers.normal(1.0), shape, jnp.float32)
+
+  def compress(self, x, weight, *, max_len, projected_len, key_padding_mask=None, name='E'):
+    return attention.project_sequence(x, weight, key_padding_mask=key_padding_mask, name=name), None
+
+
+def test_a_kind_that_still_makes_its_weight_is_refused_in_one_line():
+  with pytest.raises(ConfigError) as error:
+    small_model_config(projection='old_style_for_tests')
+  message = str(error.value)
+  assert message.startswith(
+      "projection='old_style_for_tests': OldStyleMatrix defines make_weight, which is no "
+      'longer called; declare its weight with weight(self, *, config, projected_len, per_head)'
+  )
+  assert 'docs/extending.md' in message and '\n' not in message
+
+
+@pytest.mark.parametrize(
+    'option', [dict(learning_rate_scale=0.1), dict(weight_decay=False)], ids=str
+)
+def test_a_projection_weight_with_its_own_optimizer_settings_is_refused(option):
+  config = small_model_config(projection='linear')
+  kind = projections.kind('linear')
+  declared = kind.weight(config=config, projected_len=4, per_head=False)._replace(**option)
+  with pytest.raises(ConfigError) as error:
+    kind.check_weight(declared, 'kv_projection', config=config, projected_len=4, per_head=False)
+  message = str(error.value)
+  assert message.startswith("projection='linear': weight() declared kv_projection with ")
+  assert 'config.model.projection_learning_rate_scale' in message and '\n' not in message
 
 
 def test_the_examples_register_their_names():

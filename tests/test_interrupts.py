@@ -104,6 +104,9 @@ STUCK_MAIN_THREAD = textwrap.dedent("""
 def test_a_main_thread_stuck_in_native_code_is_ended_by_the_watcher(signum):
   process = start('-c', STUCK_MAIN_THREAD)
   wait_for_line(process, 'stuck', timeout=60)
+  # Until its print returns, the main thread still runs Python code and takes
+  # the signal itself; a second later it is asleep.
+  time.sleep(1.0)
   process.send_signal(signum)
   stdout = assert_stopped_in_one_line(process, signum, within=interrupts.GRACE_SECONDS + 10)
   assert 'woke up' not in stdout
@@ -138,3 +141,28 @@ def test_only_this_package_s_commands_handle_signals():
   assert signal.getsignal(signal.SIGTERM) is not interrupts._raise_in_main_thread  # pylint: disable=protected-access
   assert interrupts.exit_code(signal.SIGINT) == 130
   assert interrupts.exit_code(signal.SIGTERM) == 143
+
+
+A_THREAD_THAT_NEVER_ENDS = textwrap.dedent("""
+    import threading
+    from linformer_jax import cli
+
+    def main(argv):
+      # As orbax's save thread after making its folder failed: never ends.
+      threading.Thread(target=threading.Event().wait).start()
+      cli.fail('a refused command')
+
+    cli.run(main)
+""")
+
+
+@pytest.mark.slow
+def test_a_refused_command_ends_even_when_a_library_thread_never_does():
+  """Before this, the `error:` line was printed and the process waited forever."""
+  process = start('-c', A_THREAD_THAT_NEVER_ENDS)
+  started = time.monotonic()
+  code = process.wait(timeout=60)
+  _, stderr = process.communicate()
+  assert code == 2, stderr
+  assert stderr.strip() == 'error: a refused command'
+  assert time.monotonic() - started < 30

@@ -21,7 +21,8 @@ ALLOWED = {
 # importing of the files config.extensions names (so that their parts register;
 # the training layer imports a run's), the path layer (local folders and gs://),
 # the units of memory, settings dataclasses whose fields are flags, and the
-# handling of Ctrl-C and SIGTERM that a training loop takes over.
+# handling of Ctrl-C and SIGTERM that a training loop takes over, and the
+# layout of a run folder.
 BASE_MODULES = (
     'errors',
     'registry',
@@ -30,6 +31,7 @@ BASE_MODULES = (
     'units',
     'settings_flags',
     'interrupts',
+    'run_folder',
 )
 # The Python API (api.py: linformer_jax.load and build) sits on the training
 # layer, beside analysis: the commands may import it, no layer does.

@@ -21,6 +21,7 @@ from linformer_jax.data import remote_splits
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import hf_import
+from linformer_jax.training import run_config
 from linformer_jax.training import trainer
 from linformer_jax.training import workdir_lock
 
@@ -150,3 +151,17 @@ def test_commands_that_stage_files_locally_refuse_a_gs_workdir(run_command):
   assert result.returncode == 2, result.stderr
   errors = [line for line in result.stderr.splitlines() if line.startswith('error:')]
   assert len(errors) == 1 and 'a sweep writes its report and figure to a local' in errors[0]
+
+
+def test_gs_paths_pass_the_path_checks_where_the_store_answers(gcs_bucket):
+  """Every field that may be on gs:// passes `storage.check_paths` against the
+  emulator; the data cache, a folder on this machine, is refused still."""
+  config = tiny_config(init_from=f'{gcs_bucket}/runs/pretrained')
+  config.compilation_cache_dir = f'{gcs_bucket}/compiled'
+  config.data.prepared_dir = f'{gcs_bucket}/prepared'
+  config.data.tfds_data_dir = f'{gcs_bucket}/tfds'
+  paths = run_config.expand_paths(config) + [('--workdir', f'{gcs_bucket}/runs/new')]
+  storage.check_paths(paths, run_config.LOCAL_PATHS)
+  config.data.cache_dir = f'{gcs_bucket}/cache'
+  with pytest.raises(ConfigError, match=r"^config.data.cache_dir='gs://.*' names an object store"):
+    storage.check_paths(run_config.expand_paths(config), run_config.LOCAL_PATHS)

@@ -13,11 +13,11 @@ with it:
 
 What a projection with weights must get right, each done below:
 
-1. `make_weight` creates the weight with `module.param` (trained; a fixed one
-   would be a `module.variable` in `projections.CONSTANTS`), float32, with one
-   logical axis name per dimension. The model calls it once per weight that
-   `config.model.sharing` asks for (per head and layer, per layer, key = value,
-   one for the model) and hands it back to `compress` as `weight`.
+1. `weight` declares the weight, a `projections.Parameter` (trained; a fixed
+   one would be a `projections.Constant`) with its shape, initialiser and one
+   logical axis name per dimension; the model creates it, float32, once per
+   weight that `config.model.sharing` asks for (per head and layer, per layer,
+   key = value, one for the model) and hands it to `compress` as `weight`.
 2. E's layout is [max_len, k], a position per row and a slot per column; with
    `per_head` (sharing='none') it has a leading heads axis, [heads, max_len,
    k], and `compress` must take both.
@@ -33,7 +33,6 @@ alone as batched with longer, padded ones: the checks of `linformer_jax.testing`
 (`check_against_reference`, `check_padding_invariance`) that any part's tests run.
 """
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
@@ -79,16 +78,19 @@ class ConvexCombination(projections.SequenceProjectionKind):
 
   mixes_positions_linearly = True  # E = softmax(L): `effective_matrix` reads it
 
-  def make_weight(self, module, name, *, config, projected_len, per_head):
+  def weight(self, *, config, projected_len, per_head):
     heads = (config.num_heads,) if per_head else ()
     axes = ((logical_axes.PROJECTION_HEADS,) if per_head else ()) + (
         logical_axes.LENGTH,
         logical_axes.PROJECTED_LENGTH,
     )
-    # Random logits: with equal ones every slot would be the same mean, and
-    # stay so, as every slot would get the same gradient.
-    init = nn.with_logical_partitioning(nn.initializers.normal(stddev=1.0), axes)
-    return module.param(name, init, heads + (config.max_len, projected_len), jnp.float32)
+    return projections.Parameter(
+        shape=heads + (config.max_len, projected_len),
+        # Random logits: with equal ones every slot would be the same mean,
+        # and stay so, as every slot would get the same gradient.
+        init=jax.nn.initializers.normal(stddev=1.0),
+        axes=axes,
+    )
 
   def compress(self, x, weight, *, max_len, projected_len, key_padding_mask=None, name='E'):
     del max_len, projected_len  # the weight has both

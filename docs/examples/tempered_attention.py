@@ -22,7 +22,7 @@ the P it applies. Train with it:
 
 import math
 
-import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from linformer_jax.model import attention_kinds
@@ -56,7 +56,7 @@ class TemperedLinformer(Linformer):
     return {
         'log_temperature': attention_kinds.Parameter(
             shape=(config.num_heads,),
-            init=nn.initializers.constant(start),
+            init=jax.nn.initializers.constant(start),
             axes=(logical_axes.HEADS,),
         )
     }

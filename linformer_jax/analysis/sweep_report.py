@@ -15,6 +15,8 @@ import re
 import statistics
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from absl import logging
+
 from linformer_jax import storage
 from linformer_jax.analysis.tables import MISSING
 from linformer_jax.analysis.tables import markdown_table
@@ -79,11 +81,21 @@ def figure_file(sweep: Any) -> str:
 
 
 def results_of(variant_dir: str) -> Optional[Dict[str, Any]]:
-  """A variant's eval_results.json, or None before it finished."""
+  """A variant's eval_results.json, or None before it finished. A file that
+  is no JSON object (damaged) is None too, with one warning: the sweep then
+  runs the variant's command again, which resumes its finished run and only
+  evaluates it, writing the file anew."""
   path = os.path.join(variant_dir, trainer.RESULTS_FILE)
   if not os.path.exists(path):
     return None
-  return json.loads(storage.read_text(path))
+  try:
+    results = json.loads(storage.read_text(path))
+  except ValueError:
+    results = None
+  if not isinstance(results, dict):
+    logging.warning('%s is damaged (no JSON object): evaluating the variant again.', path)
+    return None
+  return results
 
 
 def _all_results(sweep: Any, workdir: str) -> Dict[str, Optional[Dict[str, Any]]]:

@@ -5,9 +5,11 @@ starts a run from them), and `restore_subtrees` chosen parts of its train
 state, e.g. a pretraining run's encoder inside a classifier
 (`training/fine_tuning.py`) or a run's variables for evaluation. Either takes
 the other run's workdir or its checkpoint directory, skips damaged steps as
-every reader does (`step_files`), checks the stored arrays against the wanted
-ones before reading any (`orbax_items`), and places them on the wanted
-shardings. Nothing in the other run's folder is changed.
+every reader does (`step_files`), chooses the newest step again when the one
+it chose is removed while it reads it (a run still training there), checks
+the stored arrays against the wanted ones before reading any
+(`orbax_items`), and places them on the wanted shardings. Nothing in the
+other run's folder is changed.
 """
 
 import os
@@ -15,6 +17,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import orbax.checkpoint as ocp
 
+from linformer_jax import run_folder
 from linformer_jax import storage
 from linformer_jax.checkpoints import orbax_items
 from linformer_jax.checkpoints import step_files
@@ -76,53 +79,22 @@ def restore_subtrees(
   Raises:
     ConfigError (a ValueError): no checkpoint there, or an array is missing,
       extra or of another shape (the message names it).
+    StepPruned (a ConfigError): `step` was removed while it was read.
   """
   directory = storage.location(os.fspath(directory_or_workdir))
-  if storage.isdir(os.path.join(directory, 'checkpoints')):
-    directory = os.path.join(directory, 'checkpoints')
+  checkpoints = run_folder.RunFolder(directory).checkpoints
+  step_files.refuse_file_at(checkpoints, 'its checkpoints')
+  if storage.isdir(checkpoints):
+    directory = checkpoints
   if not storage.isdir(directory):
     raise ConfigError(
         f'{directory_or_workdir} is not a run directory; '
         "config.init_from must name a finished run's workdir."
     )
-  manager = ocp.CheckpointManager(
-      directory,
-      # Never saves, so it changes nothing; orbax's read_only mode would
-      # print three warnings before any error message.
-      options=ocp.CheckpointManagerOptions(create=False),
-      handler_registry=orbax_items.handler_registry(),
+  step_files.quiet_vanished_step_logs()
+  restored = step_files.retried_while_pruned(
+      lambda: _restore_state(directory, subtrees, step, advice), retry=step is None
   )
-  try:
-    step = step_files.StepInspector(directory, orbax_items.ITEMS).step_to_read(
-        manager.all_steps(), step
-    )
-    metadata = orbax_items.state_metadata(manager, step)
-    target: Dict[str, Any] = {}
-    for path, abstract in subtrees.items():
-      orbax_items.check_arrays_match(
-          *orbax_items.stored_and_wanted(metadata, abstract, path),
-          directory=directory,
-          step=step,
-          advice=advice,
-      )
-      node = target
-      for key in path[:-1]:
-        node = node.setdefault(key, {})
-      node[path[-1]] = abstract
-    restored = manager.restore(
-        step,
-        args=ocp.args.Composite(
-            **{
-                orbax_items.STATE: ocp.args.PyTreeRestore(
-                    item=target,
-                    restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-                    partial_restore=True,
-                ),
-            }
-        ),
-    )
-  finally:
-    manager.close()
   out = {}
   for path in subtrees:
     node = restored[orbax_items.STATE]
@@ -130,3 +102,52 @@ def restore_subtrees(
       node = node[key]
     out[path] = node
   return out
+
+
+def _restore_state(
+    directory: str, subtrees: Dict[Tuple[str, ...], PyTree], step: Optional[int], advice: str
+) -> Dict[str, Any]:
+  """The parts `subtrees` of `step` (the newest intact one when None) in the
+  checkpoint directory `directory`, as orbax restores them."""
+  manager = step_files.listed(
+      lambda: ocp.CheckpointManager(
+          directory,
+          # Never saves, so it changes nothing; orbax's read_only mode would
+          # print three warnings before any error message.
+          options=ocp.CheckpointManagerOptions(create=False),
+          handler_registry=orbax_items.handler_registry(),
+      ),
+      directory,
+  )
+  try:
+    step = step_files.StepInspector(directory, orbax_items.ITEMS).step_to_read(
+        manager.all_steps(), step
+    )
+    with step_files.pruned_if_gone(directory, step):
+      metadata = orbax_items.state_metadata(manager, step)
+      target: Dict[str, Any] = {}
+      for path, abstract in subtrees.items():
+        orbax_items.check_arrays_match(
+            *orbax_items.stored_and_wanted(metadata, abstract, path),
+            directory=directory,
+            step=step,
+            advice=advice,
+        )
+        node = target
+        for key in path[:-1]:
+          node = node.setdefault(key, {})
+        node[path[-1]] = abstract
+      return manager.restore(
+          step,
+          args=ocp.args.Composite(
+              **{
+                  orbax_items.STATE: ocp.args.PyTreeRestore(
+                      item=target,
+                      restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                      partial_restore=True,
+                  ),
+              }
+          ),
+      )
+  finally:
+    manager.close()

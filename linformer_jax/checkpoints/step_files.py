@@ -12,8 +12,10 @@ A step folder is therefore either absent, or complete with its manifest.
 `inspect` reads a step folder back against its manifest. Any difference (a
 missing, truncated, zeroed or bit-flipped file) makes the step damaged, and so
 does a folder that is not a finished orbax step (e.g. an empty `checkpoints/9`
-left by a tool or a person). Steps written before manifests existed are
-accepted as unverified when their orbax structure is complete.
+left by a tool or a person). A step written before manifests existed has
+nothing to be checked against: it is read through once instead
+(`orbax_items.unreadable_items`), and accepted as unverified when every item
+reads (a truncated or missing file makes it damaged, as a manifest would).
 
 The step-level files orbax rewrites after the rename (`_CHECKPOINT_METADATA`,
 its commit timestamp, and `commit_success.txt`) are outside the manifest; the
@@ -23,26 +25,41 @@ arrays, the data-iterator state and the config are all inside it.
 step, with one warning for each newer damaged step it skips, and a step asked
 for by number refused, when it is damaged, in one message that names the
 first bad file, what is wrong with it and which step to read instead.
+
+A run that is training keeps only its newest steps: a reader of its folder may
+see the step it chose removed before it has read it. `pruned_if_gone` turns
+whatever error that causes into `StepPruned`, and `retried_while_pruned`
+chooses the newest kept step again (a bounded number of times, one warning
+each); a step asked for by number is refused in one line naming the kept ones.
 """
 
+import contextlib
 import dataclasses
 import hashlib
+import itertools
 import json
+import logging as python_logging
 import os
-from typing import Dict, List, Optional
+import sys
+import time
+from typing import Callable, Dict, FrozenSet, Iterator, List, Optional, TypeVar
 
 from absl import logging
 import jax
 from jax.experimental import multihost_utils
 
+from linformer_jax import run_folder
 from linformer_jax import storage
+from linformer_jax.checkpoints import orbax_items
 from linformer_jax.errors import ConfigError
+
+T = TypeVar('T')
 
 MANIFEST_FILE = 'integrity.json'
 # Where a run's damaged step folders are moved, beside its checkpoints folder.
-DAMAGED_FOLDER = 'damaged_checkpoints'
+DAMAGED_FOLDER = run_folder.DAMAGED_CHECKPOINTS
 # Where a run that goes back to step S moves the newer steps: DIVERGED_FOLDER/from_S.
-DIVERGED_FOLDER = 'diverged_checkpoints'
+DIVERGED_FOLDER = run_folder.DIVERGED_CHECKPOINTS
 # The file in a step folder that protects it from the newest-`keep` rule
 # (outside the manifest, which covers the item folders only).
 PROTECTED_FILE = 'protected'
@@ -50,6 +67,23 @@ TMP_SUFFIX = '.orbax-checkpoint-tmp'
 _FORMAT = 1
 _STEP_METADATA = '_CHECKPOINT_METADATA'
 _CHUNK_BYTES = 8 << 20
+# How many steps in a row a reader chooses before it gives up, when each one
+# it chose was removed (pruned by the run training there) before it was read.
+PRUNED_ATTEMPTS = 5
+# Orbax deletes a pruned step's files before its folder: a step folder whose
+# entries change between two looks this far apart is being removed, and is
+# waited for (at most _REMOVAL_WAIT_S) rather than called damaged.
+_REMOVAL_POLL_S = 0.1
+_REMOVAL_WAIT_S = 5.0
+# What a restore that failed midway (its step pruned) leaves behind, in
+# orbax's and TensorStore's words: reads still in flight report to orbax's
+# closed event loop, and reads that nothing awaits any more are dropped with
+# their error.
+_LEFTOVER_WORDS = (
+    'Event loop is closed',
+    'Encountered error while reading array index',
+    'in OCDBT database at',
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,12 +169,16 @@ def _problem_against_manifest(step_folder: str) -> Optional[str]:
 
 
 def _problem_of_unsealed(step_folder: str, items: List[str]) -> Optional[str]:
-  """What makes a step folder without a manifest unusable, if anything."""
+  """What makes a step folder without a manifest unusable, if anything: an
+  unfinished orbax structure, or an item file that cannot be read through."""
   if not storage.isfile(os.path.join(step_folder, _STEP_METADATA)):
     return 'it is not a finished checkpoint (no _CHECKPOINT_METADATA)'
   missing = [item for item in items if not storage.isdir(os.path.join(step_folder, item))]
   if missing:
     return f'it has no {missing[0]}/ item'
+  unreadable = orbax_items.unreadable_items(step_folder)
+  if unreadable:
+    return f'it has no {MANIFEST_FILE}, and {unreadable}'
   return None
 
 
@@ -180,16 +218,39 @@ def is_temporary(name: str) -> bool:
   return name.split('.')[0].isdigit() and TMP_SUFFIX in name
 
 
+def refuse_file_at(path: str, holds: str) -> None:
+  """Raises ConfigError when a plain file (or anything but a folder) is at
+  local `path`, where a run keeps `holds` in a folder. Orbax meeting one
+  while it saves fails in a thread that never ends."""
+  if storage.is_object_store(path) or not os.path.lexists(path) or os.path.isdir(path):
+    return
+  raise ConfigError(
+      f'{path} is a file, but the run keeps {holds} in a folder there; move the file '
+      'aside or delete it, then run the same command again.'
+  )
+
+
 def remove_temporary_folders(directory: str) -> None:
   """Deletes the temporary folders of saves that never finished (primary
   process). Done before the run's first save and in the caller's thread, so
-  a run refused just after opening its checkpoints leaves no thread behind."""
+  a run refused just after opening its checkpoints leaves no thread behind.
+  Anything else under such a name (a file) is no save's: it is moved to
+  DAMAGED_FOLDER, with a warning, since orbax would delete it."""
   if jax.process_index() != 0 or not storage.isdir(directory):
     return
   for name in storage.listdir(directory):
-    if is_temporary(name):
+    if not is_temporary(name):
+      continue
+    path = os.path.join(directory, name)
+    if storage.isdir(path) and not os.path.islink(path):
       logging.info('Removing %s, a save that never finished.', name)
-      storage.remove_tree(os.path.join(directory, name))
+      storage.remove_tree(path)
+    else:
+      logging.warning(
+          '%s is not a folder, yet it has the name of an unfinished save; moved it to %s.',
+          path,
+          move_aside(path),
+      )
 
 
 def temporary_folder(directory: str, step: int) -> str:
@@ -204,6 +265,7 @@ def move_aside(step_folder: str, destination_folder: Optional[str] = None) -> st
   destination_folder = destination_folder or os.path.join(
       os.path.dirname(checkpoints), DAMAGED_FOLDER
   )
+  refuse_file_at(destination_folder, 'the checkpoints it moves aside')
   storage.makedirs(destination_folder)
   name = os.path.basename(step_folder)
   destination = os.path.join(destination_folder, name)
@@ -229,7 +291,11 @@ def mark_protected(directory: str, step: int, protected: bool) -> None:
   if jax.process_index() != 0:
     return
   path = os.path.join(directory, str(step), PROTECTED_FILE)
-  if protected:
+  # A folder of that name (made by hand) marks the step as the file does.
+  if storage.isdir(path):
+    if not protected:
+      storage.remove_tree(path)
+  elif protected:
     storage.write_text(path, 'kept from before a loss spike (training/divergence.py)\n')
   elif storage.exists(path):
     storage.remove(path)
@@ -253,6 +319,172 @@ def capitalized(text: str) -> str:
   return text[:1].upper() + text[1:]
 
 
+def _entries(folder: str) -> Optional[FrozenSet[str]]:
+  """The files and folders below `folder`, or None when it is gone."""
+  if not storage.exists(folder):
+    return None
+  if not storage.isdir(folder):
+    return frozenset()
+  if storage.is_object_store(folder):
+    return frozenset(storage.files_under(folder))
+  return frozenset(
+      os.path.relpath(os.path.join(root, name), folder)
+      for root, folders, files in os.walk(folder)
+      for name in folders + files
+  )
+
+
+def _removed_meanwhile(folder: str) -> bool:
+  """Whether the step folder `folder` is gone, or is being removed (waiting
+  for that to end): what makes a read of it fail then is its pruning, not
+  damage."""
+  entries = _entries(folder)
+  deadline = time.monotonic() + _REMOVAL_WAIT_S
+  while entries is not None and time.monotonic() < deadline:
+    time.sleep(_REMOVAL_POLL_S)
+    now = _entries(folder)
+    if now == entries:
+      return False
+    entries = now
+  return entries is None
+
+
+def _is_leftover(error: Optional[BaseException]) -> bool:
+  return error is not None and any(words in str(error) for words in _LEFTOVER_WORDS)
+
+
+class _LeftoverRecords(python_logging.Filter):
+  """Drops asyncio's log of a failed restore's read that nothing awaits."""
+
+  def filter(self, record: python_logging.LogRecord) -> bool:
+    return not _is_leftover(record.exc_info[1] if record.exc_info else None)
+
+
+def _quiet_failed_read_leftovers() -> None:
+  """From now on, drops what a restore that failed on a pruned step leaves
+  behind (`_LEFTOVER_WORDS`): Python reports each, with a traceback, through
+  its unraisable-exception hook and asyncio's log, long after the failure was
+  handled. Any other report passes."""
+  logger = python_logging.getLogger('asyncio')
+  if any(isinstance(existing, _LeftoverRecords) for existing in logger.filters):
+    return
+  logger.addFilter(_LeftoverRecords())
+  previous = sys.unraisablehook
+
+  def hook(unraisable) -> None:
+    if not _is_leftover(unraisable.exc_value):
+      previous(unraisable)
+
+  sys.unraisablehook = hook
+
+
+class StepPruned(ConfigError):
+  """A step folder was removed while it was being read: the run training in
+  the folder keeps only its newest steps. `what` says which step, and which
+  steps are kept now."""
+
+  def __init__(self, directory: str, step: int):
+    kept = ', '.join(map(str, sorted(step_entries(directory)))) or 'none'
+    self.step = step
+    self.what = (
+        f'the checkpoint of step {step} in {directory} was removed while it was being read '
+        f'(the run writing there keeps only its newest checkpoints); the steps kept now are '
+        f'{kept}'
+    )
+    super().__init__(f'{capitalized(self.what)}.')
+
+
+@contextlib.contextmanager
+def pruned_if_gone(directory: str, step: int) -> Iterator[None]:
+  """Raises StepPruned in place of any error of the block (orbax's
+  FileNotFoundError, TensorStore's NOT_FOUND, a JSON file cut short) when
+  the folder of `step` is gone, or going, once it is raised."""
+  try:
+    yield
+  except StepPruned:
+    raise
+  except Exception:
+    if not _removed_meanwhile(os.path.join(directory, str(step))):
+      raise
+    _quiet_failed_read_leftovers()
+    raise StepPruned(directory, step) from None
+
+
+def listed(call: Callable[[], T], directory: str) -> T:
+  """`call()`, which lists the checkpoint directory `directory` (opening an
+  orbax manager on it, or reloading one), again while a step folder vanishes
+  under it: orbax reads each step's metadata after listing the names, and a
+  run training there removes its old steps as it saves.
+
+  Raises:
+    ConfigError: step folders vanished under PRUNED_ATTEMPTS listings in a row.
+  """
+  for attempt in itertools.count(1):
+    try:
+      return call()
+    except FileNotFoundError as error:
+      if attempt == PRUNED_ATTEMPTS:
+        raise ConfigError(
+            f'The checkpoints in {directory} cannot be listed: {error.filename} was removed '
+            f'while it was listed, {PRUNED_ATTEMPTS} times in a row (the run writing there '
+            'keeps only its newest checkpoints). Wait for it to finish, or copy its folder and '
+            'read the copy.'
+        ) from None
+
+
+def retried_while_pruned(
+    read: Callable[[], T], *, retry: bool, relist: Optional[Callable[[], None]] = None
+) -> T:
+  """`read()`, which chooses a step and reads it. With `retry` (the newest
+  step was chosen, none asked for by number), a StepPruned makes it choose
+  again, after `relist()` (which forgets a cached listing), with one warning
+  each time, at most PRUNED_ATTEMPTS times in all; without, StepPruned is
+  raised for the caller to word.
+
+  Raises:
+    StepPruned: without `retry`.
+    ConfigError: PRUNED_ATTEMPTS chosen steps were each removed before they
+      were read.
+  """
+  for attempt in itertools.count(1):
+    try:
+      return read()
+    except StepPruned as pruned:
+      if not retry:
+        raise
+      if attempt == PRUNED_ATTEMPTS:
+        raise ConfigError(
+            f'{capitalized(pruned.what)}. The newest step was removed before it was read '
+            f'{PRUNED_ATTEMPTS} times in a row: the run saves faster than this reads. Wait '
+            'for it to finish, or copy its folder and read the copy.'
+        ) from None
+      logging.warning('%s; reading the newest of them instead.', capitalized(pruned.what))
+      if relist is not None:
+        relist()
+
+
+class _VanishedStepRecords(python_logging.Filter):
+  """Drops orbax's warning about a step folder without _CHECKPOINT_METADATA,
+  which it logs while listing a folder whose step is being removed (or one
+  that is damaged): the inspection reports a damaged step in its own words."""
+
+  def filter(self, record: python_logging.LogRecord) -> bool:
+    if not str(record.msg).startswith('Metadata file does not exist'):
+      return True
+    return not any(str(arg).endswith(_STEP_METADATA) for arg in record.args or ())
+
+
+def quiet_vanished_step_logs() -> None:
+  """Installs `_VanishedStepRecords` on the logger orbax writes to."""
+  logger = python_logging.getLogger('absl')
+  if not any(isinstance(existing, _VanishedStepRecords) for existing in logger.filters):
+    logger.addFilter(_VanishedStepRecords())
+
+
+# The step folders without a manifest already warned about.
+_READ_UNVERIFIED: set = set()
+
+
 class StepInspector:
   """Which steps of a checkpoint directory can be read, each inspected once.
 
@@ -274,12 +506,20 @@ class StepInspector:
     self._skipped: set = set()
 
   def inspection(self, step: int) -> Inspection:
-    """The step's inspection, made on first use (warns if unverified)."""
+    """The step's inspection, made on first use (warns if unverified).
+
+    Raises:
+      StepPruned: the step's folder was removed while it was inspected.
+    """
     if step in self.trusted:
       return Inspection(step, '', None, verified=True)
     if step not in self._inspections:
       found = inspect(os.path.join(self.directory, str(step)), step, self._items)
-      if found.problem is None and not found.verified:
+      if found.problem is not None and _removed_meanwhile(found.path):
+        raise StepPruned(self.directory, step)
+      if found.problem is None and not found.verified and found.path not in _READ_UNVERIFIED:
+        # Once per process: a reader's store and its partial restore each inspect.
+        _READ_UNVERIFIED.add(found.path)
         logging.warning(
             'The checkpoint of step %d in %s has no %s (it was written before checkpoints '
             'were sealed); it is read unverified.',

@@ -17,9 +17,12 @@ Every step folder is sealed with a manifest of its files' sizes and sha256
 checked before the step is read: a damaged step is never restored. The run that
 owns the folder moves damaged steps aside and continues from the newest intact
 one; readers skip them, with one warning each. A damaged step asked for by
-number is refused in one message saying what is wrong and what to do. A save
-that would not fit on the disk, or that meets a full disk, stops the run with
-one line (`full_disk`).
+number is refused in one message saying what is wrong and what to do. A step
+removed while a reader reads it (the run training in the folder keeps only
+its newest steps) is chosen again, or refused when asked for by number
+(`step_files.retried_while_pruned`). A save that would not fit on the disk,
+or that meets a full disk, stops the run with one line (`full_disk`); a file
+where the checkpoint folder belongs is refused before orbax meets it.
 
 A step can be protected (`protect`), so that it outlives the newest `keep`:
 the run protects its newest checkpoint from before a loss spike
@@ -40,6 +43,7 @@ from absl import logging
 import jax
 import orbax.checkpoint as ocp
 
+from linformer_jax import run_folder
 from linformer_jax import storage
 from linformer_jax.checkpoints import full_disk
 from linformer_jax.checkpoints import json_items
@@ -58,7 +62,7 @@ _OTHER_WORKDIR_ADVICE = (
 
 def checkpoint_directory(workdir: str) -> str:
   """Where a run keeps its checkpoints: WORKDIR/checkpoints."""
-  return os.path.join(workdir, 'checkpoints')
+  return run_folder.RunFolder(workdir).checkpoints
 
 
 @dataclasses.dataclass
@@ -97,8 +101,8 @@ class CheckpointStore:
         from the newest intact one.
 
     Raises:
-      ConfigError: (owner) step folders were found but none is intact; they
-        were moved aside.
+      ConfigError: a file is where the checkpoint directory belongs; (owner)
+        step folders were found but none is intact; they were moved aside.
     """
     if keep < 1:
       raise ValueError(f'keep={keep}: a checkpoint store must keep at least 1 checkpoint.')
@@ -108,7 +112,9 @@ class CheckpointStore:
     self._saving: Optional[int] = None
     self._failed = False
     self._inspector = step_files.StepInspector(self.directory, orbax_items.ITEMS)
+    step_files.refuse_file_at(self.directory, 'its checkpoints')
     full_disk.quiet_disk_full_logs()
+    step_files.quiet_vanished_step_logs()
     if owner:
       step_files.remove_temporary_folders(self.directory)
       step_files.set_aside_damaged_steps(self._inspector)
@@ -126,8 +132,11 @@ class CheckpointStore:
         # nothing waits for when a run is refused right after this.
         cleanup_tmp_directories=False,
     )
-    self._manager = ocp.CheckpointManager(
-        self.directory, options=options, handler_registry=orbax_items.handler_registry()
+    self._manager = step_files.listed(
+        lambda: ocp.CheckpointManager(
+            self.directory, options=options, handler_registry=orbax_items.handler_registry()
+        ),
+        self.directory,
     )
 
   def _seal(self) -> None:
@@ -146,7 +155,11 @@ class CheckpointStore:
     self.close()
 
   def _readable(self, step: int) -> bool:
-    return self._inspector.inspection(step).problem is None
+    """Whether `step` is intact; a step removed since it was listed is not."""
+    try:
+      return self._inspector.inspection(step).problem is None
+    except step_files.StepPruned:
+      return False
 
   def latest_step(self) -> Optional[int]:
     """The newest intact step (possibly still being written), or None; warns
@@ -241,6 +254,7 @@ class CheckpointStore:
     # Orbax waits for the previous save to finish before starting this one,
     # so at most one step is being sealed at a time.
     self.wait()
+    step_files.refuse_file_at(self.directory, 'its checkpoints')
     self._check_space(step, state)
     self._saving = step
     self._inspector.trusted.add(step)
@@ -274,26 +288,28 @@ class CheckpointStore:
       ConfigError (a ValueError): no such checkpoint, or its arrays do not fit
         abstract_state (the one-line message names the first leaf that
         differs, both shapes and what to change).
+      StepPruned (a ConfigError): `step` was removed while it was read.
     """
     self.wait()
     step = self.step_to_read(step)
-    metadata = orbax_items.state_metadata(self._manager, step)
-    orbax_items.check_arrays_match(
-        *orbax_items.stored_and_wanted(metadata, abstract_state, ()),
-        directory=self.directory,
-        step=step,
-        advice=_OTHER_WORKDIR_ADVICE,
-    )
-    restored = self._manager.restore(
-        step,
-        args=ocp.args.Composite(
-            **{
-                orbax_items.STATE: ocp.args.StandardRestore(abstract_state),
-                orbax_items.DATA_STATE: ocp.args.JsonRestore(),
-                orbax_items.CONFIG: ocp.args.JsonRestore(),
-            }
-        ),
-    )
+    with step_files.pruned_if_gone(self.directory, step):
+      metadata = orbax_items.state_metadata(self._manager, step)
+      orbax_items.check_arrays_match(
+          *orbax_items.stored_and_wanted(metadata, abstract_state, ()),
+          directory=self.directory,
+          step=step,
+          advice=_OTHER_WORKDIR_ADVICE,
+      )
+      restored = self._manager.restore(
+          step,
+          args=ocp.args.Composite(
+              **{
+                  orbax_items.STATE: ocp.args.StandardRestore(abstract_state),
+                  orbax_items.DATA_STATE: ocp.args.JsonRestore(),
+                  orbax_items.CONFIG: ocp.args.JsonRestore(),
+              }
+          ),
+      )
     return (
         step,
         restored[orbax_items.STATE],
@@ -310,12 +326,27 @@ class CheckpointStore:
     return json_items.decode_data_state(self._restore_json(orbax_items.DATA_STATE, step))
 
   def _restore_json(self, item: str, step: Optional[int]) -> Any:
+    """One JSON item of `step`, or of the newest intact step when None, then
+    chosen again while the one chosen is removed before it is read.
+
+    Raises:
+      StepPruned (a ConfigError): `step` was removed while it was read.
+    """
     self.wait()
-    step = self.step_to_read(step)
-    restored = self._manager.restore(
-        step, args=ocp.args.Composite(**{item: ocp.args.JsonRestore()})
-    )
-    return restored[item]
+
+    def read() -> Any:
+      chosen = self.step_to_read(step)
+      with step_files.pruned_if_gone(self.directory, chosen):
+        restored = self._manager.restore(
+            chosen, args=ocp.args.Composite(**{item: ocp.args.JsonRestore()})
+        )
+      return restored[item]
+
+    return step_files.retried_while_pruned(read, retry=step is None, relist=self._relist)
+
+  def _relist(self) -> None:
+    """Lists the step folders again (orbax keeps the list it read)."""
+    step_files.listed(self._manager.reload, self.directory)
 
   def _check_space(self, step: int, state: PyTree) -> None:
     """StorageError, before anything is written, if the next checkpoint will

@@ -8,20 +8,27 @@ import os
 import pathlib
 from typing import Optional
 
+from linformer_jax import storage
 from linformer_jax.errors import ConfigError
 
 DEFAULT_CACHE_DIR = '~/.cache/linformer_jax'
 # Environment variable that moves the default cache (config.data.cache_dir
 # still wins): the test suite points it at a fresh folder.
 CACHE_DIR_VARIABLE = 'LINFORMER_JAX_CACHE_DIR'
+# What to give instead of a gs:// cache: its files are read and written as
+# local files (ArrayRecord and SentencePiece take local paths only).
+LOCAL_ONLY = (
+    'the data cache is a folder on this machine: give a local folder (prepared splits are '
+    'shared through gs:// with config.data.prepared_dir)'
+)
 
 
 def cache_root(cache_dir: Optional[str] = None) -> pathlib.Path:
   """The cache folder: `cache_dir` if set, else $LINFORMER_JAX_CACHE_DIR, else
   ~/.cache/linformer_jax.
 
-  Checked, not created: it must be a folder that can be written, or one that
-  can be made (the first existing folder on its path can be written).
+  Checked, not created: it must be a local folder that can be written, or one
+  that can be made (the first existing folder on its path can be written).
 
   Raises:
     ConfigError: it cannot be the cache; the message names the path and the
@@ -36,9 +43,10 @@ def cache_root(cache_dir: Optional[str] = None) -> pathlib.Path:
   else:
     setting = f'the default data cache {DEFAULT_CACHE_DIR}'
     fix = f'set config.data.cache_dir or ${CACHE_DIR_VARIABLE} to a folder you can write to'
-  root = pathlib.Path(
-      os.path.expanduser(cache_dir or os.environ.get(CACHE_DIR_VARIABLE) or DEFAULT_CACHE_DIR)
-  )
+  given = cache_dir or os.environ.get(CACHE_DIR_VARIABLE) or DEFAULT_CACHE_DIR
+  if storage.is_object_store(given):
+    raise ConfigError(f'{setting} names an object store; {LOCAL_ONLY}.')
+  root = pathlib.Path(os.path.expanduser(given))
   existing = root
   while not os.path.lexists(existing) and existing != existing.parent:
     existing = existing.parent

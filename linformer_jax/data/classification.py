@@ -1,6 +1,7 @@
 """Sequence-classification data: GLUE/IMDB from TSV files or TFDS, and LRA ListOps.
 
-`config.data.source` chooses where the examples come from:
+`config.data.source` names the registered classification source the examples
+come from (`linformer_jax.data.classification_sources`):
 
   tsv      local files, e.g. ../shared/data/glue_sst2 (`sentence<TAB>label`) or
            ../shared/data/imdb (`label<TAB>rating<TAB>file<TAB>text`):
@@ -9,10 +10,12 @@
   tfds     a prepared TFDS dataset ('glue/sst2', 'glue/qnli', 'glue/qqp',
            'imdb_reviews'): text_columns and label_column name features;
   listops  the Long Range Arena's ListOps, generated and cached by
-           `linformer_jax.data.listops` from config.data.listops.
-`linformer_jax.data.labelled_examples` reads the tsv and tfds examples.
+           `linformer_jax.data.listops` from config.data.listops, in its own
+           vocabulary;
+and a source of one's own, registered in a file named in config.extensions.
 
-Texts are tokenized by the run's tokenizer: the pretrained run's SentencePiece
+Texts are tokenized by the run's tokenizer (unless the source has a vocabulary
+of its own): the pretrained run's SentencePiece
 model or tokenizer.json (copied from config.init_from), one trained on the
 training texts, or
 bytes (`tokenizer='byte'`, the LRA's byte-level text task), and laid out by
@@ -37,10 +40,9 @@ from typing import ContextManager, Dict, List, NamedTuple, Optional
 import grain
 import numpy as np
 
-from linformer_jax.data import cache
+from linformer_jax.data import classification_sources
 from linformer_jax.data import encoding
 from linformer_jax.data import labelled_examples
-from linformer_jax.data import listops
 from linformer_jax.data import loaders
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.data import tokenizer_files
@@ -48,8 +50,6 @@ from linformer_jax.data.encoding import EncodedSplit
 from linformer_jax.errors import ConfigError
 
 Batch = Dict[str, np.ndarray]
-SOURCES = ('tsv', 'tfds', 'listops')
-TRUNCATIONS = ('head', 'head_tail')
 # Chooses the evaluation subset when config.data.max_eval_batches caps it.
 EVAL_SUBSET_SEED = 0
 
@@ -160,26 +160,6 @@ class ClassificationDatasets(NamedTuple):
     return self.tokenizer.sha256 if self.tokenizer else None
 
 
-def _listops_splits(config, seq_len: int) -> Dict[str, EncodedSplit]:
-  settings = listops.ListOpsSettings(**dict(config.data.listops))
-  if settings.max_length > seq_len:
-    raise ConfigError(
-        f'config.data.listops.max_length={settings.max_length} is '
-        f'longer than config.model.max_len={seq_len}; raise max_len.'
-    )
-  cache_root = cache.cache_root(config.data.cache_dir)
-  splits = {}
-  for name, examples in listops.load_or_generate(settings, cache_root).items():
-    inputs = np.asarray([listops.encode(s, seq_len) for s, _ in examples], np.int32)
-    splits[name] = EncodedSplit(
-        inputs,
-        np.zeros_like(inputs),
-        np.asarray([label for _, label in examples], np.int32),
-        listops.PAD_ID,
-    )
-  return splits
-
-
 def _tokenizer(
     config, workdir: str, train_examples: labelled_examples.Examples
 ) -> ContextManager[tokenizer_lib.Tokenizer]:
@@ -210,41 +190,26 @@ def sequence_length(config) -> int:
   return config.data.get('seq_len', 0) or config.model.max_len
 
 
-def _check_fields(config) -> None:
-  data = config.data
-  if not 0 <= data.get('seq_len', 0) <= config.model.max_len:
+def _check_seq_len(config) -> None:
+  if not 0 <= config.data.get('seq_len', 0) <= config.model.max_len:
     raise ConfigError(
-        f'config.data.seq_len={data.seq_len} is not allowed; use 1 to '
+        f'config.data.seq_len={config.data.seq_len} is not allowed; use 1 to '
         f'config.model.max_len={config.model.max_len}, or 0 for max_len.'
-    )
-  if data.source not in SOURCES:
-    raise ConfigError(
-        f'config.data.source={data.source!r} is not allowed for '
-        f'task=classification; use one of {SOURCES}.'
-    )
-  if data.source == 'listops':
-    return
-  if data.truncation not in TRUNCATIONS:
-    raise ConfigError(
-        f'config.data.truncation={data.truncation!r} is not allowed; use one of {TRUNCATIONS}.'
-    )
-  if len(data.labels) < 2 or len(set(map(str, data.labels))) != len(data.labels):
-    raise ConfigError(
-        f'config.data.labels={tuple(data.labels)} is not allowed; give '
-        'two or more distinct labels.'
-    )
-  if len(data.text_columns) not in (1, 2):
-    raise ConfigError(
-        f'config.data.text_columns={tuple(data.text_columns)} is not '
-        'allowed; name 1 (single texts) or 2 (pairs) columns.'
     )
 
 
 def num_classes(config) -> int:
   """The number of classes a classification config asks for."""
-  if config.data.source == 'listops':
-    return listops.NUM_CLASSES
-  return len(config.data.labels)
+  return classification_sources.source_of(config.data).num_classes(config.data)
+
+
+def _random_subset(
+    examples: labelled_examples.Examples, count: int, seed: int
+) -> labelled_examples.Examples:
+  """`count` examples chosen at random by `seed`, in their original order."""
+  keep = np.random.default_rng(seed).permutation(len(examples.labels))
+  keep = np.sort(keep[:count])
+  return labelled_examples.Examples([examples.texts[i] for i in keep], examples.labels[keep])
 
 
 def build_datasets(
@@ -256,30 +221,19 @@ def build_datasets(
   tokenizer is kept in `workdir` only once all of this succeeded. Without
   `train` (evaluation only), `train_iterator` is None.
   """
-  _check_fields(config)
+  _check_seq_len(config)
   data = config.data
   seq_len = sequence_length(config)
+  source = classification_sources.checked_source(data, seq_len)
   batch_size, eval_batch_size = loaders.per_process_batch_sizes(config, process_count)
+  train_examples = source.examples(data, data.train_split)
+  # ListOps trains on every example it generates: its num_train sets how many.
+  if data.max_train_examples and source.own_vocab_size is None:
+    train_examples = _random_subset(train_examples, data.max_train_examples, config.seed)
+  eval_examples = source.examples(data, data.eval_split)
+  vocab_size = source.own_vocab_size
   tokenizer_context = contextlib.nullcontext(None)
-  if data.source == 'listops':
-    splits = _listops_splits(config, seq_len)
-    for split in (data.train_split, data.eval_split):
-      if split not in splits:
-        raise ConfigError(
-            f'ListOps has splits {tuple(splits)}, not {split!r}; '
-            'change config.data.train_split/eval_split.'
-        )
-    train_split, evaluation = splits[data.train_split], splits[data.eval_split]
-    vocab_size = listops.VOCAB_SIZE
-  else:
-    train_examples = labelled_examples.load_examples(data, data.train_split)
-    if data.max_train_examples:
-      keep = np.random.default_rng(config.seed).permutation(len(train_examples.labels))
-      keep = np.sort(keep[: data.max_train_examples])
-      train_examples = labelled_examples.Examples(
-          [train_examples.texts[i] for i in keep], train_examples.labels[keep]
-      )
-    eval_examples = labelled_examples.load_examples(data, data.eval_split)
+  if vocab_size is None:
     tokenizer_context = _tokenizer(config, workdir, train_examples)
     vocab_size = tokenizer_files.vocab_size_of(data)
   if config.model.vocab_size != vocab_size:
@@ -289,7 +243,11 @@ def build_datasets(
         '(config.model.vocab_size follows it).'
     )
   with tokenizer_context as tokenizer:
-    if tokenizer is not None:
+    if tokenizer is None:
+      train_split, evaluation = (
+          source.encode(examples, seq_len) for examples in (train_examples, eval_examples)
+      )
+    else:
       train_split, evaluation = (
           encoding.encode_examples(examples, tokenizer, seq_len, data.truncation)
           for examples in (train_examples, eval_examples)
@@ -319,5 +277,5 @@ def build_datasets(
         eval_batches=eval_batches,
         train_sequences=len(train_split.labels),
         eval_sequences=len(evaluation.labels),
-        train_label_counts=np.bincount(train_split.labels, minlength=num_classes(config)),
+        train_label_counts=np.bincount(train_split.labels, minlength=source.num_classes(data)),
     )

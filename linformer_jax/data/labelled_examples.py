@@ -1,12 +1,11 @@
-"""Labelled examples of a classification split, read from TSV files or TFDS.
+"""Labelled examples of a classification split, and the reader of TSV files.
 
-`config.data.source` 'tsv' reads the files config.data.split_files names in
-the folder config.data.path, 'tfds' a prepared TFDS dataset
-(config.data.tfds_name); text_columns and label_column name the columns or
-features, and config.data.labels lists the label values in class order. A
-missing column, a label outside the labels or a malformed row is an error
-naming the file and line. `classification` tokenizes the examples and makes
-batches of them.
+`Examples` is what a classification source (`classification_sources`) gives
+for a split: one tuple of 1 or 2 texts per example and their class indices.
+`read_tsv` reads a file with a header row naming its columns; a missing
+column, a label outside the labels or a malformed row is an error naming the
+file and line. `classification` tokenizes the examples and makes batches of
+them.
 """
 
 import csv
@@ -16,7 +15,6 @@ from typing import Dict, List, NamedTuple, Sequence, Tuple
 
 import numpy as np
 
-from linformer_jax.data.sources import tfds as tfds_source
 from linformer_jax.errors import ConfigError
 
 
@@ -89,61 +87,3 @@ def _read_tsv(
   if not texts:
     raise ConfigError(f'{path} has a header but no examples.')
   return Examples(texts, np.asarray(label_ids, np.int32))
-
-
-def _split_files(data, split: str) -> List[pathlib.Path]:
-  files = dict(data.split_files or {}).get(split)
-  if not files:
-    raise ConfigError(
-        f'config.data.split_files has no files for split {split!r}; '
-        f"add e.g. {{'{split}': ['{split}.tsv']}}."
-    )
-  if isinstance(files, str):
-    files = [files]
-  paths = [pathlib.Path(data.path) / name for name in files]
-  for path in paths:
-    if not path.is_file():
-      raise ConfigError(
-          f'{path} does not exist; set config.data.path to the folder '
-          'holding config.data.split_files.'
-      )
-  return paths
-
-
-def _tfds_split(data, split: str) -> Examples:
-  features = [*data.text_columns, data.label_column]
-  texts, label_ids = [], []
-  for example in tfds_source.tfds_examples(
-      data.tfds_name,
-      split,
-      features,
-      data.tfds_data_dir or None,
-      bool(data.tfds_download),
-      field='config.data.text_columns/label_column',
-  ):
-    label = int(example[data.label_column])
-    if not 0 <= label < len(data.labels):
-      raise ConfigError(
-          f'TFDS {data.tfds_name!r} split {split!r} has label {label}, outside '
-          f'config.data.labels={tuple(data.labels)} (TFDS labels index it).'
-      )
-    texts.append(tuple(example[c].decode('utf-8') for c in data.text_columns))
-    label_ids.append(label)
-  if not texts:
-    raise ConfigError(f'TFDS {data.tfds_name!r} split {split!r} has no examples.')
-  return Examples(texts, np.asarray(label_ids, np.int32))
-
-
-def load_examples(data, split: str) -> Examples:
-  """The examples of a split of a tsv or tfds source."""
-  if data.source == 'tsv':
-    parts = [
-        read_tsv(path, data.text_columns, data.label_column, data.labels)
-        for path in _split_files(data, split)
-    ]
-    return Examples(
-        [t for part in parts for t in part.texts], np.concatenate([part.labels for part in parts])
-    )
-  if not data.tfds_name:
-    raise ConfigError("config.data.tfds_name is empty; set it to a TFDS dataset, e.g. 'glue/sst2'.")
-  return _tfds_split(data, split)

@@ -237,6 +237,17 @@ def load_or_generate(
   return splits
 
 
+def load_split(
+    settings: ListOpsSettings, cache_root: Union[str, os.PathLike], split: str
+) -> List[Tuple[str, int]]:
+  """One split of `load_or_generate`, read alone from the cache when all
+  splits are there (a large training split is not read for evaluation)."""
+  folder = _cache_folder(settings, pathlib.Path(cache_root))
+  if all((folder / f'{name}.tsv').exists() for name in settings.split_sizes):
+    return read_tsv(folder / f'{split}.tsv')
+  return load_or_generate(settings, cache_root)[split]
+
+
 def encode(source: str, seq_len: int) -> List[int]:
   """Token ids of a source, padded up to seq_len."""
   try:

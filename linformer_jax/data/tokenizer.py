@@ -20,11 +20,12 @@ import numpy as np
 import sentencepiece as spm
 import tokenizers
 
+from linformer_jax import run_folder
 from linformer_jax.errors import ConfigError
 
 TOKENIZERS = ('sentencepiece', 'byte', 'huggingface')
-MODEL_FILENAME = 'tokenizer.model'
-HUGGINGFACE_FILENAME = 'tokenizer.json'
+MODEL_FILENAME = run_folder.TOKENIZER_FILES['sentencepiece']
+HUGGINGFACE_FILENAME = run_folder.TOKENIZER_FILES['huggingface']
 # The file a run keeps its tokenizer in, per config.data.tokenizer.
 FILENAMES = {'sentencepiece': MODEL_FILENAME, 'huggingface': HUGGINGFACE_FILENAME}
 # The tokens of RoBERTa's and BERT's vocabularies that play each role.

@@ -36,12 +36,28 @@ def vocab_size_of(data_config: Mapping[str, Any]) -> int:
 
 
 def _load_checked(kind: str, model_path: pathlib.Path, vocab_size: int, advice: str) -> Tokenizer:
-  tokenizer = load_file(kind, str(model_path))
+  """The tokenizer file a run keeps, loaded, its vocabulary config.data's.
+
+  Raises:
+    ConfigError: the file is no tokenizer of `kind` (damaged: SentencePiece
+      and the tokenizers library raise their own errors, of several types),
+      or its vocabulary is another size.
+  """
+  try:
+    tokenizer = load_file(kind, str(model_path))
+  except Exception as error:  # pylint: disable=broad-exception-caught
+    words = str(error).strip().splitlines()
+    raise ConfigError(
+        f'{model_path} cannot be read as a {kind} tokenizer '
+        f"({words[0] if words else type(error).__name__}); it is the run's own tokenizer: "
+        f'put back an intact copy of it, or {advice}.'
+    ) from None
   if tokenizer.vocab_size != vocab_size:
     raise ConfigError(
         f'config.data.vocab_size={vocab_size} differs from the vocabulary of '
         f'{model_path} ({tokenizer.vocab_size}); set config.data.vocab_size='
-        f'{tokenizer.vocab_size} or {advice}.'
+        f'{tokenizer.vocab_size} or {advice} (if the run trained with {vocab_size}, the file '
+        'was changed or cut short since: put back an intact copy).'
     )
   return tokenizer
 

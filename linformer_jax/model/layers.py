@@ -18,7 +18,9 @@ from the paper's Johnson-Lindenstrauss construction or as
 `config.model.projection_init` says), the JL matrices never trained ('random',
 in the 'constants' collection), convolution kernels ('conv'). An attention
 kind's own fixed arrays (`AttentionKind.constants`, the Performer's random
-features) are in the 'constants' collection too.
+features) are in the 'constants' collection too. Kinds declare what they hold
+(`Parameter`, `Constant`: `linformer_jax.model.declarations`) and the layers
+create it, all through `declared_variable`.
 
 Dropout is RoBERTa's (fairseq's `dropout`, `attention_dropout` and
 `activation_dropout`): `dropout_rate` on the embeddings and on each residual
@@ -34,16 +36,20 @@ block and the finished blocks' summaries for the causal Linformer.
 """
 
 import functools
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from linformer_jax.errors import ConfigError
 from linformer_jax.model import attention
 from linformer_jax.model import attention_kinds
 from linformer_jax.model import logical_axes as axes
 from linformer_jax.model import projections
+from linformer_jax.model.declarations import CONSTANTS
+from linformer_jax.model.declarations import Constant
+from linformer_jax.model.declarations import Parameter
 from linformer_jax.model.inference_chunks import in_chunks
 from linformer_jax.model.inference_chunks import inference_chunk
 from linformer_jax.model.inference_chunks import pure
@@ -72,6 +78,47 @@ SCANNED_LAYERS = 'layers'
 
 def partitioned(init, names):
   return nn.with_logical_partitioning(init, names)
+
+
+def declared_variable(
+    module: nn.Module, name: str, declared: Union[Parameter, Constant], owner: str
+) -> Array:
+  """Creates the weight a kind declares in `module`'s compact call, float32.
+
+  A `Parameter` is a variable of 'params', trained; a `Constant` one of
+  `CONSTANTS`, drawn once when the model is initialised, with a key of the
+  'params' stream (so the run's seed decides it), and never trained. Either
+  carries its logical axes; a Constant without axes is replicated.
+
+  Args:
+    module: the Flax module holding the weight.
+    name: its variable name.
+    declared: the `Parameter` or `Constant`.
+    owner: who declared it, for messages, e.g. "attention='performer'".
+
+  Returns:
+    The weight's value.
+
+  Raises:
+    ConfigError: axes that do not name each dimension of the shape.
+  """
+  shape = tuple(declared.shape)
+  what = 'parameter' if isinstance(declared, Parameter) else 'constant'
+  if declared.axes is not None and len(declared.axes) != len(shape):
+    raise ConfigError(
+        f'{owner}: {what} {name!r} of shape {declared.shape} needs one logical axis name per '
+        f'dimension, not {declared.axes}.'
+    )
+  init = declared.init
+  if declared.axes is not None:
+    init = partitioned(init, tuple(declared.axes))
+  if isinstance(declared, Parameter):
+    return module.param(name, init, shape, jnp.float32)
+
+  def draw():  # called at init only: a restored constant keeps its values
+    return init(module.make_rng('params'), shape, jnp.float32)
+
+  return module.variable(CONSTANTS, name, draw).value
 
 
 def dense(
@@ -128,7 +175,10 @@ class SequenceProjection(nn.Module):
   def _weight(self, name: str) -> Optional[Array]:
     kind = self.config.projection_kind
     sizes = dict(config=self.config, projected_len=self.projected_len, per_head=self.per_head)
-    return kind.check_weight(kind.make_weight(self, name, **sizes), name, **sizes)
+    declared = kind.check_weight(kind.weight(**sizes), name, **sizes)
+    if declared is None:
+      return None
+    return declared_variable(self, name, declared, f'projection={kind.name!r}')
 
   @nn.compact
   def __call__(self) -> Tuple[Optional[Array], Optional[Array]]:
@@ -240,32 +290,23 @@ class SelfAttention(nn.Module):
     parameters and fixed arrays it declares (`AttentionKind.parameters` and
     `constants`)."""
     kind = self.config.attention_kind
+    owner = f'attention={kind.name!r}'
     values = {}
     for name, parameter in kind.parameters(self.config).items():
       if name in ATTENTION_SUBMODULES:
         raise ValueError(
-            f'attention={kind.name!r} declares a parameter {name!r}, the name of one of the '
+            f'{owner} declares a parameter {name!r}, the name of one of the '
             f"layer's own weights {ATTENTION_SUBMODULES}; rename it."
         )
-      if len(parameter.axes) != len(parameter.shape):
-        raise ValueError(
-            f'attention={kind.name!r}: parameter {name!r} of shape {parameter.shape} needs one '
-            f'logical axis name per dimension, not {parameter.axes}.'
-        )
-      init = partitioned(parameter.init, tuple(parameter.axes))
-      values[name] = self.param(name, init, tuple(parameter.shape), jnp.float32)
+      values[name] = declared_variable(self, name, parameter, owner)
     constant_values = {}
     for name, constant in kind.constants(self.config).items():
       if name in ATTENTION_SUBMODULES or name in values:
         raise ValueError(
-            f'attention={kind.name!r} declares a constant {name!r}, the name of one of the '
+            f'{owner} declares a constant {name!r}, the name of one of the '
             f"layer's own weights {ATTENTION_SUBMODULES} or of one of its parameters; rename it."
         )
-      # Drawn once, at init, from the 'params' stream: the run's seed decides it.
-      draw = lambda constant=constant: constant.init(
-          self.make_rng('params'), tuple(constant.shape), jnp.float32
-      )
-      constant_values[name] = self.variable(projections.CONSTANTS, name, draw).value
+      constant_values[name] = declared_variable(self, name, constant, owner)
     return kind.with_parameters(values).with_constants(constant_values).with_config(self.config)
 
   def _projection(self, shared_projection) -> projections.LayerProjection:
@@ -389,7 +430,7 @@ def scanned_layers(cfg: ModelConfig, name: str) -> nn.Module:
       ScannedLayer,
       # Constants are per layer too ('random' E/F, a kind's fixed arrays), each
       # layer's drawn with its own split of the 'params' key.
-      variable_axes={'params': 0, projections.CONSTANTS: 0, 'cache': 0},
+      variable_axes={'params': 0, CONSTANTS: 0, 'cache': 0},
       split_rngs={'params': True, 'dropout': True},
       in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
       length=cfg.num_layers,

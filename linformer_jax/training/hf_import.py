@@ -33,6 +33,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from linformer_jax import run_folder
 from linformer_jax import storage
 from linformer_jax.checkpoints import hf_checkpoint
 from linformer_jax.checkpoints import hf_conversion
@@ -151,7 +152,7 @@ def import_checkpoint(
         checkpoint.folder / tokenizer_lib.HUGGINGFACE_FILENAME,
         staging / tokenizer_lib.HUGGINGFACE_FILENAME,
     )
-    (staging / 'config.json').write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True))
+    (staging / run_folder.CONFIG).write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True))
     (staging / IMPORT_FILE).write_text(json.dumps(summary, indent=2))
     with CheckpointStore(checkpoint_directory(str(staging)), async_save=False) as store:
       store.save(

@@ -20,11 +20,11 @@ subclassing `PeriodicAction` and passing it to
 """
 
 import dataclasses
-import os
 from typing import Any, Dict, Optional, Tuple
 
 import jax
 
+from linformer_jax import run_folder
 from linformer_jax.training import compiled_step
 from linformer_jax.training import divergence
 from linformer_jax.training import evaluation
@@ -33,7 +33,7 @@ from linformer_jax.training.metric_writers import MetricLogger
 
 # Where `config.profile_steps` writes its trace (TensorBoard's profile plugin
 # reads WORKDIR/profile/plugins/profile/...).
-PROFILE_FOLDER = 'profile'
+PROFILE_FOLDER = run_folder.PROFILE
 
 
 def is_due(step: int, every: int, last_step: int) -> bool:
@@ -244,7 +244,7 @@ class Profile(PeriodicAction):
     from clu import periodic_actions  # pylint: disable=g-import-not-at-top
 
     self.profiler = periodic_actions.Profile(
-        logdir=os.path.join(workdir, PROFILE_FOLDER),
+        logdir=run_folder.RunFolder(workdir).profile,
         num_profile_steps=window[1] - window[0] + 1,
         profile_duration_ms=None,
         first_profile=window[0] - 1,

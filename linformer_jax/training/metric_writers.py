@@ -47,26 +47,48 @@ from tensorboard.compat.proto import event_pb2
 from tensorboard.compat.proto import summary_pb2
 from tensorboard.summary.writer import record_writer
 
+from linformer_jax import run_folder
 from linformer_jax import storage
 from linformer_jax.errors import is_disk_full
 
-METRICS_FILE = 'metrics.jsonl'
+METRICS_FILE = run_folder.METRICS
 
 
 def _metrics_path(workdir: str) -> str:
-  return os.path.join(workdir, METRICS_FILE)
+  return run_folder.RunFolder(workdir).metrics
 
 
 def _complete_lines(path: str) -> List[str]:
-  """The newline-terminated lines of a metrics file.
+  """The records of a metrics file: its newline-terminated lines that are JSON
+  objects with an integer 'step'.
 
   A last line without its newline is a record still being written (a reader
-  running beside the trainer) or cut short by a killed process; it is skipped.
+  running beside the trainer) or cut short by a killed process; it is
+  skipped. Any other line (the file damaged or edited by hand) is skipped with
+  one warning naming the file and its line numbers: the file is a log, and
+  nothing that reads it needs every line.
   """
   if not storage.exists(path):
     return []
   text = storage.read_text(path)
-  return [line for line in text.split('\n')[:-1] if line.strip()]
+  records, damaged = [], []
+  for number, line in enumerate(text.split('\n')[:-1], start=1):
+    if not line.strip():
+      continue
+    try:
+      record = json.loads(line)
+    except ValueError:
+      record = None
+    if isinstance(record, dict) and isinstance(record.get('step'), int):
+      records.append(line)
+    else:
+      damaged.append(number)
+  if damaged:
+    shown = ', '.join(map(str, damaged[:5])) + (', ...' if len(damaged) > 5 else '')
+    logging.warning(
+        '%s: skipping %d line(s) that are no metrics record (line %s).', path, len(damaged), shown
+    )
+  return records
 
 
 def _finite_or_null(value: Any) -> Any:

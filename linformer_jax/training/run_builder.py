@@ -13,7 +13,6 @@ the config a run saved, ready to build with its own extensions.
 
 import dataclasses
 import json
-import os
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import flax.linen as nn
@@ -26,8 +25,8 @@ import optax
 
 from linformer_jax import extensions
 from linformer_jax import registry
+from linformer_jax import run_folder
 from linformer_jax import storage
-from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
 from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.training import memory_budget
@@ -37,7 +36,7 @@ from linformer_jax.training import tasks
 from linformer_jax.training import train_steps
 
 # The file a run keeps its config in (written when training starts).
-CONFIG_FILE = 'config.json'
+CONFIG_FILE = run_folder.CONFIG
 
 
 def _with_shardings(shapes: Any, shardings: Any) -> Any:
@@ -242,9 +241,7 @@ def check_same_tokenizer(data_state: Mapping[str, Any], data: Any, workdir: str)
   if saved == current:
     return
   tokenizer = getattr(data, 'tokenizer', None)
-  path = getattr(tokenizer, 'model_path', None) or os.path.join(
-      workdir, tokenizer_lib.MODEL_FILENAME
-  )
+  path = getattr(tokenizer, 'model_path', None) or run_folder.RunFolder(workdir).tokenizer()
   if saved is None or current is None:
     used, uses = ('without', 'with') if saved is None else ('with', 'without')
     raise ConfigError(
@@ -348,7 +345,7 @@ def save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   saved['extensions'] = extensions.saved_entries(config.extensions)
   extensions.keep_copies(config.extensions, workdir)
   storage.write_text(
-      storage.join(workdir, CONFIG_FILE), json.dumps(saved, indent=2, sort_keys=True)
+      run_folder.RunFolder(workdir).config, json.dumps(saved, indent=2, sort_keys=True)
   )
 
 
@@ -361,7 +358,7 @@ def saved_config(workdir: str) -> ml_collections.ConfigDict:
     ConfigError: no config.json in workdir, one that is not a run's config
       (e.g. a Hugging Face folder's), or an extension that fails to import.
   """
-  path = storage.join(workdir, CONFIG_FILE)
+  path = run_folder.RunFolder(workdir).config
   if not storage.isfile(path):
     raise ConfigError(f'{path} does not exist; point at a run folder, one that training wrote.')
   try:

@@ -5,16 +5,20 @@ saved run's.
 by `ModelConfig`) and returns them typed: `RunSettings`. `complete(config)` is
 the one compatibility shim: it gives a config saved before a field existed
 that field, at the value the run had then, so no code reads a field with a
-default of its own.
+default of its own. `expand_paths(config)` makes `~` the home folder in every
+field that names a file or folder, and lists them for `storage.check_paths`.
 """
 
 import dataclasses
 import math
-from typing import Any, Iterable, Mapping, Optional, Tuple
+import os
+from typing import Any, Iterable, List, Mapping, Optional, Tuple
 
 import ml_collections
 
+from linformer_jax import extensions as extensions_lib
 from linformer_jax import registry
+from linformer_jax.data import cache
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import model_config
 from linformer_jax.model.model_config import ModelConfig
@@ -48,6 +52,22 @@ DATA_FIELDS_ADDED_SINCE = {
     'tfds_text_key': 'text',
     'tfds_data_dir': '',
     'tfds_download': False,
+}
+
+# The fields that name a file or folder ('' = none), below config.
+PATH_FIELDS = (
+    'init_from',
+    'compilation_cache_dir',
+    'data.path',
+    'data.cache_dir',
+    'data.prepared_dir',
+    'data.tfds_data_dir',
+)
+# The settings of a path that can only be a local folder, and what to give
+# instead of a gs:// URL (`storage.check_paths`).
+LOCAL_PATHS = {
+    'config.data.cache_dir': cache.LOCAL_ONLY,
+    f'${cache.CACHE_DIR_VARIABLE}': cache.LOCAL_ONLY,
 }
 
 _POSITIVE_INTS = (
@@ -146,6 +166,35 @@ def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         if field not in config.model and value is not dataclasses.MISSING:
           config.model[field] = value
   return config
+
+
+def expand_paths(config: ml_collections.ConfigDict) -> List[Tuple[str, str]]:
+  """Makes a leading `~` the home folder, in place, in each of PATH_FIELDS and
+  each file of config.extensions: the shell expands it at the start of a word,
+  not after `=` (--config.data.path=~/books), and a run keeps the path it used.
+
+  Returns:
+    (setting, path) of each path the config names, for `storage.check_paths`:
+    ('config.FIELD', path) of the fields set, ('config.extensions', file) of
+    each file, and the cache folder $LINFORMER_JAX_CACHE_DIR names when
+    config.data.cache_dir does not.
+  """
+  paths = []
+  for name in PATH_FIELDS:
+    *parents, field = name.split('.')
+    section = config
+    for parent in parents:  # a config of some other tool may lack a section or field
+      section = section[parent] if parent in section else {}
+    if isinstance(section.get(field), str):
+      section[field] = os.path.expanduser(section[field])
+      paths.append((f'config.{name}', section[field]))
+  if 'extensions' in config:
+    config.extensions = extensions_lib.entries(config.extensions)
+    paths += [('config.extensions', e) for e in config.extensions if extensions_lib.is_file(e)]
+  variable = os.environ.get(cache.CACHE_DIR_VARIABLE, '')
+  if variable and not dict(paths).get('config.data.cache_dir'):
+    paths.append((f'${cache.CACHE_DIR_VARIABLE}', variable))
+  return paths
 
 
 def settings_of(config: ml_collections.ConfigDict) -> RunSettings:

@@ -8,8 +8,12 @@ finished run gets the one shape, `LoadedRun`. Loading only reads the
 workdir: unlike training, which moves the steps after `config.restore_step`
 aside, it leaves every step kept. A damaged newest step is skipped with a
 one-line warning, and refused when asked for by number (`CheckpointStore`).
-The one file a reader may write, a tokenizer trained again for a run whose
-tokenizer.model is gone, stays only if the checkpoint was trained with it.
+A run may still be training in the folder, removing its older steps as it
+saves: a step removed while it is read is chosen again from the steps kept
+then, with a one-line warning, and refused in one line when it was asked for
+by number (`step_files.retried_while_pruned`). The one file a reader may
+write, a tokenizer trained again for a run whose tokenizer.model is gone,
+stays only if the checkpoint was trained with it.
 """
 
 import dataclasses
@@ -20,8 +24,10 @@ import ml_collections
 
 from linformer_jax import storage
 from linformer_jax.checkpoints import partial_restore
+from linformer_jax.checkpoints import step_files
 from linformer_jax.checkpoints.store import CheckpointStore
 from linformer_jax.checkpoints.store import checkpoint_directory
+from linformer_jax.data import classification_sources
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.data import tokenizer_files
 from linformer_jax.errors import ConfigError
@@ -84,10 +90,23 @@ def load_run(
 
   Raises:
     ConfigError: a bad config, no checkpoint (or no kept step) or tokenizer
-      in workdir, or a workdir of another model or tokenizer.
+      in workdir, or a workdir of another model or tokenizer; the step asked
+      for was removed (by the run training there) while it was read.
   """
   parts = run_builder.build_parts(config)
-  step, data_state = _newest_step(config, workdir, step)
+  named = ''
+  if step is None and config.restore_step:
+    step = config.restore_step
+    named = f'config.restore_step={step}: '
+  abstract = parts.abstract_variables()
+  wanted = step
+  try:
+    step, data_state, variables = step_files.retried_while_pruned(
+        lambda: _read_step(config, workdir, wanted, named, abstract), retry=wanted is None
+    )
+  except step_files.StepPruned as pruned:
+    what = f'{named}{pruned.what}' if named else step_files.capitalized(pruned.what)
+    raise ConfigError(f'{what}; ask for one of them.') from None
   data = None
   # A tokenizer the data trains for a run that lost its own is kept only if
   # the checkpoint was trained with that very one.
@@ -98,27 +117,48 @@ def load_run(
       fingerprint = data
     else:
       tokenizer = None
-      if config.data.source != 'listops':
+      # A dataset with its own vocabulary (ListOps) has no tokenizer file.
+      own_vocabulary = (
+          config.task == 'classification'
+          and classification_sources.source_of(config.data).own_vocab_size is not None
+      )
+      if not own_vocabulary:
         tokenizer = tokenizer_files.run_tokenizer(config.data, workdir)
       sha256 = tokenizer.sha256 if tokenizer else None
       fingerprint = types.SimpleNamespace(tokenizer=tokenizer, tokenizer_sha256=sha256)
     if isinstance(data_state, dict):
       run_builder.check_same_tokenizer(data_state, fingerprint, workdir)
-  variables = _restore_variables(workdir, parts.abstract_variables(), step)
   return LoadedRun(config, parts, variables, tokenizer, step, workdir, data)
 
 
+def _read_step(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    wanted: Optional[int],
+    named: str,
+    abstract: Dict[str, Any],
+) -> Tuple[int, Any, Dict[str, Any]]:
+  """The step `_newest_step` chooses, its data state and the model's
+  variables there (shaped as `abstract`).
+
+  Raises:
+    StepPruned: the step was removed while it was read.
+  """
+  step, data_state = _newest_step(config, workdir, wanted, named)
+  # Its own listing, made after the run training there pruned `step`, no
+  # longer holds it: the step was pruned, not asked for in vain.
+  with step_files.pruned_if_gone(checkpoint_directory(workdir), step):
+    return step, data_state, _restore_variables(workdir, abstract, step)
+
+
 def _newest_step(
-    config: ml_collections.ConfigDict, workdir: str, wanted: Optional[int] = None
+    config: ml_collections.ConfigDict, workdir: str, wanted: Optional[int], named: str
 ) -> Tuple[int, Any]:
   """The newest intact step of workdir (warning about each newer damaged step
-  it skips), or its kept step `wanted` (else config.restore_step, 0 = the
-  newest), checked against config, and its data state. A damaged `wanted` is
-  refused in a message that names what is wrong and the step to use instead."""
-  named = ''
-  if wanted is None and config.restore_step:
-    wanted = config.restore_step
-    named = f'config.restore_step={wanted}: '
+  it skips), or its kept step `wanted` (asked for as `named`, e.g.
+  'config.restore_step=3: ', or ''), checked against config, and its data
+  state. A damaged `wanted` is refused in a message that names what is wrong
+  and the step to use instead."""
   with CheckpointStore(checkpoint_directory(workdir)) as store:
     if not store.step_folders():
       raise ConfigError(f'{workdir} holds no checkpoint; train first or fix --workdir.')

@@ -25,19 +25,25 @@ itself; `config.restore_step` must name a sound step.
 
 A step the ledger does not list (a workdir from before it, an imported
 checkpoint) counts as sound.
+
+A ledger that cannot be read (not JSON, or not the ledger's shape) is refused
+in one line naming the file and the fix: it has no safe stand-in, since
+reading it as empty would count a step saved while the run diverged as sound.
 """
 
 import json
-import os
+import numbers
 from typing import Any, Dict, List, Optional, Sequence
 
 import jax
 
 from linformer_jax import registry
+from linformer_jax import run_folder
 from linformer_jax import storage
+from linformer_jax.errors import ConfigError
 from linformer_jax.model import model_config
 
-LEDGER_FILE = 'sound_steps.json'
+LEDGER_FILE = run_folder.LEDGER
 # A step whose parameter norm is above this times the largest norm of an
 # earlier sound step is not sound (blown-up weights whose loss is finite).
 PARAM_NORM_FACTOR = 4.0
@@ -79,17 +85,62 @@ def same_training_settings(a: Dict[str, Any], b: Dict[str, Any]) -> bool:
   return a == b
 
 
+def _shape_problem(data: Any) -> Optional[str]:
+  """What keeps `data`, read from a ledger's JSON, from being a ledger."""
+  if not isinstance(data, dict) or not isinstance(data.get('steps', {}), dict):
+    return 'it is not an object with "steps"'
+  for step, entry in data.get('steps', {}).items():
+    if not step.isdigit() or not isinstance(entry, dict):
+      return f'its entry {step!r} is not a step number with an object'
+    norm = entry.get('param_norm')
+    losses = entry.get('recent_losses', [])
+    if (
+        not isinstance(entry.get('sound', True), bool)
+        or not (norm is None or isinstance(norm, numbers.Real))
+        or not isinstance(losses, list)
+        or not all(isinstance(loss, numbers.Real) for loss in losses)
+    ):
+      return f'its entry for step {step} is not a sound step record'
+  diverged = data.get('diverged')
+  if diverged is not None and not (
+      isinstance(diverged, dict)
+      and isinstance(diverged.get('config'), dict)
+      and (diverged.get('step') is None or isinstance(diverged.get('step'), int))
+  ):
+    return 'its "diverged" is not a divergence record'
+  return None
+
+
 class SoundStepLedger:
   """WORKDIR/sound_steps.json: see the module docstring."""
 
   def __init__(self, workdir: str):
-    self.path = os.path.join(workdir, LEDGER_FILE)
+    """Reads the ledger of `workdir`, if it has one.
+
+    Raises:
+      ConfigError: the ledger cannot be read, or is not a ledger; the
+        message names the file and how to go on.
+    """
+    self.path = run_folder.RunFolder(workdir).ledger
     self.steps: Dict[int, Dict[str, Any]] = {}
     self.diverged: Optional[Dict[str, Any]] = None
-    if storage.exists(self.path):
+    if not storage.exists(self.path):
+      return
+    try:
       data = json.loads(storage.read_text(self.path))
-      self.steps = {int(step): entry for step, entry in data.get('steps', {}).items()}
-      self.diverged = data.get('diverged')
+      problem = _shape_problem(data)
+    except OSError as error:
+      problem = f'it cannot be read ({error.strerror})'
+    except ValueError as error:  # not UTF-8 or not JSON
+      problem = f'it is not JSON ({error})'
+    if problem:
+      raise ConfigError(
+          f'{self.path} is damaged: {problem}. It records which checkpoints are sound to '
+          f'go on from; move it aside (e.g. to {self.path}.damaged) to count every kept '
+          'checkpoint as sound, then run the same command again.'
+      )
+    self.steps = {int(step): entry for step, entry in data.get('steps', {}).items()}
+    self.diverged = data.get('diverged')
 
   def write(self) -> None:
     if jax.process_index() != 0:

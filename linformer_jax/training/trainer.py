@@ -43,6 +43,7 @@ from jax.experimental import multihost_utils
 import ml_collections
 
 from linformer_jax import interrupts
+from linformer_jax import run_folder
 from linformer_jax import storage
 from linformer_jax.training import compiled_step
 from linformer_jax.training import divergence
@@ -55,7 +56,7 @@ from linformer_jax.training.metric_writers import MetricLogger
 from linformer_jax.training.metric_writers import json_text
 from linformer_jax.units import size_text
 
-RESULTS_FILE = 'eval_results.json'
+RESULTS_FILE = run_folder.RESULTS
 
 
 class _TerminationRequest:
@@ -322,6 +323,6 @@ def _train_and_evaluate(
       'wall_time_s': time.time() - start_time,
       **({'peak_device_bytes': peak_bytes} if peak_bytes is not None else {}),
   }
-  _write_json(os.path.join(workdir, RESULTS_FILE), results)
+  _write_json(run_folder.RunFolder(workdir).results, results)
   run.store.close()
   return results

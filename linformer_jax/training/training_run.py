@@ -72,10 +72,12 @@ class Run:
     self.workdir = workdir
     self.parts = run_builder.build_parts(config)
     self.task = self.parts.task
+    # The ledger first: one that cannot be read refuses the run before the
+    # store (its owner) moves a damaged step aside or removes an unfinished save.
+    self.ledger = sound_steps.SoundStepLedger(workdir)
     self.store = CheckpointStore(
         checkpoint_directory(workdir), keep=self.parts.settings.loop.keep_checkpoints, owner=True
     )
-    self.ledger = sound_steps.SoundStepLedger(workdir)
     try:
       self._build(config, workdir)
     except BaseException:

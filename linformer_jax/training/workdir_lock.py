@@ -28,10 +28,11 @@ from typing import Iterator
 from absl import logging
 import jax
 
+from linformer_jax import run_folder
 from linformer_jax import storage
 from linformer_jax.errors import ConfigError
 
-LOCK_OBJECT = '.lock'
+LOCK_OBJECT = run_folder.LOCK_OBJECT
 LEASE_SECONDS = 120.0
 RENEW_SECONDS = 30.0
 
@@ -90,6 +91,16 @@ def _owner() -> str:
   return json.dumps({'host': socket.gethostname(), 'pid': os.getpid(), 'time': time.time()})
 
 
+def _holder(text: str) -> str:
+  """'host H, pid P' of a lock object's text (`_owner`), or what it holds
+  instead when another program wrote it."""
+  try:
+    holder = json.loads(text)
+    return f'host {holder["host"]}, pid {holder["pid"]}'
+  except (ValueError, TypeError, KeyError):
+    return f'an unknown holder: {LOCK_OBJECT} holds {text[:40]!r}'
+
+
 class _Lease:
   """The lock object of a gs:// workdir; see the module docstring."""
 
@@ -123,12 +134,11 @@ class _Lease:
       blob.reload()
       age = (datetime.datetime.now(datetime.timezone.utc) - blob.updated).total_seconds()
       if age < LEASE_SECONDS:
-        holder = json.loads(blob.download_as_text())
+        holder = _holder(blob.download_as_text())
         raise self._refused(
-            f'is in use by another run (host {holder.get("host")}, pid {holder.get("pid")}, '
-            f'renewed {age:.0f} s ago); wait for it to finish, use another --workdir, or, if '
-            f'that run is gone, run again after {LEASE_SECONDS - age:.0f} s when its lock '
-            'expires.'
+            f'is in use by another run ({holder}, renewed {age:.0f} s ago); wait for it to '
+            'finish, use another --workdir, or, if that run is gone, run again after '
+            f'{LEASE_SECONDS - age:.0f} s when its lock expires.'
         ) from None
       try:  # A dead run's lock: take it over, unless another run just did.
         blob.upload_from_string(_owner(), if_generation_match=blob.generation)

@@ -92,6 +92,11 @@ def _read_text(path: pathlib.Path) -> str:
 
 def list_text_files(path: str) -> List[pathlib.Path]:
   """The file at `path`, or the sorted .txt files of the folder at `path`."""
+  if path and '://' in path:
+    raise ConfigError(
+        f'config.data.path={path!r} is a URL; text files are read from a local folder: copy '
+        'them to this machine.'
+    )
   root = pathlib.Path(os.path.expanduser(path)) if path else None
   if root is None or not root.exists():
     raise ConfigError(

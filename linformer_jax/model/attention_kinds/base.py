@@ -10,14 +10,16 @@ Before any pass the layer binds its `ModelConfig` to a copy of the kind
 argument (`attend`).
 
 A kind may also own what a layer learns, holds or a config sets for it:
-learned parameters it declares in `parameters(config)`, which
+learned parameters it declares in `parameters(config)` (`Parameter`s), which
 `layers.SelfAttention` creates in the layer and hands back as `self.params`
-(`with_parameters`); fixed arrays it declares in `constants(config)` (random
-features, say), which the layer draws once at init in the 'constants'
-collection, never trained, and hands back as `self.constant_values`
-(`with_constants`); and settings of its own (`settings`, fields of
-config.model; see `linformer_jax.registry.Setting`), read with
-`config.setting(name)`.
+(`with_parameters`); fixed arrays it declares in `constants(config)`
+(`Constant`s: random features, say), which the layer draws once at init in
+the 'constants' collection, never trained, and hands back as
+`self.constant_values` (`with_constants`); and settings of its own
+(`settings`, fields of config.model; see `linformer_jax.registry.Setting`),
+read with `config.setting(name)`. `Parameter` and `Constant` live in
+`linformer_jax.model.declarations`, where sequence projections declare their
+weights too, and are importable from here.
 
 A kind serves three passes, each a method:
   bidirectional  `keys_and_values`, then `attend` (per chunk of queries);
@@ -39,6 +41,8 @@ import jax.numpy as jnp
 
 from linformer_jax.model import attention
 from linformer_jax.model import precision
+from linformer_jax.model.declarations import Constant
+from linformer_jax.model.declarations import Parameter
 from linformer_jax.model.projections import LayerProjection
 from linformer_jax.registry import Registry
 from linformer_jax.registry import Setting
@@ -50,51 +54,6 @@ REGISTRY = Registry('config.model.attention', declares_settings=True)
 # The name under which `keys_and_values` records (keys, values, key_mask), the
 # arguments `attend` receives besides the queries, for analyses.
 ATTENDED = 'attended'
-
-
-class Parameter(NamedTuple):
-  """A learned parameter each attention layer of a kind holds.
-
-  Attributes:
-    shape: its shape, e.g. (config.num_heads,).
-    init: a Flax initializer, (key, shape, dtype) -> array; the parameter is
-      float32.
-    axes: one logical axis name per dimension
-      (`linformer_jax.model.logical_axes`), by which `config.axis_rules`
-      shards it; a name that no rule maps is replicated.
-    learning_rate_scale: its updates times this (a finite number >= 0):
-      its learning rate and its decoupled weight decay scaled, 0 freezing it
-      at its initial value.
-    weight_decay: True decays it, False never does; None (the default)
-      follows the optimizer's rule for every weight, which decays matrices
-      and leaves vectors and scalars alone.
-  """
-
-  shape: Tuple[int, ...]
-  init: Callable[..., Array]
-  axes: Tuple[str, ...]
-  learning_rate_scale: float = 1.0
-  weight_decay: Optional[bool] = None
-
-
-class Constant(NamedTuple):
-  """A fixed array each attention layer of a kind holds, drawn once, never trained.
-
-  It lives in the 'constants' collection (`projections.CONSTANTS`), outside
-  'params': no gradient, optimizer update or weight decay reaches it, while
-  checkpoints save it with the parameters, so a restored run has the very
-  values it trained with.
-
-  Attributes:
-    shape: its shape, e.g. (features, config.head_dim).
-    init: a Flax initializer, (key, shape, dtype) -> array, called once when
-      the model is initialised, with a key of the 'params' stream (so the
-      draw follows the run's seed, and differs from layer to layer); the
-      array is float32. Replicated on a mesh.
-  """
-
-  shape: Tuple[int, ...]
-  init: Callable[..., Array]
 
 
 class KeyValueDense(NamedTuple):

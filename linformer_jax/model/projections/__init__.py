@@ -8,13 +8,16 @@
   'conv'    learned strided convolution              (conv.py)
 Each module holds its kind's math as pure functions and a
 `SequenceProjectionKind` subclass registered under its name (base.py says
-what a kind declares). A projection of your own is one file that subclasses
+what a kind declares; its weight is a `Parameter` or a `Constant`, which the
+layer creates). A projection of your own is one file that subclasses
 `SequenceProjectionKind` and registers it, named in `config.extensions`.
 """
 
 import importlib
 
-from linformer_jax.model.projections.base import CONSTANTS
+from linformer_jax.model.declarations import CONSTANTS
+from linformer_jax.model.declarations import Constant
+from linformer_jax.model.declarations import Parameter
 from linformer_jax.model.projections.base import REGISTRY
 from linformer_jax.model.projections.base import LayerProjection
 from linformer_jax.model.projections.base import SequenceProjectionKind
@@ -26,4 +29,13 @@ BUILT_IN = ('linear', 'mean', 'max', 'conv', 'random')
 for _name in BUILT_IN:
   importlib.import_module(f'{__name__}.{_name}')
 
-__all__ = ['BUILT_IN', 'CONSTANTS', 'REGISTRY', 'LayerProjection', 'SequenceProjectionKind', 'kind']
+__all__ = [
+    'BUILT_IN',
+    'CONSTANTS',
+    'REGISTRY',
+    'Constant',
+    'LayerProjection',
+    'Parameter',
+    'SequenceProjectionKind',
+    'kind',
+]

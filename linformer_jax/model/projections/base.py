@@ -4,38 +4,41 @@ A sequence projection compresses keys and values along the sequence axis, from
 n positions to k (the paper's E and F). Each kind is a `SequenceProjectionKind`
 registered under its `config.model.projection` name; the model asks the kind
 for its weights, its compression and its causal (block by block) form, and
-never branches on the name.
+never branches on the name. A kind declares its weight (`weight`: a
+`Parameter`, trained, or a `Constant`, fixed; see
+`linformer_jax.model.declarations`) and the layer creates it: a kind never
+sees a Flax module.
 
 Shapes follow `linformer_jax.model.attention`: x is [batch, length, heads,
 head_dim] and key_padding_mask [batch, length], True for real tokens.
 """
 
-from typing import Any, NamedTuple, Optional, Tuple
+from typing import Any, NamedTuple, Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
 
 from linformer_jax.errors import ConfigError
+from linformer_jax.model.declarations import Constant
+from linformer_jax.model.declarations import Parameter
 from linformer_jax.registry import Registry
 from linformer_jax.registry import Setting
 
 Array = jax.Array
+# What `SequenceProjectionKind.weight` declares.
+Declared = Union[Parameter, Constant]
 
 # The names `config.model.projection` accepts, each a SequenceProjectionKind subclass.
 REGISTRY = Registry('config.model.projection', declares_settings=True)
-
-# Variable collection of weights that are saved with the model but never
-# trained (no gradient or optimizer update reaches them).
-CONSTANTS = 'constants'
 
 
 class SequenceProjectionKind:
   """One kind of sequence projection: its weights and how it compresses.
 
   A subclass sets the class attributes that apply and overrides `compress`
-  (always), `make_weight` (when it holds weights; the layer checks that it
-  has `weight_shape`, E's [max_len, k] unless overridden) and
-  `compress_layer_input` (when `compresses_first`). The causal Linformer's
+  (always), `weight` (when it holds weights; the layer checks that the
+  declared shape is `weight_shape`'s, E's [max_len, k] unless overridden)
+  and `compress_layer_input` (when `compresses_first`). The causal Linformer's
   `block_summaries` works unchanged for a windowed kind; others override it
   (or cannot be causal).
 
@@ -74,11 +77,18 @@ class SequenceProjectionKind:
 
   def __init__(self, name: str):
     self.name = name
+    if hasattr(self, 'make_weight'):
+      # A kind written for the versions that handed it the Flax module.
+      raise ConfigError(
+          f'projection={name!r}: {type(self).__name__} defines make_weight, which is no longer '
+          'called; declare its weight with weight(self, *, config, projected_len, per_head), '
+          'returning a Parameter or a Constant (docs/extending.md, "A projection with weights").'
+      )
 
   @property
   def has_weights(self) -> bool:
-    """Whether it holds weights: it defines its own `make_weight`."""
-    return type(self).make_weight is not SequenceProjectionKind.make_weight
+    """Whether it holds weights: it defines its own `weight`."""
+    return type(self).weight is not SequenceProjectionKind.weight
 
   @property
   def supports_causal(self) -> bool:
@@ -86,58 +96,85 @@ class SequenceProjectionKind:
     own = type(self).block_summaries is not SequenceProjectionKind.block_summaries
     return self.windowed or own
 
-  def make_weight(
-      self, module: Any, name: str, *, config: Any, projected_len: int, per_head: bool
-  ) -> Optional[Array]:
-    """Creates one weight (E or F) in a Flax module's compact call.
+  def weight(self, *, config: Any, projected_len: int, per_head: bool) -> Optional[Declared]:
+    """The weight (E or F) the kind holds, for the layer to create.
+
+    The layer creates it, float32, once per weight that `config.model.sharing`
+    asks for (named 'kv_projection', or 'key_projection' and
+    'value_projection'): a `Parameter` in 'params', trained with the
+    encoder's other weights (at config.model.projection_learning_rate_scale,
+    so it keeps the default learning_rate_scale and weight_decay), or a
+    `Constant` in the 'constants' collection, drawn once and never trained.
+    It hands the value to `compress` as `weight`.
 
     `docs/examples/convex_projection.py` is a kind with weights, and says what
     one must get right: the weight's [(heads,) max_len, k] layout, the mask's
     polarity (True = real token) and inputs shorter than max_len.
 
     Args:
-      module: the Flax module holding the weight (its `param` or `variable`).
-      name: the weight's variable name, e.g. 'kv_projection'.
       config: the `ModelConfig`.
       projected_len: k of the layer(s) using the weight.
       per_head: one weight per head, with a leading heads axis.
 
     Returns:
-      The weight, or None for a kind without weights (the default); its shape
-      must be `weight_shape`'s.
+      Its declaration, of `weight_shape`'s shape, with one logical axis name
+      per dimension; None for a kind without weights (the default).
     """
-    del module, name, config, projected_len, per_head
+    del config, projected_len, per_head
     return None
 
   def weight_shape(self, *, config: Any, projected_len: int, per_head: bool) -> Tuple[int, ...]:
-    """The shape `make_weight` must give: E's layout, [max_len, k] (a position
+    """The shape `weight` must declare: E's layout, [max_len, k] (a position
     per row, a slot per column), after a heads axis for a per-head weight. A
     kind whose weights are no such matrix (the 'conv' kernels) overrides it."""
     heads = (config.num_heads,) if per_head else ()
     return heads + (config.max_len, projected_len)
 
   def check_weight(
-      self, weight: Optional[Array], name: str, *, config: Any, projected_len: int, per_head: bool
-  ) -> Optional[Array]:
-    """The weight `make_weight` made, once its shape is `weight_shape`'s.
+      self,
+      declared: Optional[Declared],
+      name: str,
+      *,
+      config: Any,
+      projected_len: int,
+      per_head: bool,
+  ) -> Optional[Declared]:
+    """The weight `weight` declared, once the layer may create it.
 
     Raises:
-      ConfigError: another shape, naming the kind, the weight, the shape it
-        has and the one expected.
+      ConfigError: a declaration of another shape than `weight_shape`'s,
+        naming the kind, the weight, the shape it has and the one expected;
+        neither a `Parameter` nor a `Constant`; or a `Parameter` with its own
+        learning_rate_scale or weight_decay, which the optimizer gives an
+        attention kind's parameters only.
     """
-    if weight is None:
+    if declared is None:
       return None
+    if not isinstance(declared, (Parameter, Constant)):
+      raise ConfigError(
+          f'projection={self.name!r}: weight() declared {name} as {type(declared).__name__}; '
+          'return a Parameter (trained), a Constant (fixed) or None (no weights).'
+      )
     expected = self.weight_shape(config=config, projected_len=projected_len, per_head=per_head)
-    if tuple(weight.shape) != tuple(expected):
+    if tuple(declared.shape) != tuple(expected):
       layout = ('[heads, max_len, k]' if per_head else '[max_len, k]') + f' = {tuple(expected)}'
       if type(self).weight_shape is not SequenceProjectionKind.weight_shape:
         layout = f'{tuple(expected)} (its weight_shape)'
       raise ConfigError(
-          f'projection={self.name!r}: make_weight gave {name} the shape {tuple(weight.shape)}, '
-          f'not {layout}; make it in that layout, or override weight_shape for a weight that '
-          'is no E (docs/extending.md).'
+          f'projection={self.name!r}: weight() declared {name} with the shape '
+          f'{tuple(declared.shape)}, not {layout}; declare it in that layout, or override '
+          'weight_shape for a weight that is no E (docs/extending.md).'
       )
-    return weight
+    if isinstance(declared, Parameter) and (
+        declared.learning_rate_scale != 1.0 or declared.weight_decay is not None
+    ):
+      raise ConfigError(
+          f'projection={self.name!r}: weight() declared {name} with learning_rate_scale='
+          f'{declared.learning_rate_scale!r}, weight_decay={declared.weight_decay!r}; leave both '
+          "at their defaults: a projection's weights learn at "
+          "config.model.projection_learning_rate_scale, decayed by the optimizer's rule."
+      )
+    return declared
 
   def compress(
       self,
@@ -185,7 +222,7 @@ class SequenceProjectionKind:
     analyses that need E refuse it.
 
     Args:
-      weight: one weight as `make_weight` made it (or None).
+      weight: one weight as the layer created it (or None).
       max_len: the span n that projected_len positions summarise.
       projected_len: k.
       length: the sequence's length, max_len by default.

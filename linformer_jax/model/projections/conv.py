@@ -8,13 +8,13 @@ with a leading heads axis for one kernel per head (sharing='none').
 
 from typing import Optional, Tuple
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from linformer_jax.model import attention
 from linformer_jax.model import logical_axes as axes
 from linformer_jax.model import precision
+from linformer_jax.model.declarations import Parameter
 from linformer_jax.model.projections.base import REGISTRY
 from linformer_jax.model.projections.base import SequenceProjectionKind
 from linformer_jax.model.projections.windows import to_windows
@@ -61,15 +61,15 @@ class StridedConvolution(SequenceProjectionKind):
     window = config.compressed_span // projected_len
     return heads + (window, config.head_dim, config.head_dim)
 
-  def make_weight(self, module, name, *, config, projected_len, per_head):
+  def weight(self, *, config, projected_len, per_head):
     shape = self.weight_shape(config=config, projected_len=projected_len, per_head=per_head)
     # Not axes.HEADS: projections stay replicated unless a rule names them.
     head_axes = (axes.PROJECTION_HEADS,) if per_head else ()
     names = head_axes + (axes.CONV_WINDOW, axes.HEAD_DIM_IN, axes.HEAD_DIM)
-    fan_in = nn.initializers.variance_scaling(
+    fan_in = jax.nn.initializers.variance_scaling(
         1.0, 'fan_in', 'normal', in_axis=(-3, -2), out_axis=-1
     )
-    return module.param(name, nn.with_logical_partitioning(fan_in, names), shape, jnp.float32)
+    return Parameter(shape, fan_in, names)
 
   def compress(self, x, weight, *, max_len, projected_len, key_padding_mask=None, name='E'):
     del projected_len, name

@@ -30,13 +30,13 @@ into its own r slots, a Linformer of its own per block.
 
 from typing import Optional, Tuple
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from linformer_jax.model import attention
 from linformer_jax.model import logical_axes as axes
 from linformer_jax.model import precision
+from linformer_jax.model.declarations import Parameter
 from linformer_jax.model.projections.base import REGISTRY
 from linformer_jax.model.projections.base import SequenceProjectionKind
 from linformer_jax.model.projections.windows import to_windows
@@ -49,7 +49,7 @@ MATRIX_INITS = ('jl', 'local', 'xavier', 'fairseq')
 
 def johnson_lindenstrauss_init(projected_len: int):
   """Initialiser with entries from N(0, 1/k), the paper's JL construction."""
-  return nn.initializers.normal(stddev=projected_len**-0.5)
+  return jax.nn.initializers.normal(stddev=projected_len**-0.5)
 
 
 def local_window_init(span: int, noise: float):
@@ -87,7 +87,7 @@ def matrix_initializer(config, projected_len: int, per_head: bool):
     # variance is 2 / (fan_in + fan_out), times gain^2 = 1/2 for fairseq's.
     batch_axis = (0,) if per_head else ()
     scale = 1.0 if config.projection_init == 'xavier' else 0.5
-    return nn.initializers.variance_scaling(
+    return jax.nn.initializers.variance_scaling(
         scale, 'fan_avg', 'uniform', in_axis=-2, out_axis=-1, batch_axis=batch_axis
     )
   return johnson_lindenstrauss_init(projected_len)
@@ -174,19 +174,15 @@ class LearnedMatrix(SequenceProjectionKind):
     # (docs/results_gutenberg.md). A subclass that takes no 'local' keeps its first.
     return 'local' if 'local' in self.projection_inits else self.projection_inits[0]
 
-  def matrix_init(self, *, config, projected_len, per_head):
-    """The weight's shape and its (partitioned) initialiser."""
+  def weight(self, *, config, projected_len, per_head):
     heads = (config.num_heads,) if per_head else ()
     # Not axes.HEADS: projections stay replicated unless a rule names them.
     head_axes = (axes.PROJECTION_HEADS,) if per_head else ()
-    shape = heads + (config.max_len, projected_len)
-    names = head_axes + (axes.LENGTH, axes.PROJECTED_LENGTH)
-    init = matrix_initializer(config, projected_len, per_head)
-    return shape, nn.with_logical_partitioning(init, names)
-
-  def make_weight(self, module, name, *, config, projected_len, per_head):
-    shape, init = self.matrix_init(config=config, projected_len=projected_len, per_head=per_head)
-    return module.param(name, init, shape, jnp.float32)
+    return Parameter(
+        shape=heads + (config.max_len, projected_len),
+        init=matrix_initializer(config, projected_len, per_head),
+        axes=head_axes + (axes.LENGTH, axes.PROJECTED_LENGTH),
+    )
 
   def compress(self, x, weight, *, max_len, projected_len, key_padding_mask=None, name='E'):
     del max_len, projected_len

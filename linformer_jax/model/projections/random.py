@@ -8,9 +8,7 @@ fixed 'local' or 'xavier' matrix would not be the random projection this
 kind stands for, so it takes only projection_init='jl'.
 """
 
-import jax.numpy as jnp
-
-from linformer_jax.model.projections.base import CONSTANTS
+from linformer_jax.model.declarations import Constant
 from linformer_jax.model.projections.base import REGISTRY
 from linformer_jax.model.projections.linear import LearnedMatrix
 
@@ -21,8 +19,7 @@ class FixedRandomMatrix(LearnedMatrix):
 
   projection_inits = ('jl',)
 
-  def make_weight(self, module, name, *, config, projected_len, per_head):
-    shape, init = self.matrix_init(config=config, projected_len=projected_len, per_head=per_head)
-    return module.variable(
-        CONSTANTS, name, lambda: init(module.make_rng('params'), shape, jnp.float32)
-    ).value
+  def weight(self, *, config, projected_len, per_head):
+    # The learned matrix's shape, draw and logical axes, in 'constants'.
+    matrix = super().weight(config=config, projected_len=projected_len, per_head=per_head)
+    return Constant(matrix.shape, matrix.init, matrix.axes)

@@ -17,6 +17,7 @@ from run_helpers import tiny_config
 from run_helpers import tiny_flags
 
 from linformer_jax.errors import ConfigError
+from linformer_jax.extensions import import_extensions
 from linformer_jax.training import divergence
 from linformer_jax.training import run_config
 from linformer_jax.training import sound_steps
@@ -238,6 +239,19 @@ def test_only_bookkeeping_fields_leave_the_training_settings_the_same():
   assert not sound_steps.same_training_settings(config, {**config, 'learning_rate': 1e-4})
   changed_model = tiny_config(**{'model.num_heads': 4}).to_dict()
   assert not sound_steps.same_training_settings(config, changed_model)
+
+
+def test_a_data_setting_a_source_declares_at_its_default_is_no_change():
+  """A process that imported a classification source of one's own adds its
+  config.data setting to every config it builds; at its default that is the
+  config a run without it recorded (as for config.model settings)."""
+  import_extensions(('docs/examples/more_letters_source.py',))
+  config = tiny_config().to_dict()
+  with_setting = {**config, 'data': {**config['data'], 'letters_per_example': 7}}
+  assert sound_steps.same_training_settings(config, with_setting)
+  assert sound_steps.same_training_settings(with_setting, config)
+  changed = {**config, 'data': {**config['data'], 'letters_per_example': 9}}
+  assert not sound_steps.same_training_settings(config, changed)
 
 
 def test_a_resumed_guard_takes_up_the_losses_and_suspicion_of_its_step():

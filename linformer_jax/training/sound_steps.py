@@ -41,7 +41,6 @@ from linformer_jax import registry
 from linformer_jax import run_folder
 from linformer_jax import storage
 from linformer_jax.errors import ConfigError
-from linformer_jax.model import model_config
 
 LEDGER_FILE = run_folder.LEDGER
 # A step whose parameter norm is above this times the largest norm of an
@@ -74,14 +73,17 @@ def same_training_settings(a: Dict[str, Any], b: Dict[str, Any]) -> bool:
   """
   as_json = lambda config: json.loads(json.dumps(_training_settings(config), sort_keys=True))
   a, b = as_json(a), as_json(b)
-  models = a.get('model'), b.get('model')
-  if isinstance(models[0], dict) and isinstance(models[1], dict):
-    declared = registry.declared_settings(model_config.SETTINGS_SECTION)
-    for name, declaration in declared.items():
+  # The sections parts declare settings in: config.model (projections and
+  # attention kinds), config.data (classification sources).
+  for section in ('model', 'data'):
+    sections = a.get(section), b.get(section)
+    if not (isinstance(sections[0], dict) and isinstance(sections[1], dict)):
+      continue
+    for name, declaration in registry.declared_settings(f'config.{section}').items():
       default = json.loads(json.dumps(declaration.setting.default))
-      for model, other in (models, models[::-1]):
-        if name in model and name not in other and model[name] == default:
-          del model[name]
+      for held, other in (sections, sections[::-1]):
+        if name in held and name not in other and held[name] == default:
+          del held[name]
   return a == b
 
 

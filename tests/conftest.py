@@ -348,3 +348,12 @@ def tiny_run(_session_tiny_run, tmp_path_factory):
   copy = tmp_path_factory.mktemp('tiny_run') / 'run'
   shutil.copytree(workdir, copy)
   return str(copy), results
+
+
+@pytest.fixture
+def run_copy(tiny_run, tmp_path):
+  """A copy of the finished tiny run for one test to change: steps 10 and 20,
+  sealed, and its ledger."""
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(tiny_run[0], workdir)
+  return workdir

@@ -20,19 +20,12 @@ from run_helpers import wait_for_step
 
 import linformer_jax
 from linformer_jax.checkpoints import partial_restore
+from linformer_jax.checkpoints import pruned_steps
 from linformer_jax.checkpoints import step_files
 from linformer_jax.checkpoints.store import CheckpointStore
 from linformer_jax.checkpoints.store import checkpoint_directory
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import run_loading
-
-
-@pytest.fixture
-def run_copy(tiny_run, tmp_path):
-  """A copy of the finished tiny run, whose kept steps are 10 and 20."""
-  workdir = str(tmp_path / 'run')
-  shutil.copytree(tiny_run[0], workdir)
-  return workdir
 
 
 def _prune(workdir, step):
@@ -134,7 +127,7 @@ def test_a_reader_gives_up_in_one_line_when_every_step_it_chooses_is_pruned(
 ):
   directory = checkpoint_directory(run_copy)
   shutil.copytree(os.path.join(directory, '20'), os.path.join(directory, '30'))
-  monkeypatch.setattr(step_files, 'PRUNED_ATTEMPTS', 2)
+  monkeypatch.setattr(pruned_steps, 'PRUNED_ATTEMPTS', 2)
   _pruning_before(monkeypatch, partial_restore, '_restore_state', run_copy, steps=2)
   with pytest.raises(ConfigError) as refused:
     run_loading.load_run(tiny_config(), run_copy)
@@ -151,7 +144,7 @@ def test_a_step_being_removed_is_not_called_damaged(run_copy, monkeypatch, caplo
   inspection meets the folder half gone waits for it to go."""
   folder = os.path.join(checkpoint_directory(run_copy), '20')
   original = step_files.inspect
-  sleep = step_files.time.sleep
+  sleep = pruned_steps.time.sleep
   removed = []
 
   def half_removed(path, step, items):
@@ -165,7 +158,7 @@ def test_a_step_being_removed_is_not_called_damaged(run_copy, monkeypatch, caplo
     sleep(seconds)
 
   monkeypatch.setattr(step_files, 'inspect', half_removed)
-  monkeypatch.setattr(step_files.time, 'sleep', removing)
+  monkeypatch.setattr(pruned_steps.time, 'sleep', removing)
   assert run_loading.load_run(tiny_config(), run_copy).step == 10
   assert removed and len(_pruned_warnings(caplog)) == 1
   assert not [r for r in caplog.records if 'damaged' in r.getMessage()]
@@ -176,16 +169,16 @@ def test_a_listing_that_meets_a_vanishing_step_lists_again():
 
   def listing():
     calls.append(1)
-    if len(calls) < step_files.PRUNED_ATTEMPTS:
+    if len(calls) < pruned_steps.PRUNED_ATTEMPTS:
       raise FileNotFoundError(2, 'No such file or directory', '/run/checkpoints/43')
     return 'listed'
 
   def vanishing():
     raise FileNotFoundError(2, 'No such file or directory', '/run/checkpoints/43')
 
-  assert step_files.listed(listing, '/run/checkpoints') == 'listed'
+  assert pruned_steps.listed(listing, '/run/checkpoints') == 'listed'
   with pytest.raises(ConfigError, match=r'/run/checkpoints/43 was removed while it was listed'):
-    step_files.listed(vanishing, '/run/checkpoints')
+    pruned_steps.listed(vanishing, '/run/checkpoints')
 
 
 @pytest.mark.slow

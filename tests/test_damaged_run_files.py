@@ -40,14 +40,6 @@ from linformer_jax.training import trainer
 from linformer_jax.training import workdir_lock
 
 
-@pytest.fixture
-def run_copy(tiny_run, tmp_path):
-  """A copy of the finished tiny run: steps 10 and 20, sealed, and its ledger."""
-  workdir = str(tmp_path / 'run')
-  shutil.copytree(tiny_run[0], workdir)
-  return workdir
-
-
 def _warnings(caplog, words):
   return [r.getMessage() for r in caplog.records if words in r.getMessage()]
 

@@ -37,6 +37,11 @@ def _nbytes(tree):
   return sum(leaf.nbytes for leaf in jax.tree_util.tree_leaves(tree))
 
 
+def _device_memory(monkeypatch, module, available):
+  """Makes `module` see `available` bytes on every device."""
+  monkeypatch.setattr(module, 'device_memory_bytes', lambda device: (available, 'a test'))
+
+
 def test_the_estimate_is_the_initialised_states_bytes():
   parts, optimizer, abstract = _parts_and_state(tiny_config())
   estimate = memory_budget.state_bytes(abstract)
@@ -93,7 +98,7 @@ def test_the_estimate_is_each_devices_share_of_a_sharded_state():
 def test_a_state_that_cannot_fit_is_refused_before_anything_is_created(monkeypatch):
   parts, optimizer, abstract = _parts_and_state(tiny_config())
   need = memory_budget.state_bytes(abstract).with_gradients
-  monkeypatch.setattr(memory_budget, 'device_memory_bytes', lambda device: (need, 'a test'))
+  _device_memory(monkeypatch, memory_budget, need)
 
   def no_program(*args, **kwargs):
     raise AssertionError('a program was made for a state that cannot fit')
@@ -115,8 +120,7 @@ def test_a_state_within_its_share_of_the_memory_passes(monkeypatch):
   config = tiny_config()
   _, _, abstract = _parts_and_state(config)
   need = memory_budget.state_bytes(abstract).with_gradients
-  available = int(need / memory_budget.STATE_SHARE) + 1
-  monkeypatch.setattr(memory_budget, 'device_memory_bytes', lambda device: (available, 'a test'))
+  _device_memory(monkeypatch, memory_budget, int(need / memory_budget.STATE_SHARE) + 1)
   assert memory_budget.check_state_fits(abstract, config).with_gradients == need
 
 
@@ -242,22 +246,35 @@ def test_other_errors_are_not_out_of_memory():
   assert memory_budget.out_of_memory_message(ValueError('a bad value')) is None
 
 
+# On CPU devices the host's available memory (1 GiB here) is read with the
+# state already in it: the step's arguments that the state holds are there,
+# not needed again.
 def test_the_step_check_counts_the_state_the_host_already_holds(monkeypatch):
-  # On CPU devices the host's available memory is read with the state already
-  # in it: the step's arguments that the state holds are there, not needed again.
-  monkeypatch.setattr(compiled_step, 'device_memory_bytes', lambda device: (GIB, 'a test'))
-  config = tiny_config()
+  _device_memory(monkeypatch, compiled_step, GIB)
   held = compiled_step.StepCost(2 * GIB, GIB // 2, 0.0, held_bytes=2 * GIB)
-  compiled_step.check_fits(held, config)
+  compiled_step.check_fits(held, tiny_config())
+
+
+@pytest.mark.parametrize(
+    'cost, refusal',
+    [
+        (
+            compiled_step.StepCost(2 * GIB, GIB // 2, 0.0),
+            'needs 2.50 GiB per device (arguments 2.00, temporaries 0.50) but 1.00 GiB is there '
+            '(a test): lower --config.batch_size=4',
+        ),
+        (
+            compiled_step.StepCost(4 * GIB, GIB, 0.0, held_bytes=3 * GIB),
+            "but 4.00 GiB is there (a test), the run's state (3.00 GiB) included:",
+        ),
+    ],
+    ids=['nothing held', 'more than the state held'],
+)
+def test_a_step_that_does_not_fit_beside_the_held_state_is_refused(monkeypatch, cost, refusal):
+  _device_memory(monkeypatch, compiled_step, GIB)
   with pytest.raises(ConfigError) as error:
-    compiled_step.check_fits(compiled_step.StepCost(2 * GIB, GIB // 2, 0.0), config)
-  assert (
-      'needs 2.50 GiB per device (arguments 2.00, temporaries 0.50) but 1.00 GiB is there '
-      '(a test): lower --config.batch_size=4'
-  ) in str(error.value)
-  with pytest.raises(ConfigError) as error:
-    compiled_step.check_fits(compiled_step.StepCost(4 * GIB, GIB, 0.0, held_bytes=3 * GIB), config)
-  assert "but 4.00 GiB is there (a test), the run's state (3.00 GiB) included:" in str(error.value)
+    compiled_step.check_fits(cost, tiny_config())
+  assert refusal in str(error.value)
 
 
 def test_a_step_that_xla_cannot_fit_when_compiling_is_one_line(monkeypatch):

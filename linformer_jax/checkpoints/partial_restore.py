@@ -5,11 +5,11 @@ starts a run from them), and `restore_subtrees` chosen parts of its train
 state, e.g. a pretraining run's encoder inside a classifier
 (`training/fine_tuning.py`) or a run's variables for evaluation. Either takes
 the other run's workdir or its checkpoint directory, skips damaged steps as
-every reader does (`step_files`), chooses the newest step again when the one
-it chose is removed while it reads it (a run still training there), checks
-the stored arrays against the wanted ones before reading any
-(`orbax_items`), and places them on the wanted shardings. Nothing in the
-other run's folder is changed.
+every reader does (`damaged_steps`), chooses the newest step again when the
+one it chose is removed while it reads it (a run still training there,
+`pruned_steps`), checks the stored arrays against the wanted ones before
+reading any (`orbax_items`), and places them on the wanted shardings.
+Nothing in the other run's folder is changed.
 """
 
 import os
@@ -19,7 +19,9 @@ import orbax.checkpoint as ocp
 
 from linformer_jax import run_folder
 from linformer_jax import storage
+from linformer_jax.checkpoints import damaged_steps
 from linformer_jax.checkpoints import orbax_items
+from linformer_jax.checkpoints import pruned_steps
 from linformer_jax.checkpoints import step_files
 from linformer_jax.errors import ConfigError
 
@@ -92,7 +94,7 @@ def restore_subtrees(
         "config.init_from must name a finished run's workdir."
     )
   step_files.quiet_vanished_step_logs()
-  restored = step_files.retried_while_pruned(
+  restored = pruned_steps.retried_while_pruned(
       lambda: _restore_state(directory, subtrees, step, advice), retry=step is None
   )
   out = {}
@@ -109,7 +111,7 @@ def _restore_state(
 ) -> Dict[str, Any]:
   """The parts `subtrees` of `step` (the newest intact one when None) in the
   checkpoint directory `directory`, as orbax restores them."""
-  manager = step_files.listed(
+  manager = pruned_steps.listed(
       lambda: ocp.CheckpointManager(
           directory,
           # Never saves, so it changes nothing; orbax's read_only mode would
@@ -120,10 +122,10 @@ def _restore_state(
       directory,
   )
   try:
-    step = step_files.StepInspector(directory, orbax_items.ITEMS).step_to_read(
+    step = damaged_steps.StepInspector(directory, orbax_items.ITEMS).step_to_read(
         manager.all_steps(), step
     )
-    with step_files.pruned_if_gone(directory, step):
+    with pruned_steps.pruned_if_gone(directory, step):
       metadata = orbax_items.state_metadata(manager, step)
       target: Dict[str, Any] = {}
       for path, abstract in subtrees.items():

@@ -1,7 +1,8 @@
-"""The files of saved checkpoints: integrity manifests, damaged steps, and the
-steps a run protects or moves aside when it goes back. (A full disk is
-`full_disk`'s; whether a step's arrays fit the arrays a run wants is
-`orbax_items`'s.)
+"""The files of saved checkpoints: integrity manifests, the steps a run
+protects, and the steps it moves aside, damaged or left behind when it goes
+back. (Which step a reader reads, damaged ones skipped, is `damaged_steps`'s; a
+step removed while it is read, `pruned_steps`'s; a full disk, `full_disk`'s;
+whether a step's arrays fit the arrays a run wants, `orbax_items`'s.)
 
 Orbax writes a step into `STEP.orbax-checkpoint-tmp` and renames it to `STEP`
 once every item is written. Just before that rename (on the primary process,
@@ -20,29 +21,14 @@ reads (a truncated or missing file makes it damaged, as a manifest would).
 The step-level files orbax rewrites after the rename (`_CHECKPOINT_METADATA`,
 its commit timestamp, and `commit_success.txt`) are outside the manifest; the
 arrays, the data-iterator state and the config are all inside it.
-
-`StepInspector` is what every reader of a run goes through: the newest intact
-step, with one warning for each newer damaged step it skips, and a step asked
-for by number refused, when it is damaged, in one message that names the
-first bad file, what is wrong with it and which step to read instead.
-
-A run that is training keeps only its newest steps: a reader of its folder may
-see the step it chose removed before it has read it. `pruned_if_gone` turns
-whatever error that causes into `StepPruned`, and `retried_while_pruned`
-chooses the newest kept step again (a bounded number of times, one warning
-each); a step asked for by number is refused in one line naming the kept ones.
 """
 
-import contextlib
 import dataclasses
 import hashlib
-import itertools
 import json
 import logging as python_logging
 import os
-import sys
-import time
-from typing import Callable, Dict, FrozenSet, Iterator, List, Optional, TypeVar
+from typing import Dict, List, Optional
 
 from absl import logging
 import jax
@@ -52,8 +38,6 @@ from linformer_jax import run_folder
 from linformer_jax import storage
 from linformer_jax.checkpoints import orbax_items
 from linformer_jax.errors import ConfigError
-
-T = TypeVar('T')
 
 MANIFEST_FILE = 'integrity.json'
 # Where a run's damaged step folders are moved, beside its checkpoints folder.
@@ -67,23 +51,6 @@ TMP_SUFFIX = '.orbax-checkpoint-tmp'
 _FORMAT = 1
 _STEP_METADATA = '_CHECKPOINT_METADATA'
 _CHUNK_BYTES = 8 << 20
-# How many steps in a row a reader chooses before it gives up, when each one
-# it chose was removed (pruned by the run training there) before it was read.
-PRUNED_ATTEMPTS = 5
-# Orbax deletes a pruned step's files before its folder: a step folder whose
-# entries change between two looks this far apart is being removed, and is
-# waited for (at most _REMOVAL_WAIT_S) rather than called damaged.
-_REMOVAL_POLL_S = 0.1
-_REMOVAL_WAIT_S = 5.0
-# What a restore that failed midway (its step pruned) leaves behind, in
-# orbax's and TensorStore's words: reads still in flight report to orbax's
-# closed event loop, and reads that nothing awaits any more are dropped with
-# their error.
-_LEFTOVER_WORDS = (
-    'Event loop is closed',
-    'Encountered error while reading array index',
-    'in OCDBT database at',
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -319,150 +286,6 @@ def capitalized(text: str) -> str:
   return text[:1].upper() + text[1:]
 
 
-def _entries(folder: str) -> Optional[FrozenSet[str]]:
-  """The files and folders below `folder`, or None when it is gone."""
-  if not storage.exists(folder):
-    return None
-  if not storage.isdir(folder):
-    return frozenset()
-  if storage.is_object_store(folder):
-    return frozenset(storage.files_under(folder))
-  return frozenset(
-      os.path.relpath(os.path.join(root, name), folder)
-      for root, folders, files in os.walk(folder)
-      for name in folders + files
-  )
-
-
-def _removed_meanwhile(folder: str) -> bool:
-  """Whether the step folder `folder` is gone, or is being removed (waiting
-  for that to end): what makes a read of it fail then is its pruning, not
-  damage."""
-  entries = _entries(folder)
-  deadline = time.monotonic() + _REMOVAL_WAIT_S
-  while entries is not None and time.monotonic() < deadline:
-    time.sleep(_REMOVAL_POLL_S)
-    now = _entries(folder)
-    if now == entries:
-      return False
-    entries = now
-  return entries is None
-
-
-def _is_leftover(error: Optional[BaseException]) -> bool:
-  return error is not None and any(words in str(error) for words in _LEFTOVER_WORDS)
-
-
-class _LeftoverRecords(python_logging.Filter):
-  """Drops asyncio's log of a failed restore's read that nothing awaits."""
-
-  def filter(self, record: python_logging.LogRecord) -> bool:
-    return not _is_leftover(record.exc_info[1] if record.exc_info else None)
-
-
-def _quiet_failed_read_leftovers() -> None:
-  """From now on, drops what a restore that failed on a pruned step leaves
-  behind (`_LEFTOVER_WORDS`): Python reports each, with a traceback, through
-  its unraisable-exception hook and asyncio's log, long after the failure was
-  handled. Any other report passes."""
-  logger = python_logging.getLogger('asyncio')
-  if any(isinstance(existing, _LeftoverRecords) for existing in logger.filters):
-    return
-  logger.addFilter(_LeftoverRecords())
-  previous = sys.unraisablehook
-
-  def hook(unraisable) -> None:
-    if not _is_leftover(unraisable.exc_value):
-      previous(unraisable)
-
-  sys.unraisablehook = hook
-
-
-class StepPruned(ConfigError):
-  """A step folder was removed while it was being read: the run training in
-  the folder keeps only its newest steps. `what` says which step, and which
-  steps are kept now."""
-
-  def __init__(self, directory: str, step: int):
-    kept = ', '.join(map(str, sorted(step_entries(directory)))) or 'none'
-    self.step = step
-    self.what = (
-        f'the checkpoint of step {step} in {directory} was removed while it was being read '
-        f'(the run writing there keeps only its newest checkpoints); the steps kept now are '
-        f'{kept}'
-    )
-    super().__init__(f'{capitalized(self.what)}.')
-
-
-@contextlib.contextmanager
-def pruned_if_gone(directory: str, step: int) -> Iterator[None]:
-  """Raises StepPruned in place of any error of the block (orbax's
-  FileNotFoundError, TensorStore's NOT_FOUND, a JSON file cut short) when
-  the folder of `step` is gone, or going, once it is raised."""
-  try:
-    yield
-  except StepPruned:
-    raise
-  except Exception:
-    if not _removed_meanwhile(os.path.join(directory, str(step))):
-      raise
-    _quiet_failed_read_leftovers()
-    raise StepPruned(directory, step) from None
-
-
-def listed(call: Callable[[], T], directory: str) -> T:
-  """`call()`, which lists the checkpoint directory `directory` (opening an
-  orbax manager on it, or reloading one), again while a step folder vanishes
-  under it: orbax reads each step's metadata after listing the names, and a
-  run training there removes its old steps as it saves.
-
-  Raises:
-    ConfigError: step folders vanished under PRUNED_ATTEMPTS listings in a row.
-  """
-  for attempt in itertools.count(1):
-    try:
-      return call()
-    except FileNotFoundError as error:
-      if attempt == PRUNED_ATTEMPTS:
-        raise ConfigError(
-            f'The checkpoints in {directory} cannot be listed: {error.filename} was removed '
-            f'while it was listed, {PRUNED_ATTEMPTS} times in a row (the run writing there '
-            'keeps only its newest checkpoints). Wait for it to finish, or copy its folder and '
-            'read the copy.'
-        ) from None
-
-
-def retried_while_pruned(
-    read: Callable[[], T], *, retry: bool, relist: Optional[Callable[[], None]] = None
-) -> T:
-  """`read()`, which chooses a step and reads it. With `retry` (the newest
-  step was chosen, none asked for by number), a StepPruned makes it choose
-  again, after `relist()` (which forgets a cached listing), with one warning
-  each time, at most PRUNED_ATTEMPTS times in all; without, StepPruned is
-  raised for the caller to word.
-
-  Raises:
-    StepPruned: without `retry`.
-    ConfigError: PRUNED_ATTEMPTS chosen steps were each removed before they
-      were read.
-  """
-  for attempt in itertools.count(1):
-    try:
-      return read()
-    except StepPruned as pruned:
-      if not retry:
-        raise
-      if attempt == PRUNED_ATTEMPTS:
-        raise ConfigError(
-            f'{capitalized(pruned.what)}. The newest step was removed before it was read '
-            f'{PRUNED_ATTEMPTS} times in a row: the run saves faster than this reads. Wait '
-            'for it to finish, or copy its folder and read the copy.'
-        ) from None
-      logging.warning('%s; reading the newest of them instead.', capitalized(pruned.what))
-      if relist is not None:
-        relist()
-
-
 class _VanishedStepRecords(python_logging.Filter):
   """Drops orbax's warning about a step folder without _CHECKPOINT_METADATA,
   which it logs while listing a folder whose step is being removed (or one
@@ -479,194 +302,3 @@ def quiet_vanished_step_logs() -> None:
   logger = python_logging.getLogger('absl')
   if not any(isinstance(existing, _VanishedStepRecords) for existing in logger.filters):
     logger.addFilter(_VanishedStepRecords())
-
-
-# The step folders without a manifest already warned about.
-_READ_UNVERIFIED: set = set()
-
-
-class StepInspector:
-  """Which steps of a checkpoint directory can be read, each inspected once.
-
-  A step saved by this process's store is trusted as soon as orbax accepted
-  it; every other step is checked against its manifest before first use.
-  """
-
-  def __init__(self, directory: str, items: List[str]):
-    """Inspects nothing yet.
-
-    Args:
-      directory: a checkpoint directory.
-      items: the item folders every step of it has.
-    """
-    self.directory = directory
-    self._items = items
-    self.trusted: set = set()
-    self._inspections: Dict[int, Inspection] = {}
-    self._skipped: set = set()
-
-  def inspection(self, step: int) -> Inspection:
-    """The step's inspection, made on first use (warns if unverified).
-
-    Raises:
-      StepPruned: the step's folder was removed while it was inspected.
-    """
-    if step in self.trusted:
-      return Inspection(step, '', None, verified=True)
-    if step not in self._inspections:
-      found = inspect(os.path.join(self.directory, str(step)), step, self._items)
-      if found.problem is not None and _removed_meanwhile(found.path):
-        raise StepPruned(self.directory, step)
-      if found.problem is None and not found.verified and found.path not in _READ_UNVERIFIED:
-        # Once per process: a reader's store and its partial restore each inspect.
-        _READ_UNVERIFIED.add(found.path)
-        logging.warning(
-            'The checkpoint of step %d in %s has no %s (it was written before checkpoints '
-            'were sealed); it is read unverified.',
-            step,
-            self.directory,
-            MANIFEST_FILE,
-        )
-      self._inspections[step] = found
-    return self._inspections[step]
-
-  def forget(self, step: int) -> None:
-    self._inspections.pop(step, None)
-    self.trusted.discard(step)
-    self._skipped.discard(step)
-
-  def damage(self, step: int) -> str:
-    """'the checkpoint of step S in DIR is damaged (what is wrong)'."""
-    return (
-        f'the checkpoint of step {step} in {self.directory} is damaged '
-        f'({self.inspection(step).problem})'
-    )
-
-  def _newest_intact(self, steps: List[int]) -> Optional[int]:
-    return next(
-        (step for step in sorted(steps, reverse=True) if self.inspection(step).problem is None),
-        None,
-    )
-
-  def newest_intact(self, steps: List[int]) -> Optional[int]:
-    """The newest intact step of `steps`, None if none is; warns once, in
-    one line, about each newer damaged step it skips."""
-    newest = self._newest_intact(steps)
-    for step in sorted(steps, reverse=True):
-      if step == newest:
-        break
-      if step not in self._skipped:
-        self._skipped.add(step)
-        instead = (
-            f'step {newest}, the newest intact one, is read instead'
-            if newest is not None
-            else 'no older step is intact'
-        )
-        logging.warning('%s; skipped it: %s.', capitalized(self.damage(step)), instead)
-    return newest
-
-  def damaged_step(self, steps: List[int], step: int) -> Optional[str]:
-    """What to tell someone who asks for `step` by number when it is
-    damaged: the first bad file, what is wrong with it, and which step to
-    read instead. A damaged step is either still among `steps`, or was moved
-    to DAMAGED_FOLDER by the run that owns the folder. None when `step` is
-    intact, or was never kept."""
-    folder = os.path.join(self.directory, str(step))
-    if step in steps:
-      if self.inspection(step).problem is None:
-        return None
-      what = self.damage(step)
-    else:
-      moved = _moved_aside(self.directory, step)
-      if moved is None:
-        return None
-      problem = inspect(moved, step, self._items).problem or 'it was found damaged'
-      what = (
-          f'the checkpoint of step {step} in {self.directory} is damaged ({problem}); '
-          f'the run on this folder moved it to {moved}'
-      )
-    newest = self._newest_intact([kept for kept in steps if kept != step])
-    if newest is None:
-      return f'{what}; no other kept step is intact'
-    if step not in steps or newest > step:
-      return f'{what}; use step {newest}, the newest intact one, instead'
-    return (
-        f'{what}; use step {newest}, the newest intact one, instead, or delete {folder} '
-        f'so that step {newest} is the newest'
-    )
-
-  def refuse_damaged(self, steps: List[int], step: int, asked_as: str = '') -> None:
-    """Raises ConfigError with `damaged_step`'s message (after `asked_as`,
-    e.g. 'config.restore_step=3: ') when `step` is damaged."""
-    damaged = self.damaged_step(steps, step)
-    if damaged:
-      raise ConfigError(f'{asked_as}{damaged}.' if asked_as else f'{capitalized(damaged)}.')
-
-  def step_to_read(self, steps: List[int], step: Optional[int]) -> int:
-    """`step`, or the newest intact one when None (`newest_intact`).
-
-    Raises:
-      ConfigError: `step` is damaged (`damaged_step`'s message) or not kept,
-        or no step is intact.
-    """
-    if step is not None:
-      self.refuse_damaged(steps, step)
-      if step not in steps:
-        raise ConfigError(
-            f'{self.directory} holds no checkpoint of step {step}; '
-            f'it holds steps {sorted(steps)}.'
-        )
-      return step
-    newest = self.newest_intact(steps)
-    if newest is not None:
-      return newest
-    if steps:
-      raise ConfigError(f'Every checkpoint in {self.directory} is damaged; see the warnings above.')
-    raise ConfigError(f'{self.directory} holds no checkpoint.')
-
-
-def _moved_aside(directory: str, step: int) -> Optional[str]:
-  """The newest copy of `step` that `move_aside` put in the DAMAGED_FOLDER
-  beside the checkpoint directory `directory`, or None."""
-  damaged = os.path.join(os.path.dirname(directory), DAMAGED_FOLDER)
-  if not storage.isdir(damaged):
-    return None
-  copies = {}
-  for name in storage.listdir(damaged):
-    number, _, copy = name.partition('.')
-    if number == str(step) and (not copy or copy.isdigit()):
-      copies[int(copy or 0)] = os.path.join(damaged, name)
-  return copies[max(copies)] if copies else None
-
-
-def set_aside_damaged_steps(inspector: StepInspector) -> None:
-  """Moves the step folders newer than the newest intact step of a run to
-  its damaged_checkpoints folder, warning about each (and about entries that
-  are not steps, which stay). Called by the run holding the workdir's lock.
-
-  Raises:
-    ConfigError: step folders were found, but none is intact.
-  """
-  directory = inspector.directory
-  for name in unknown_entries(directory):
-    logging.warning('Ignoring %s in %s: it is not a checkpoint step.', name, directory)
-  moved = []
-  for step, path in sorted(step_entries(directory).items(), reverse=True):
-    if inspector.inspection(step).problem is None:
-      break
-    damage = inspector.damage(step)
-    if jax.process_index() == 0:
-      destination = move_aside(path)
-      logging.warning('%s; moved it to %s.', capitalized(damage), destination)
-    moved.append(step)
-    inspector.forget(step)
-  if not moved:
-    return
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices('linformer_jax: damaged checkpoints moved aside')
-  if not step_entries(directory):
-    raise ConfigError(
-        f'No intact checkpoint is left in {directory}: steps {sorted(moved)} were damaged and '
-        f'moved to {DAMAGED_FOLDER}/ beside it. Run the same command again to start the run '
-        'from step 0, or use another --workdir.'
-    )

@@ -17,12 +17,13 @@ Every step folder is sealed with a manifest of its files' sizes and sha256
 checked before the step is read: a damaged step is never restored. The run that
 owns the folder moves damaged steps aside and continues from the newest intact
 one; readers skip them, with one warning each. A damaged step asked for by
-number is refused in one message saying what is wrong and what to do. A step
-removed while a reader reads it (the run training in the folder keeps only
-its newest steps) is chosen again, or refused when asked for by number
-(`step_files.retried_while_pruned`). A save that would not fit on the disk,
-or that meets a full disk, stops the run with one line (`full_disk`); a file
-where the checkpoint folder belongs is refused before orbax meets it.
+number is refused in one message saying what is wrong and what to do
+(`damaged_steps`). A step removed while a reader reads it (the run training
+in the folder keeps only its newest steps) is chosen again, or refused when
+asked for by number (`pruned_steps.retried_while_pruned`). A save that would
+not fit on the disk, or that meets a full disk, stops the run with one line
+(`full_disk`); a file where the checkpoint folder belongs is refused before
+orbax meets it.
 
 A step can be protected (`protect`), so that it outlives the newest `keep`:
 the run protects its newest checkpoint from before a loss spike
@@ -45,9 +46,11 @@ import orbax.checkpoint as ocp
 
 from linformer_jax import run_folder
 from linformer_jax import storage
+from linformer_jax.checkpoints import damaged_steps
 from linformer_jax.checkpoints import full_disk
 from linformer_jax.checkpoints import json_items
 from linformer_jax.checkpoints import orbax_items
+from linformer_jax.checkpoints import pruned_steps
 from linformer_jax.checkpoints import step_files
 from linformer_jax.errors import StorageError
 from linformer_jax.errors import is_disk_full
@@ -111,13 +114,13 @@ class CheckpointStore:
     self._async_save = async_save
     self._saving: Optional[int] = None
     self._failed = False
-    self._inspector = step_files.StepInspector(self.directory, orbax_items.ITEMS)
+    self._inspector = damaged_steps.StepInspector(self.directory, orbax_items.ITEMS)
     step_files.refuse_file_at(self.directory, 'its checkpoints')
     full_disk.quiet_disk_full_logs()
     step_files.quiet_vanished_step_logs()
     if owner:
       step_files.remove_temporary_folders(self.directory)
-      step_files.set_aside_damaged_steps(self._inspector)
+      damaged_steps.set_aside_damaged_steps(self._inspector)
     self._protected = _ProtectedSteps(step_files.protected_steps(self.directory))
     options = ocp.CheckpointManagerOptions(
         create=False,
@@ -132,7 +135,7 @@ class CheckpointStore:
         # nothing waits for when a run is refused right after this.
         cleanup_tmp_directories=False,
     )
-    self._manager = step_files.listed(
+    self._manager = pruned_steps.listed(
         lambda: ocp.CheckpointManager(
             self.directory, options=options, handler_registry=orbax_items.handler_registry()
         ),
@@ -158,7 +161,7 @@ class CheckpointStore:
     """Whether `step` is intact; a step removed since it was listed is not."""
     try:
       return self._inspector.inspection(step).problem is None
-    except step_files.StepPruned:
+    except pruned_steps.StepPruned:
       return False
 
   def latest_step(self) -> Optional[int]:
@@ -292,7 +295,7 @@ class CheckpointStore:
     """
     self.wait()
     step = self.step_to_read(step)
-    with step_files.pruned_if_gone(self.directory, step):
+    with pruned_steps.pruned_if_gone(self.directory, step):
       metadata = orbax_items.state_metadata(self._manager, step)
       orbax_items.check_arrays_match(
           *orbax_items.stored_and_wanted(metadata, abstract_state, ()),
@@ -336,17 +339,17 @@ class CheckpointStore:
 
     def read() -> Any:
       chosen = self.step_to_read(step)
-      with step_files.pruned_if_gone(self.directory, chosen):
+      with pruned_steps.pruned_if_gone(self.directory, chosen):
         restored = self._manager.restore(
             chosen, args=ocp.args.Composite(**{item: ocp.args.JsonRestore()})
         )
       return restored[item]
 
-    return step_files.retried_while_pruned(read, retry=step is None, relist=self._relist)
+    return pruned_steps.retried_while_pruned(read, retry=step is None, relist=self._relist)
 
   def _relist(self) -> None:
     """Lists the step folders again (orbax keeps the list it read)."""
-    step_files.listed(self._manager.reload, self.directory)
+    pruned_steps.listed(self._manager.reload, self.directory)
 
   def _check_space(self, step: int, state: PyTree) -> None:
     """StorageError, before anything is written, if the next checkpoint will

@@ -11,7 +11,7 @@ one-line warning, and refused when asked for by number (`CheckpointStore`).
 A run may still be training in the folder, removing its older steps as it
 saves: a step removed while it is read is chosen again from the steps kept
 then, with a one-line warning, and refused in one line when it was asked for
-by number (`step_files.retried_while_pruned`). The one file a reader may
+by number (`pruned_steps.retried_while_pruned`). The one file a reader may
 write, a tokenizer trained again for a run whose tokenizer.model is gone,
 stays only if the checkpoint was trained with it.
 """
@@ -24,6 +24,7 @@ import ml_collections
 
 from linformer_jax import storage
 from linformer_jax.checkpoints import partial_restore
+from linformer_jax.checkpoints import pruned_steps
 from linformer_jax.checkpoints import step_files
 from linformer_jax.checkpoints.store import CheckpointStore
 from linformer_jax.checkpoints.store import checkpoint_directory
@@ -101,10 +102,10 @@ def load_run(
   abstract = parts.abstract_variables()
   wanted = step
   try:
-    step, data_state, variables = step_files.retried_while_pruned(
+    step, data_state, variables = pruned_steps.retried_while_pruned(
         lambda: _read_step(config, workdir, wanted, named, abstract), retry=wanted is None
     )
-  except step_files.StepPruned as pruned:
+  except pruned_steps.StepPruned as pruned:
     what = f'{named}{pruned.what}' if named else step_files.capitalized(pruned.what)
     raise ConfigError(f'{what}; ask for one of them.') from None
   data = None
@@ -147,7 +148,7 @@ def _read_step(
   step, data_state = _newest_step(config, workdir, wanted, named)
   # Its own listing, made after the run training there pruned `step`, no
   # longer holds it: the step was pruned, not asked for in vain.
-  with step_files.pruned_if_gone(checkpoint_directory(workdir), step):
+  with pruned_steps.pruned_if_gone(checkpoint_directory(workdir), step):
     return step, data_state, _restore_variables(workdir, abstract, step)
 
 

@@ -9,9 +9,15 @@ The Python API (`api.py`, docs/api.md):
   fresh = linformer_jax.build(config)  # the same for a freshly initialised model
 
 Importing the package stays cheap: the API's names are looked up on first
-use, so JAX is not imported before a command has set XLA's flags
-(linformer_jax/cli.py).
+use, so importing it imports no JAX. A command (`python -m
+linformer_jax.NAME`) imports the package before its own module, so its
+process is set up here, before anything imports JAX (command_process.py).
 """
+
+from linformer_jax import command_process
+
+if command_process.is_being_started():
+  command_process.prepare()
 
 # The Python API, resolved on first use (PEP 562) from api.py.
 __all__ = ['LayerAttention', 'ModelOutput', 'Run', 'TrainOutput', 'build', 'load', 'train']

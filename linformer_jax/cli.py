@@ -22,44 +22,28 @@ import sys
 import traceback
 from typing import Callable, Iterator, List, Optional, Sequence
 
-# TensorFlow (imported only by TFDS data sources) prints C++ start-up notices;
-# it only reads datasets here, so its oneDNN kernels are not needed either.
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+import ml_collections
+from ml_collections import config_flags
 
-from linformer_jax import interrupts  # pylint: disable=g-import-not-at-top,wrong-import-position
-from linformer_jax import xla_cpu  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-# Ctrl-C and SIGTERM end a command in one line from here on, JAX's import
-# included (interrupts); a library user's or a test's process is left alone.
-if interrupts.is_command_process():
-  interrupts.install()
-
-# Before JAX starts a backend: XLA:CPU without YNNPACK fusions (see xla_cpu),
-# where the CPU will be the backend.
-if xla_cpu.cpu_is_the_backend():
-  os.environ['XLA_FLAGS'] = xla_cpu.without_library_fusions(os.environ.get('XLA_FLAGS', ''))
-
-from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
-from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
-from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
-import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
-import ml_collections  # pylint: disable=g-import-not-at-top,wrong-import-position
-from ml_collections import config_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-from linformer_jax import storage  # pylint: disable=g-import-not-at-top,wrong-import-position
-from linformer_jax.errors import ConfigError  # pylint: disable=g-import-not-at-top,wrong-import-position
-from linformer_jax.errors import free_space_of  # pylint: disable=g-import-not-at-top,wrong-import-position
-from linformer_jax.errors import is_disk_full  # pylint: disable=g-import-not-at-top,wrong-import-position
-from linformer_jax.extensions import flag_arguments  # pylint: disable=g-import-not-at-top,wrong-import-position
-from linformer_jax.extensions import import_command_extensions  # pylint: disable=g-import-not-at-top,wrong-import-position
-from linformer_jax.extensions import import_extensions  # pylint: disable=g-import-not-at-top,wrong-import-position
-from linformer_jax.flag_errors import flag_error_words  # pylint: disable=g-import-not-at-top,wrong-import-position
-from linformer_jax.training import compilation_cache  # pylint: disable=g-import-not-at-top,wrong-import-position
-from linformer_jax.training import memory_budget  # pylint: disable=g-import-not-at-top,wrong-import-position
-from linformer_jax.training import multihost  # pylint: disable=g-import-not-at-top,wrong-import-position
-from linformer_jax.training import run_builder  # pylint: disable=g-import-not-at-top,wrong-import-position
-from linformer_jax.training import run_config  # pylint: disable=g-import-not-at-top,wrong-import-position
+from linformer_jax import command_process
+from linformer_jax import interrupts
+from linformer_jax import storage
+from linformer_jax.errors import ConfigError
+from linformer_jax.errors import free_space_of
+from linformer_jax.errors import is_disk_full
+from linformer_jax.extensions import flag_arguments
+from linformer_jax.extensions import import_command_extensions
+from linformer_jax.extensions import import_extensions
+from linformer_jax.flag_errors import flag_error_words
+from linformer_jax.training import compilation_cache
+from linformer_jax.training import memory_budget
+from linformer_jax.training import multihost
+from linformer_jax.training import run_builder
+from linformer_jax.training import run_config
 
 USAGE_ERROR_EXIT_CODE = 2
 # How long a command that failed may take to shut down before it is ended.
@@ -110,17 +94,23 @@ class ConfigFileParser(flags.ArgumentParser):
   read (after the workdir is made) and wraps the others in a traceback; here a
   file that cannot be loaded, or whose get_config() does not return a
   ConfigDict, is a `ConfigFileError` while the flags are parsed.
+
+  With `reads_run`, for a command that reads the run in --workdir (evaluate,
+  generate, spectrum, projection_stats), --config defaults to that run's own
+  config.json (`define_config_flags`).
   """
 
-  def __init__(self, name: str):
+  def __init__(self, name: str, reads_run: bool = False):
     self.name = name
+    self.reads_run = reads_run
 
   def flag_type(self) -> str:
     return 'config object'
 
   def parse(self, argument: str) -> ml_collections.ConfigDict:
     flag = f'--{self.name}={argument}'
-    from_workdir = argument == _config_from_workdir
+    config_from_workdir = self.config_from_workdir(sys.argv)
+    from_workdir = bool(config_from_workdir) and argument == config_from_workdir
     try:
       storage.check_name(argument, '--workdir' if from_workdir else f'--{self.name}')
     except ConfigError as error:
@@ -160,7 +150,7 @@ class ConfigFileParser(flags.ArgumentParser):
     # parses for a run of an extension.
     init_from = _flag_values(sys.argv, 'config.init_from') or [config.init_from]
     try:
-      for run in map(os.path.expanduser, (_reads_run_workdir(sys.argv), init_from[-1])):
+      for run in map(os.path.expanduser, (self.run_to_read(sys.argv), init_from[-1])):
         # Local runs only: a gs:// one is read after its store is checked.
         if (
             run
@@ -173,6 +163,18 @@ class ConfigFileParser(flags.ArgumentParser):
       raise ConfigFileError(str(error)) from None
     config.lock()
     return config
+
+  def run_to_read(self, argv: Sequence[str]) -> str:
+    """The run folder a run-reading command is given in argv (its last
+    --workdir), else ''."""
+    workdirs = _flag_values(argv, 'workdir') if self.reads_run else []
+    return workdirs[-1] if workdirs else ''
+
+  def config_from_workdir(self, argv: Sequence[str]) -> str:
+    """The run folder whose config.json stands for --config: that of a
+    run-reading command given no --config in argv; else ''."""
+    workdir = os.path.expanduser(self.run_to_read(argv))
+    return workdir if workdir and not _flag_values(argv, 'config') else ''
 
   def _run_config(self, folder: str, flag: Optional[str]) -> ml_collections.ConfigDict:
     """The config a run saved in FOLDER/config.json, its extensions imported:
@@ -216,12 +218,6 @@ PATH_FLAGS = {
     'books': 'the books are read from this machine: copy them here',
     'torch_python': 'give the path of a Python on this machine',
 }
-# Whether this process's command reads the run in --workdir (evaluate,
-# generate, spectrum, projection_stats): its --config then defaults to the
-# run's own config.json. Set by `define_config_flags`.
-_reads_run = False
-# The --workdir that stands for --config when a run-reading command is given none.
-_config_from_workdir = None
 
 
 def define_config_flags(reads_run: bool = False, writes: bool = True) -> None:
@@ -230,11 +226,10 @@ def define_config_flags(reads_run: bool = False, writes: bool = True) -> None:
 
   With `reads_run`, for commands that read a trained run, --config may be left
   out: the run's own WORKDIR/config.json is the config (its extensions
-  imported), and --config.X overrides apply to it as to a file's. A command
-  that writes nothing (not `writes`) needs no --workdir.
+  imported), and --config.X overrides apply to it as to a file's; the --config
+  flag records it (its `ConfigFileParser`), for the parsing of the flags and
+  `run` to read. A command that writes nothing (not `writes`) needs no --workdir.
   """
-  global _reads_run
-  _reads_run = reads_run
   default_words = " (default: the run's own WORKDIR/config.json)" if reads_run else ''
   _defining_config_flag(
       lambda: config_flags.DEFINE_config_file(
@@ -245,7 +240,7 @@ def define_config_flags(reads_run: bool = False, writes: bool = True) -> None:
           lock_config=True,
       )
   )
-  flags.FLAGS['config'].parser = ConfigFileParser('config')
+  flags.FLAGS['config'].parser = ConfigFileParser('config', reads_run=reads_run)
   flags.DEFINE_string(
       'workdir',
       None if writes else '',
@@ -333,10 +328,17 @@ def _flag_values(argv: Sequence[str], name: str) -> List[str]:
   return flag_arguments(arguments, name)
 
 
-def _reads_run_workdir(argv: Sequence[str]) -> str:
-  """The run folder a run-reading command is given (its last --workdir), else ''."""
-  workdirs = _flag_values(argv, 'workdir') if _reads_run else []
-  return workdirs[-1] if workdirs else ''
+def _config_file_parser() -> Optional[ConfigFileParser]:
+  """The parser of the --config that `define_config_flags` defined, if the
+  command called it: what it records of the command (`reads_run`)."""
+  parser = flags.FLAGS['config'].parser if 'config' in flags.FLAGS else None
+  return parser if isinstance(parser, ConfigFileParser) else None
+
+
+def _command_reads_run() -> bool:
+  """Whether the command reads the run in --workdir (`define_config_flags`)."""
+  parser = _config_file_parser()
+  return bool(parser and parser.reads_run)
 
 
 def local_path_flag(name: str, instead: str) -> None:
@@ -363,7 +365,7 @@ def _check_paths() -> None:
   if config is not None:
     for setting, path in run_config.expand_paths(config):
       # Only a fresh run reads init_from: a run-reading command leaves it be.
-      if not (_reads_run and setting == 'config.init_from'):
+      if not (_command_reads_run() and setting == 'config.init_from'):
         paths.append((setting, path))
   local = {f'--{name}': instead for name, instead in PATH_FLAGS.items() if instead}
   storage.check_paths(paths, {**run_config.LOCAL_PATHS, **local})
@@ -371,10 +373,9 @@ def _check_paths() -> None:
 
 def _parse_flags(argv: List[str]) -> List[str]:
   # A run-reading command without --config reads the run's own config.
-  global _config_from_workdir
-  workdir = os.path.expanduser(_reads_run_workdir(argv))
-  if workdir and not _flag_values(argv, 'config'):
-    _config_from_workdir = workdir
+  parser = _config_file_parser()
+  workdir = parser.config_from_workdir(argv) if parser else ''
+  if workdir:
     argv = [argv[0], f'--config={workdir}', *argv[1:]]
   try:
     remaining = flags.FLAGS(argv)
@@ -401,7 +402,7 @@ def run(main: Callable[[List[str]], None]) -> None:
       takes_config = 'config' in flags.FLAGS
       form = '--config.FIELD=VALUE' if takes_config else '--FLAG=VALUE (see --help)'
       fail(f'unexpected arguments {argv[1:]}; pass settings as {form}')
-    if _reads_run and flags.FLAGS.config is None:
+    if _command_reads_run() and flags.FLAGS.config is None:
       fail(
           f'--workdir={flags.FLAGS.workdir!r} names no run folder, and no --config was given; '
           'point --workdir at a run that training wrote, or pass --config.'
@@ -440,11 +441,13 @@ def run(main: Callable[[List[str]], None]) -> None:
           'give another one, then run the same command again.'
       )
 
-  # Ctrl-C or SIGTERM outside a training loop (which saves and exits 130 or
-  # 143 itself), or in a command that only reads: nothing half-written is
-  # kept, and the process ends in one line without shutting the interpreter
-  # down under XLA's threads (interrupts).
-  interrupts.install()
+  # A command run other than by `python -m linformer_jax.NAME` is set up
+  # here, still before JAX starts a backend (command_process). Ctrl-C or
+  # SIGTERM outside a training loop (which saves and exits 130 or 143 itself),
+  # or in a command that only reads: nothing half-written is kept, and the
+  # process ends in one line without shutting the interpreter down under
+  # XLA's threads (interrupts).
+  command_process.prepare()
   with interrupts.raising():
     try:
       app.run(guarded_main, flags_parser=_parse_flags)

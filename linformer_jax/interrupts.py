@@ -8,8 +8,8 @@ on stderr and the exit code a shell gives the signal: 128 + 2 for Ctrl-C,
 128 + 15 for SIGTERM. A scheduler's SIGTERM thus reads as a preemption, never
 as a crash.
 
-`install()` (run when the command line module is imported by one of this
-package's commands, before JAX is) handles both signals from then on. Inside
+`install()` (run as a command's process is set up, before JAX is imported:
+command_process.py) handles both signals from then on. Inside
 `raising()` (the command runner's whole run) they raise `Interrupted` in the
 main thread, so the usual `finally` blocks and context managers (the
 workdir's lock, undoing a refused run's folders) run before `exit_for` prints
@@ -191,13 +191,6 @@ def install() -> None:
     signal.signal(signum, _raise_in_main_thread)
   threading.Thread(target=_watch, args=(read_fd,), name='signal-watcher', daemon=True).start()
   _INSTALLED = True
-
-
-def is_command_process() -> bool:
-  """Whether this process runs one of this package's commands
-  (`python -m linformer_jax.NAME`), not a library user's program or a test."""
-  spec = getattr(sys.modules.get('__main__'), '__spec__', None)
-  return bool(spec and spec.name.split('.')[0] == 'linformer_jax')
 
 
 @contextlib.contextmanager

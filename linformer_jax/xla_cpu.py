@@ -17,8 +17,8 @@ flags already set it, so a user who wants the fusions back passes the flag
 with a list, e.g. `+dot` for jaxlib's default. XLA reads XLA_FLAGS when JAX
 starts its first backend, so it must be set before any computation, that is
 before JAX says which backend it found: `cpu_is_the_backend` tells from the
-environment (JAX_PLATFORMS, or no accelerator plugin installed), and the
-entry points set CPU flags only then.
+environment (JAX_PLATFORMS, or no accelerator plugin installed), and a
+command's process sets CPU flags only then (command_process.py).
 """
 
 import importlib.util

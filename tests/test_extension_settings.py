@@ -194,7 +194,6 @@ def test_extensions_given_as_a_string_are_refused_on_the_command_line_in_one_lin
 ):
   """Where ml_collections' flag parser alone would take a bare path as a tuple
   of one, the command refuses it as Python does, before anything runs."""
-  monkeypatch.setattr(cli, '_reads_run', False)
   monkeypatch.setattr(sys, 'argv', ['train', *argv, '--config.model.attention=tempered_linformer'])
   with pytest.raises(cli.ConfigFileError) as error:
     cli.ConfigFileParser('config').parse(str(REPO / 'configs' / 'tiny.py'))
@@ -251,9 +250,9 @@ def test_a_command_knows_the_parts_of_the_run_it_starts_from_or_reads(tmp_path, 
   saved['extensions'] = [f'{name}.py']
   (run / 'config.json').write_text(json.dumps(saved))
   monkeypatch.chdir(tmp_path)
-  monkeypatch.setattr(cli, '_reads_run', reads == 'workdir')
   argv = ['train', f'--config.{reads}={run}' if reads == 'init_from' else f'--workdir={run}']
   monkeypatch.setattr(sys, 'argv', argv)
   assert name not in projections.REGISTRY
-  cli.ConfigFileParser('config').parse(str(REPO / 'configs' / 'tiny.py'))
+  parser = cli.ConfigFileParser('config', reads_run=reads == 'workdir')
+  parser.parse(str(REPO / 'configs' / 'tiny.py'))
   assert name in projections.REGISTRY

@@ -12,6 +12,7 @@ import time
 from conftest import REPO_ROOT
 import pytest
 
+from linformer_jax import command_process
 from linformer_jax import interrupts
 
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -137,7 +138,7 @@ def test_a_second_signal_during_clean_up_ends_the_process_at_once():
 
 
 def test_only_this_package_s_commands_handle_signals():
-  assert not interrupts.is_command_process()  # pytest's process
+  assert not command_process.is_being_started()  # pytest's process
   assert signal.getsignal(signal.SIGTERM) is not interrupts._raise_in_main_thread  # pylint: disable=protected-access
   assert interrupts.exit_code(signal.SIGINT) == 130
   assert interrupts.exit_code(signal.SIGTERM) == 143

@@ -8,14 +8,18 @@ import pytest
 
 from linformer_jax import xla_cpu
 
-# Compiles an attention block after importing the training entry point and
-# prints whether XLA:CPU handed any of it to YNNPACK.
+# A command (cli.run, as every entry point) that compiles an attention block
+# and prints whether XLA:CPU handed any of it to YNNPACK.
 _PROBE = """
-import linformer_jax.train
 import jax, jax.numpy as jnp
-q = jnp.ones((2, 4, 64, 16))
-attend = lambda q: jax.nn.softmax(q @ q.swapaxes(-1, -2)) @ q
-print('__ynn_fusion' in jax.jit(attend).lower(q).compile().as_text())
+from linformer_jax import cli
+
+def main(_):
+  q = jnp.ones((2, 4, 64, 16))
+  attend = lambda q: jax.nn.softmax(q @ q.swapaxes(-1, -2)) @ q
+  print('__ynn_fusion' in jax.jit(attend).lower(q).compile().as_text())
+
+cli.run(main)
 """
 
 

@@ -54,7 +54,7 @@ def file_hashes(folder):
 
 
 def final_params(workdir, config):
-  run = training_run.Run(config, workdir)
+  run = training_run.TrainingRun(config, workdir)
   params = jax.tree_util.tree_map(np.asarray, run.state.params)
   run.store.close()
   return int(run.state.step), params

@@ -101,7 +101,7 @@ def train(root, mesh_shape, workdir_name, name, fsdp=False):
       if jax.process_index() == 0
       else {}
   )
-  run = training_run.Run(config, workdir)
+  run = training_run.TrainingRun(config, workdir)
   if jax.process_index() == 0:
     write(root, name, flat_params(run.state), losses, shard_counts(run.state))
   run.store.close()
@@ -119,7 +119,7 @@ def memory(root, mesh_shape, name):
 
 def restore(root, source, mesh_shape, name):
   config = sharded_config(mesh_shape)
-  run = training_run.Run(config, os.path.join(root, source))
+  run = training_run.TrainingRun(config, os.path.join(root, source))
   assert int(run.state.step) == 3
   write(root, name, flat_params(run.state), shardings=shard_counts(run.state))
   run.store.close()

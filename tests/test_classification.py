@@ -93,7 +93,7 @@ def reference_evaluation(config, workdir):
   """Loss and accuracy of a run's newest classifier on its evaluation split,
   from its logits in float64, with the number of near-ties (whose argmax
   float32 rounding may flip)."""
-  run = training_run.Run(config, workdir)
+  run = training_run.TrainingRun(config, workdir)
   variables = run.state.variables()
   run.store.close()
   model = models.SequenceClassifier(
@@ -167,10 +167,10 @@ def test_bad_tsv_files_name_the_file_and_what_to_change(tmp_path):
 def test_fine_tuning_loads_the_pretrained_encoder_and_trains(pretrained, tmp_path):
   write_sentiment_tsv(tmp_path / 'data')
   config = tiny_classifier_config(tmp_path / 'data', init_from=pretrained)
-  pretrained_run = training_run.Run(tiny.get_config(), pretrained)
+  pretrained_run = training_run.TrainingRun(tiny.get_config(), pretrained)
   pretrained_encoder = jax.device_get(pretrained_run.state.params['encoder'])
   pretrained_run.store.close()
-  run = training_run.Run(config, str(tmp_path / 'start'))
+  run = training_run.TrainingRun(config, str(tmp_path / 'start'))
   # Every encoder array equals the pretrained one; the head is new.
   jax.tree_util.tree_map(
       np.testing.assert_array_equal, jax.device_get(run.state.params['encoder']), pretrained_encoder
@@ -200,12 +200,12 @@ def test_attention_pooling_starts_fresh_on_a_pretrained_encoder_and_is_saved(pre
   config = tiny_classifier_config(
       tmp_path / 'data', init_from=pretrained, **{'model.pooling': 'attention', 'total_steps': 10}
   )
-  run = training_run.Run(config, str(tmp_path / 'start'))
+  run = training_run.TrainingRun(config, str(tmp_path / 'start'))
   assert not np.any(jax.device_get(run.state.params['pool_query']))
   run.store.close()
   workdir = str(tmp_path / 'finetuned')
   trainer.train_and_evaluate(config, workdir)
-  trained = training_run.Run(config, workdir)
+  trained = training_run.TrainingRun(config, workdir)
   query = jax.device_get(trained.state.params['pool_query'])
   trained.store.close()
   assert np.any(query)
@@ -222,7 +222,7 @@ def test_a_shorter_seq_len_gives_the_same_logits_for_texts_that_fit(pretrained, 
   short = tiny_classifier_config(
       tmp_path / 'data', init_from=pretrained, **{'data.seq_len': 28, 'total_steps': 4}
   )
-  run = training_run.Run(full, str(tmp_path / 'start'))
+  run = training_run.TrainingRun(full, str(tmp_path / 'start'))
   variables = run.state.variables()
   run.store.close()
   model = models.SequenceClassifier(ModelConfig.from_config(full.model), 2)
@@ -263,7 +263,7 @@ def test_runs_fine_tuned_before_mean_pooling_became_the_default_load_unchanged(
   )
   workdir = str(tmp_path / 'old')
   trainer.train_and_evaluate(old, workdir)
-  run = training_run.Run(old, workdir)
+  run = training_run.TrainingRun(old, workdir)
   variables = run.state.variables()
   run.store.close()
   batch = classification_data.build_datasets(old, workdir, train=False).eval_batches[0]
@@ -319,7 +319,7 @@ def test_pairs_add_a_zero_segment_embedding_to_the_pretrained_encoder(pretrained
       eval_batch_size=4,
       **{'model.num_segments': 2, 'data.text_columns': ('question', 'sentence')},
   )
-  run = training_run.Run(config, str(tmp_path / 'run'))
+  run = training_run.TrainingRun(config, str(tmp_path / 'run'))
   batch = run.data.eval_batches[0]
   first = batch['inputs'][0]
   eos = np.flatnonzero(first == BYTES.eos_id)

@@ -44,7 +44,7 @@ def test_a_step_that_does_not_fit_stops_before_the_workdir_is_written(tmp_path, 
 
 
 def test_the_step_cost_comes_from_xla(tmp_path):
-  run = training_run.Run(tiny_config(), str(tmp_path))
+  run = training_run.TrainingRun(tiny_config(), str(tmp_path))
   try:
     key = jax.random.PRNGKey(0)
     _, cost = compiled_step.compile_train_step(run, key)
@@ -111,7 +111,9 @@ def test_scanned_layers_count_every_layers_flops(tmp_path):
   those of the same step with a Python loop over the layers."""
   costs = {}
   for scan in (False, True):
-    run = training_run.Run(tiny_config(**{'model.scan_layers': scan}), str(tmp_path / str(scan)))
+    run = training_run.TrainingRun(
+        tiny_config(**{'model.scan_layers': scan}), str(tmp_path / str(scan))
+    )
     try:
       _, costs[scan] = compiled_step.compile_train_step(run, jax.random.PRNGKey(0))
     finally:

@@ -81,7 +81,7 @@ def lost_tokenizer(tmp_path_factory):
   root = tmp_path_factory.mktemp('lost_tokenizer')
   corpus, other = _pseudo_words(root / 'corpus', 0), _pseudo_words(root / 'other', 1)
   workdir = root / 'run'
-  run = training_run.Run(_sentencepiece_config(corpus), str(workdir))
+  run = training_run.TrainingRun(_sentencepiece_config(corpus), str(workdir))
   run.save(force=True)
   run.store.close()
   (workdir / tokenizer_lib.MODEL_FILENAME).unlink()
@@ -103,7 +103,7 @@ def test_a_run_refused_for_another_text_keeps_no_tokenizer(run_without_tokenizer
     trainer.train_and_evaluate(_sentencepiece_config(other), workdir)
   assert folder_contents(workdir) == before
   # The original command is not blocked: its text makes its tokenizer again.
-  run = training_run.Run(_sentencepiece_config(corpus), workdir)
+  run = training_run.TrainingRun(_sentencepiece_config(corpus), workdir)
   run.store.close()
   assert int(run.state.step) == 0
   assert os.path.isfile(os.path.join(workdir, tokenizer_lib.MODEL_FILENAME))

@@ -203,7 +203,7 @@ def checkpointed(workdir, config):
   The spectrum reads any checkpoint the same way; skipping the training steps
   (whose compilation takes half a minute on 2 cores) keeps the test short.
   """
-  run = training_run.Run(config, str(workdir))
+  run = training_run.TrainingRun(config, str(workdir))
   run.save()
   run.store.close()
   return config

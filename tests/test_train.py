@@ -196,8 +196,8 @@ def test_a_non_finite_step_is_never_saved_and_the_kept_checkpoint_resumes(tmp_pa
   )
   # The same settings again are refused (docs/reliability.md); changed ones go on from step 1.
   with pytest.raises(trainer.NonFiniteLossError, match='step 1 is the newest sound one'):
-    training_run.Run(config, workdir)
-  run = training_run.Run(sane, workdir)
+    training_run.TrainingRun(config, workdir)
+  run = training_run.TrainingRun(sane, workdir)
   kept_step = int(run.state.step)
   params = jax.tree_util.tree_leaves(jax.device_get(run.state.params))
   run.store.close()

@@ -62,7 +62,7 @@ class StepDone:
 
   step: int
   metrics: Dict[str, jax.Array]
-  run: training_run.Run
+  run: training_run.TrainingRun
   logger: MetricLogger
   data_position: Optional[Any] = None
 

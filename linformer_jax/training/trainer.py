@@ -4,7 +4,7 @@
 from the newest checkpoint in `workdir/checkpoints`; what differs between
 tasks (data, model head, loss, metrics) comes from the task object of
 `config.task` (`tasks`), and the run's parts, state and checkpoints from
-`training_run.Run`, built with `run_builder`. Checkpoints hold the
+`training_run.TrainingRun`, built with `run_builder`. Checkpoints hold the
 parameters, the optimizer state, the data iterator's position, the
 tokenizer's fingerprint and the config, and the dropout keys derive from the
 seed and the step, so a resumed run takes exactly the steps an uninterrupted
@@ -125,7 +125,7 @@ def _write_json(path: str, payload: Dict[str, Any]) -> None:
 
 
 def _run_loop(
-    run: training_run.Run,
+    run: training_run.TrainingRun,
     actions: Sequence[loop_actions.PeriodicAction],
     guard: divergence.DivergenceGuard,
     logger: MetricLogger,
@@ -181,7 +181,10 @@ def _run_loop(
 
 
 def _step(
-    run: training_run.Run, batch: Any, dropout_key: jax.Array, config: ml_collections.ConfigDict
+    run: training_run.TrainingRun,
+    batch: Any,
+    dropout_key: jax.Array,
+    config: ml_collections.ConfigDict,
 ) -> Tuple[Any, Dict[str, jax.Array]]:
   """One train step; XLA's out-of-memory as one line."""
   try:
@@ -239,7 +242,7 @@ def _train_and_evaluate(
     own_actions: Sequence[loop_actions.PeriodicAction],
 ) -> Optional[Dict[str, Any]]:
   start_time = time.time()
-  run = training_run.Run(config, workdir)
+  run = training_run.TrainingRun(config, workdir)
   task = run.task
   loop = run.parts.settings.loop
   first_step = int(run.state.step)

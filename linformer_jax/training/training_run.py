@@ -1,10 +1,10 @@
 """One training run as the loop (`trainer`) steps it: its parts, data, step
 functions, state and checkpoints.
 
-`Run(config, workdir)` opens the workdir's checkpoints as their owner and
+`TrainingRun(config, workdir)` opens the workdir's checkpoints as their owner and
 resumes from the newest intact one (the model and tokenizer checked to be the
 run's own, after going back to `config.restore_step` if it is set), or starts
-from the seed's draw, or from `config.init_from`. `Run.save` writes a
+from the seed's draw, or from `config.init_from`. `TrainingRun.save` writes a
 checkpoint holding every process's data-iterator position and the tokenizer's
 fingerprint, and records in WORKDIR/sound_steps.json whether the step is sound
 (`sound_steps`). `report` is the loop's progress line: logged, and printed on
@@ -64,7 +64,7 @@ def _this_process_state(data_state: Dict[str, Any]) -> bytes:
   return states[jax.process_index()].encode('latin-1')
 
 
-class Run:
+class TrainingRun:
   """One training run: its parts, data, step functions, state and checkpoints."""
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str):

@@ -91,7 +91,7 @@ class Settings:
       loader_throughput.LoaderSetting.parse(text)
     require(self.loader_seconds > 0, 'loader_seconds', self.loader_seconds, 'use a positive value')
     # Now, not after an hour of preparation: the model must take seq_len, and so on.
-    run_config.settings_of(apply_overrides(self.config, self.train_overrides('', '', 2)))
+    run_config.RunConfig.from_config(apply_overrides(self.config, self.train_overrides('', '', 2)))
 
   def data_overrides(self, corpus_folder: str, prepared_dir: str, workers: int) -> Dict[str, Any]:
     """Config overrides that prepare the corpus into prepared_dir with `workers`."""

@@ -261,7 +261,7 @@ def _mesh_shapes(settings: MeshMemorySettings) -> List[tuple]:
 
 def _kernel_text(devices: Sequence[jax.Device]) -> str:
   """'attention kernel cudnn (auto: ...)': what the step takes on `devices`."""
-  model = run_config.settings_of(flags.FLAGS.config).model
+  model = run_config.RunConfig.from_config(flags.FLAGS.config).model
   resolved, why = model.with_kernel_for(devices[0].platform)
   return f'attention kernel {resolved.attention_kernel} ({why})'
 

@@ -1,7 +1,8 @@
-"""Command settings declared once: dataclass fields that carry their flags.
+"""Settings declared once: dataclass fields that carry their flag, help and bounds.
 
-Every command's own flags are declared this way (the run config's
-`--config.X` fields are the run's, `configs/`). A settings dataclass names
+Every setting is declared this way: a command's own flags, and the run
+config's fields (`training/run_config.RunConfig`, whose `--config.X` flags
+ml_collections defines from the config file). A settings dataclass names
 each setting once, as a field made
 with `setting(default, help_text)`. That field is the library's setting (its
 name, type and default) and the command's absl flag at the same time:
@@ -25,12 +26,20 @@ as one line. A flag may differ from its field
 in name and unit (`--memory_limit_gb` fills `memory_limit_bytes`), told by
 `flag`, `flag_default` and `from_flag`. Fields made without `setting` are no
 flags; the command passes them to `from_flags` itself.
+
+A run config's section is a settings dataclass too, read from its
+ml_collections section by `from_config` instead of from flags. Its fields
+declare their bounds the same way, plus `check` and `allowed` for bounds a
+minimum cannot say (`allowed` is what the one-line error tells to use), and
+`before`: the value a run saved before the field existed had, which
+`fields_added_since` gives an old config.json (`run_config.complete`).
 """
 
 import collections.abc
 import dataclasses
+import math
 import typing
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence
 
 from absl import flags
 
@@ -44,6 +53,8 @@ flags.disclaim_key_flags()
 _FLAG = 'flag'
 # `flag_default` left out: the flag's default is the field's.
 _FIELD_DEFAULT = object()
+# `before` left out: every run's config has had the field.
+ALWAYS = object()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +67,9 @@ class _FlagSpec:
   required: bool
   repeated: bool = False
   minimum: Optional[int] = None
+  check: Optional[Callable[[Any], bool]] = None
+  allowed: str = ''
+  before: Any = ALWAYS
 
 
 def setting(
@@ -70,6 +84,9 @@ def setting(
     required: bool = False,
     repeated: bool = False,
     minimum: Optional[int] = None,
+    check: Optional[Callable[[Any], bool]] = None,
+    allowed: str = '',
+    before: Any = ALWAYS,
 ) -> Any:
   """A dataclass field that is also a command-line flag.
 
@@ -90,8 +107,25 @@ def setting(
     repeated: a sequence of strings given as one flag per string.
     minimum: the smallest value of an int setting, or of each value of a
       sequence of ints, which must then hold one or more.
+    check: value -> whether it is allowed, after its type (a config field's).
+    allowed: what the one-line error tells to use when `check` refuses,
+      e.g. 'use a value in [0, 1)'.
+    before: the value of a run saved before the field existed (a config
+      field added since the first runs); left out, every run has it.
   """
-  spec = _FlagSpec(help_text, flag, flag_default, from_flag, choices, required, repeated, minimum)
+  spec = _FlagSpec(
+      help_text,
+      flag,
+      flag_default,
+      from_flag,
+      choices,
+      required,
+      repeated,
+      minimum,
+      check,
+      allowed,
+      before,
+  )
   return dataclasses.field(default=default, default_factory=default_factory, metadata={_FLAG: spec})
 
 
@@ -224,3 +258,106 @@ def from_flags(
       continue
     values[field.name] = value
   return settings_type(**values, **given)
+
+
+def _has_type(value: Any, field_type: Any) -> bool:
+  """Whether a config value has a field's type: an int is a float, a bool is no
+  int, a list is a tuple (JSON's), and None is an Optional field's."""
+  if typing.get_origin(field_type) is typing.Union:
+    return any(_has_type(value, arg) for arg in typing.get_args(field_type))
+  if field_type is type(None):
+    return value is None
+  if field_type is Any:
+    return True
+  if isinstance(value, bool):
+    return field_type is bool
+  if field_type is float:
+    return isinstance(value, (int, float))
+  origin = typing.get_origin(field_type) or field_type
+  if origin in (tuple, collections.abc.Sequence):
+    return isinstance(value, (tuple, list))
+  if origin in (dict, collections.abc.Mapping):
+    return isinstance(value, collections.abc.Mapping)
+  return isinstance(value, origin)
+
+
+def _advice(spec: _FlagSpec, field_type: Any) -> str:
+  """What the one-line error about a config field tells to use."""
+  if spec.allowed:
+    return spec.allowed
+  if spec.choices is not None:
+    return f'use one of {", ".join(map(repr, spec.choices))}'
+  if spec.minimum == 1:
+    return 'use a positive integer'
+  if spec.minimum is not None:
+    return f'use an integer >= {spec.minimum}'
+  if field_type is bool:
+    return 'use True or False'
+  if field_type is float:
+    return 'use a finite number'
+  return f'use a value of type {getattr(field_type, "__name__", field_type)}'
+
+
+def config_fields(settings_type: type) -> Dict[str, dataclasses.Field]:
+  """name -> field of each `setting` field of a run config section."""
+  return {field.name: field for field, _, _ in _flag_fields(settings_type)}
+
+
+def fields_added_since(settings_type: type) -> Dict[str, Any]:
+  """name -> `before` of each field a run saved long ago may lack."""
+  return {
+      field.name: spec.before
+      for field, spec, _ in _flag_fields(settings_type)
+      if spec.before is not ALWAYS
+  }
+
+
+def config_value_error(section: str, name: str, value: Any, advice: str) -> ConfigError:
+  """`config.SECTION.NAME=VALUE is not allowed: ADVICE.`"""
+  return ConfigError(f'{section}.{name}={value!r} is not allowed: {advice}.')
+
+
+def from_config(
+    settings_type: type, values: Mapping[str, Any], section: str = 'config', **given: Any
+) -> Any:
+  """The settings of a run config's section, checked against their declarations.
+
+  Args:
+    settings_type: a frozen dataclass of `setting` fields.
+    values: the section (an ml_collections.ConfigDict or a dict); a field it
+      lacks takes its `before`, and it may hold other fields (another
+      section's, at the config's top level).
+    section: how the error names the section, e.g. 'config.data'.
+    **given: the fields that are no config fields.
+
+  Raises:
+    ConfigError: a value of the wrong type, out of its declared bounds, or a
+      field missing that every run has, naming it as `section.NAME`.
+  """
+  found: Dict[str, Any] = {}
+  for field, spec, field_type in _flag_fields(settings_type):
+    if field.name in values:
+      value = values[field.name]
+    elif spec.before is not ALWAYS:
+      value = spec.before
+    else:
+      raise ConfigError(
+          f'{section} has no field {field.name!r}; add it (configs/default.py has every field '
+          'a run needs, with its comment).'
+      )
+    if hasattr(value, 'to_dict'):  # a section of an ml_collections.ConfigDict
+      value = value.to_dict()
+    if isinstance(value, list):
+      value = tuple(value)
+    if not _has_type(value, field_type):
+      raise config_value_error(section, field.name, value, _advice(spec, field_type))
+    if isinstance(value, float) and not math.isfinite(value) and spec.check is None:
+      raise config_value_error(section, field.name, value, _advice(spec, field_type))
+    if value is not None and (
+        (spec.choices is not None and value not in spec.choices)
+        or (spec.minimum is not None and value < spec.minimum)
+        or (spec.check is not None and not spec.check(value))
+    ):
+      raise config_value_error(section, field.name, value, _advice(spec, field_type))
+    found[field.name] = value
+  return settings_type(**found, **given)

@@ -243,7 +243,7 @@ def variant_configs(sweep: Sweep, sets: Sequence[str] = ()) -> Dict[str, ml_coll
     try:
       # A variant may name parts of its own (config.extensions); they register first.
       import_extensions(run_config.complete(config).extensions)
-      run_config.settings_of(config)
+      run_config.RunConfig.from_config(config)
       storage.check_paths(run_config.expand_paths(config), run_config.LOCAL_PATHS)
     except ConfigError as error:
       raise ConfigError(f'sweep variant {variant.name!r}: {error}') from None

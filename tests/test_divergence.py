@@ -212,7 +212,7 @@ def test_a_finished_run_run_again_on_a_diverged_step_records_the_step_s_own_conf
 )
 def test_bad_settings_are_refused_naming_the_field(field, value):
   with pytest.raises(ConfigError, match=f'config.{field}='):
-    run_config.settings_of(tiny_config(**{field: value}))
+    run_config.RunConfig.from_config(tiny_config(**{field: value}))
 
 
 def test_the_ledger_doubts_non_finite_and_blown_up_steps_and_keeps_its_record(tmp_path):

@@ -65,7 +65,7 @@ def attention_of(params, layer=0):
 
 
 def test_a_parameters_declared_settings_reach_the_optimizer_settings():
-  settings = run_config.settings_of(probe_config()).optimizer
+  settings = run_config.RunConfig.from_config(probe_config()).optimizer
   assert settings.attention_parameters == (
       ('query_scale', 0.0, None),
       ('query_offset', 1.0, False),
@@ -147,7 +147,7 @@ def test_a_frozen_parameter_keeps_its_value_through_a_train_step_while_the_rest_
     ],
 )
 def test_a_setting_the_optimizer_cannot_honour_is_one_line_naming_the_parameter(declared, message):
-  settings = run_config.settings_of(probe_config()).optimizer
+  settings = run_config.RunConfig.from_config(probe_config()).optimizer
   settings = dataclasses.replace(settings, attention_parameters=(declared,))
   with pytest.raises(ConfigError) as error:
     optimization.create_optimizer(settings)

@@ -42,7 +42,7 @@ def params_and_grads(seed=0):
 
 
 def optimizer_of(config):
-  return optimization.create_optimizer(run_config.settings_of(config).optimizer)
+  return optimization.create_optimizer(run_config.RunConfig.from_config(config).optimizer)
 
 
 def updates_over_steps(config, params, grads, steps=3):
@@ -151,7 +151,7 @@ def test_a_bad_scale_is_a_one_line_config_error(value):
   config = tiny_config()
   config.projection_learning_rate_scale = value
   with pytest.raises(ConfigError, match=r'projection_learning_rate_scale=.* use a finite number'):
-    run_config.settings_of(config)
+    run_config.RunConfig.from_config(config)
 
 
 def test_the_slot_common_component_is_exactly_removed_float64():
@@ -211,7 +211,7 @@ def test_a_non_boolean_centring_is_a_one_line_config_error(value):
   config = tiny_config()
   config.projection_remove_common_update = value
   with pytest.raises(ConfigError, match='projection_remove_common_update=.* use True or False'):
-    run_config.settings_of(config)
+    run_config.RunConfig.from_config(config)
 
 
 def test_the_default_warm_up_is_slow_where_the_model_reaches_the_unigram_loss():
@@ -221,11 +221,13 @@ def test_the_default_warm_up_is_slow_where_the_model_reaches_the_unigram_loss():
   from configs import gutenberg  # pylint: disable=g-import-not-at-top
 
   for config in (default.get_config(), gutenberg.get_config()):
-    schedule = optimization.learning_rate_schedule(run_config.settings_of(config).optimizer)
+    schedule = optimization.learning_rate_schedule(
+        run_config.RunConfig.from_config(config).optimizer
+    )
     np.testing.assert_allclose(float(schedule(75)), 2e-3 * 75 / 200, rtol=1e-6)
     np.testing.assert_allclose(float(schedule(200)), 2e-3, rtol=1e-6)
   # The 100-step warm-up before is one setting away.
   old = default.get_config()
   old.warmup_steps = 100
-  schedule = optimization.learning_rate_schedule(run_config.settings_of(old).optimizer)
+  schedule = optimization.learning_rate_schedule(run_config.RunConfig.from_config(old).optimizer)
   np.testing.assert_allclose(float(schedule(75)), 1.5e-3, rtol=1e-6)

@@ -11,7 +11,9 @@ import numpy as np
 import optax
 import pytest
 
+from configs import default
 from configs import tiny
+from linformer_jax import settings_flags
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import optimization
 from linformer_jax.training import run_builder
@@ -133,9 +135,10 @@ def test_evaluation_only_loading_of_a_folder_without_checkpoint_is_an_error(tmp_
 
 def test_a_config_saved_before_the_newer_fields_builds_with_the_values_of_its_time(tmp_path):
   saved = tiny_config().to_dict()
-  for field in run_config.FIELDS_ADDED_SINCE:
+  added = run_config.fields_added_since()
+  for field in added['']:
     saved.pop(field)
-  for field in run_config.DATA_FIELDS_ADDED_SINCE:
+  for field in added['data']:
     saved['data'].pop(field)
   (tmp_path / run_builder.CONFIG_FILE).write_text(json.dumps(saved))
   config = run_builder.saved_config(str(tmp_path))
@@ -173,11 +176,30 @@ def test_a_saved_setting_of_a_kind_not_imported_now_does_not_block_the_run():
 
 def test_the_loop_settings_are_the_configs_fields_typed_and_checked():
   config = tiny_config(total_steps=7, log_every=2, profile_steps=(2, 3), seed=5)
-  loop = run_config.settings_of(config).loop
+  loop = run_config.RunConfig.from_config(config).loop
   assert (loop.total_steps, loop.log_every, loop.seed) == (7, 2, 5)
   assert loop.batch_size == config.batch_size and loop.keep_checkpoints == config.keep_checkpoints
-  assert loop.profile_steps == (2, 3)
-  assert run_config.settings_of(tiny_config(profile_steps=())).loop.profile_steps is None
+  assert loop.profile_window == (2, 3)
+  assert run_config.RunConfig.from_config(tiny_config(profile_steps=())).loop.profile_window is None
   config = ml_collections.ConfigDict({**tiny_config().to_dict(), 'seed': 1.5})  # as JSON may give
   with pytest.raises(ConfigError, match=r'config.seed=1.5 is not allowed: use an integer'):
-    run_config.settings_of(config)
+    run_config.RunConfig.from_config(config)
+
+
+def test_every_field_of_the_default_config_is_declared_once():
+  """The typed tree names every top-level and data field of configs/default.py
+  in exactly one section, so each has one declaration: type, bounds, help."""
+  config = default.get_config()
+  declared = {}
+  for section, types in run_config.SECTIONS.items():
+    for settings_type in types:
+      for name in settings_flags.config_fields(settings_type):
+        declared.setdefault((section, name), []).append(settings_type.__name__)
+  assert {key: owners for key, owners in declared.items() if len(owners) > 1} == {}
+  top_level = {('', name) for name in config if name not in ('model', 'data')}
+  data = {('data', name) for name in config.data}
+  assert top_level | data == set(declared)
+  settings = run_config.RunConfig.from_config(config)
+  assert (settings.loop.total_steps, settings.data.mask_rate) == (1000, 0.15)
+  assert settings.optimizer.total_steps == settings.loop.total_steps
+  assert settings.mesh.axis_rules == tuple(map(tuple, config.axis_rules))

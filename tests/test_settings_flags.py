@@ -165,3 +165,50 @@ def test_the_commands_flags_keep_their_names_and_defaults(settings_type):
   if 'out' in flag_values:
     with pytest.raises(flags.IllegalFlagValueError, match='--out'):
       flag_values(['prog'])
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+  """A run config section declared with `setting`: bounds, checks, `before`."""
+
+  steps: int = setting(help_text='Steps.', minimum=1)
+  rate: float = setting(
+      help_text='Rate.', check=lambda r: 0 < r < 1, allowed='use a value in (0, 1)'
+  )
+  mode: str = setting(help_text='Mode.', choices=('a', 'b'))
+  shape: Sequence[int] = setting(help_text='Shape.')
+  added: bool = setting(help_text='A field added since the first runs.', before=False)
+  given: str = ''  # no config field
+
+
+def test_a_config_section_is_read_typed_with_what_older_runs_lack_filled():
+  values = {'steps': 3, 'rate': 0.5, 'mode': 'b', 'shape': [2, -1], 'other_section': 1}
+  section = settings_flags.from_config(Section, values, 'config', given='x')
+  assert section == Section(steps=3, rate=0.5, mode='b', shape=(2, -1), added=False, given='x')
+  assert settings_flags.fields_added_since(Section) == {'added': False}
+  assert settings_flags.from_config(Section, {**values, 'rate': 1 / 4}, 'config').rate == 0.25
+
+
+@pytest.mark.parametrize(
+    'change, message',
+    [
+        ({'steps': 0}, 'config.steps=0 is not allowed: use a positive integer.'),
+        ({'steps': True}, 'config.steps=True is not allowed: use a positive integer.'),
+        ({'steps': 2.5}, 'config.steps=2.5 is not allowed: use a positive integer.'),
+        ({'rate': 1.0}, r'config.rate=1.0 is not allowed: use a value in \(0, 1\).'),
+        ({'rate': float('nan')}, r'config.rate=nan is not allowed: use a value in \(0, 1\).'),
+        ({'rate': 'fast'}, "config.rate='fast' is not allowed"),
+        ({'mode': 'c'}, "config.mode='c' is not allowed: use one of 'a', 'b'."),
+        ({'added': 1}, 'config.added=1 is not allowed: use True or False.'),
+        ({'shape': 4}, 'config.shape=4 is not allowed'),
+    ],
+)
+def test_a_config_value_out_of_its_declaration_is_one_line_naming_it(change, message):
+  values = {'steps': 3, 'rate': 0.5, 'mode': 'b', 'shape': (2,), **change}
+  with pytest.raises(ConfigError, match=message):
+    settings_flags.from_config(Section, values, 'config')
+
+
+def test_a_config_lacking_a_field_every_run_has_is_refused_naming_it():
+  with pytest.raises(ConfigError, match="config.data has no field 'steps'; add it"):
+    settings_flags.from_config(Section, {'rate': 0.5, 'mode': 'a', 'shape': ()}, 'config.data')

@@ -311,4 +311,4 @@ def test_fsdp_must_be_a_bool():
   # A config read from JSON (configs/from_workdir.py) is not type-checked by ConfigDict.
   config = ml_collections.ConfigDict({**tiny.get_config().to_dict(), 'fsdp': 1})
   with pytest.raises(ConfigError, match='config.fsdp=1'):
-    run_config.settings_of(config)
+    run_config.RunConfig.from_config(config)

@@ -218,7 +218,7 @@ def test_every_sweep_file_loads_and_its_variants_validate(repo_root):
     configs = sweep_lib.variant_configs(sweep)
     assert list(configs) == [variant.name for variant in sweep.variants]
     for config in configs.values():
-      run_config.settings_of(config)
+      run_config.RunConfig.from_config(config)
   seq_len = sweep_lib.variant_configs(sweep_lib.load_sweep(str(sweeps / 'seq_len.py')))
   assert {c.batch_size * c.model.max_len for c in seq_len.values()} == {4096}
   assert {c.model.projected_len for c in seq_len.values()} == {32}

@@ -238,7 +238,7 @@ def test_non_finite_optimizer_settings_are_refused_before_anything_runs(field, v
   """NaN passes every comparison: such a value is refused, naming the field."""
   config = tiny_config(**{field: value})
   with pytest.raises(ConfigError, match=f'config.{field}=.*finite'):
-    run_config.settings_of(config)
+    run_config.RunConfig.from_config(config)
 
 
 def snapshot(directory):

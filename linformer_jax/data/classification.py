@@ -261,8 +261,8 @@ def build_datasets(
           process_index=process_index,
           process_count=process_count,
           worker_count=data.worker_count,
-          read_threads=data.get('read_threads', 0),
-          prefetch_buffer=data.get('prefetch_buffer', 0),
+          read_threads=data.read_threads,
+          prefetch_buffer=data.prefetch_buffer,
       )
     eval_batches = create_eval_batches(
         evaluation,

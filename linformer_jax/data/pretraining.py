@@ -78,7 +78,7 @@ def _run_tokenizer(config, workdir: str) -> Iterator[tokenizer_lib.Tokenizer]:
   sources.source_of(data)  # an unknown source fails here, listing the known ones
   sample = packed_batches.check_int(
       'config.data.tokenizer_sample_chars',
-      data.get('tokenizer_sample_chars', prepare.TOKENIZER_SAMPLE_CHARS),
+      data.tokenizer_sample_chars,
       1,
   )
   tokens = tokenizer_files.vocab_size_of(data)  # known before a tokenizer is trained
@@ -239,8 +239,8 @@ def _datasets(
         process_index=process_index,
         process_count=process_count,
         worker_count=data.worker_count,
-        read_threads=data.get('read_threads', 0),
-        prefetch_buffer=data.get('prefetch_buffer', 0),
+        read_threads=data.read_threads,
+        prefetch_buffer=data.prefetch_buffer,
     )
   eval_batches = packed_batches.create_eval_batches(
       evaluation,

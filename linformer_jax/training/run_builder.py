@@ -58,7 +58,7 @@ class RunParts:
 
   Attributes:
     config: the run's config.
-    settings: its checked settings (`run_config.settings_of`).
+    settings: its checked settings (`run_config.RunConfig.from_config`).
     task: the task object of config.task.
     model: the task's Flax model.
     mesh: the ('data', 'model') device mesh of config.mesh_shape.
@@ -70,7 +70,7 @@ class RunParts:
   """
 
   config: ml_collections.ConfigDict
-  settings: run_config.RunSettings
+  settings: run_config.RunConfig
   task: tasks.Task
   model: nn.Module
   mesh: jax.sharding.Mesh
@@ -287,7 +287,7 @@ def build_parts(
     ConfigError: a bad config field, or a mesh that cannot split the model or
       the batches; nothing is compiled or written.
   """
-  settings = run_config.settings_of(config)
+  settings = run_config.RunConfig.from_config(config)
   mesh = sharding_lib.create_mesh(config.mesh_shape, devices)
   rules = sharding_lib.axis_rules(config)
   # 'auto' takes its kernel from the devices the step is compiled for, not the host;

@@ -1,58 +1,34 @@
 """A run's settings, checked and typed once at the entry, and compared with a
 saved run's.
 
-`settings_of(config)` checks the training fields (the model's own are checked
-by `ModelConfig`) and returns them typed: `RunSettings`. `complete(config)` is
-the one compatibility shim: it gives a config saved before a field existed
-that field, at the value the run had then, so no code reads a field with a
-default of its own. `expand_paths(config)` makes `~` the home folder in every
-field that names a file or folder, and lists them for `storage.check_paths`.
+`RunConfig.from_config(config)` checks the config and returns it typed, one
+tree: `RunConfig{model, data, optimizer, loop, mesh}` and the run's own
+fields. Each field is declared once, in its section's dataclass, with
+`settings_flags.setting`: its type, help, bounds and, for a field added since
+the first runs, `before`, the value a run saved earlier had
+(`ModelConfig`'s fields: their defaults). `complete(config)` gives an old
+config.json those values, so no code reads a field with a default of its own.
+`expand_paths(config)` makes `~` the home folder in every field that names a
+file or folder, and lists them for `storage.check_paths`.
 """
 
 import dataclasses
 import math
 import os
-from typing import Any, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import ml_collections
 
 from linformer_jax import extensions as extensions_lib
 from linformer_jax import registry
+from linformer_jax import settings_flags
 from linformer_jax.data import cache
+from linformer_jax.data import prepare
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import model_config
 from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.settings_flags import setting
 from linformer_jax.training import sharding
-
-# What a run had before each of these fields existed (configs/default.py gives
-# a new run its values): `complete` adds them to an older config.json.
-FIELDS_ADDED_SINCE = {
-    'task': 'masked_lm',
-    'extensions': (),
-    'platform': '',
-    'init_from': '',
-    'compilation_cache_dir': '',
-    'profile_steps': (),
-    'restore_step': 0,
-    'max_skipped_steps': 0,  # stop at the first bad step
-    'spike_factor': 0.0,  # only NaN or inf is a bad step
-    'projection_learning_rate_scale': 1.0,
-    'projection_remove_common_update': False,
-    'fsdp': False,
-    'axis_rules': sharding.DEFAULT_AXIS_RULES,
-}
-DATA_FIELDS_ADDED_SINCE = {
-    'source': 'embedded',
-    'split_files': {},
-    'cache_dir': '',
-    'prepared_dir': '',
-    'prepare_workers': 0,
-    'sequences_per_shard': 8192,
-    'tfds_name': '',
-    'tfds_text_key': 'text',
-    'tfds_data_dir': '',
-    'tfds_download': False,
-}
 
 # The fields that name a file or folder ('' = none), below config.
 PATH_FIELDS = (
@@ -70,17 +46,6 @@ LOCAL_PATHS = {
     f'${cache.CACHE_DIR_VARIABLE}': cache.LOCAL_ONLY,
 }
 
-_POSITIVE_INTS = (
-    'total_steps',
-    'batch_size',
-    'eval_batch_size',
-    'grad_accum_steps',
-    'log_every',
-    'eval_every',
-    'checkpoint_every',
-    'keep_checkpoints',
-)
-_NON_NEGATIVE_FLOATS = ('learning_rate', 'end_learning_rate', 'weight_decay', 'grad_clip_norm')
 MODEL_DEFAULTS = {
     field.name: field.default
     for field in dataclasses.fields(ModelConfig)
@@ -96,22 +61,66 @@ INITIALISATION_FIELDS = ('projection_init', 'projection_init_noise')
 DATA_FIELDS_FIXED_BY_A_RUN = ('tokenizer', 'vocab_size')
 
 
+def _finite_at_least(minimum: float) -> Callable[[float], bool]:
+  return lambda value: math.isfinite(value) and value >= minimum
+
+
+def _profile_window(steps: Tuple[int, ...]) -> bool:
+  return not steps or (
+      len(steps) == 2
+      and all(isinstance(step, int) and not isinstance(step, bool) for step in steps)
+      and 1 <= steps[0] <= steps[1]
+  )
+
+
+def _axis_rules(rules: Tuple[Any, ...]) -> bool:
+  return all(isinstance(rule, (tuple, list)) and len(rule) == 2 for rule in rules)
+
+
+_FINITE_AT_LEAST_ZERO = dict(check=_finite_at_least(0), allowed='use a finite value >= 0')
+_INTEGER = dict(allowed='use an integer')
+
+
 @dataclasses.dataclass(frozen=True)
 class OptimizerSettings:
   """AdamW, its learning-rate schedule and the rules for a learned E/F."""
 
-  learning_rate: float
-  warmup_steps: int
-  total_steps: int
-  end_learning_rate: float
-  weight_decay: float
-  adam_b1: float
-  adam_b2: float
-  adam_eps: float
-  grad_clip_norm: float
-  projection_learning_rate_scale: float
-  projection_remove_common_update: bool
-  projection: str  # config.model.projection: only 'linear' E/F have updates centred
+  learning_rate: float = setting(
+      help_text='peak learning rate after warm-up',
+      check=lambda rate: 0 < rate < math.inf,
+      allowed='use a finite value > 0',
+  )
+  warmup_steps: int = setting(help_text='linear warm-up from 0 to learning_rate', minimum=0)
+  end_learning_rate: float = setting(
+      help_text='learning rate reached by linear decay at total_steps', **_FINITE_AT_LEAST_ZERO
+  )
+  weight_decay: float = setting(
+      help_text='AdamW decoupled weight decay (not on biases or norms)', **_FINITE_AT_LEAST_ZERO
+  )
+  adam_b1: float = setting(
+      help_text='AdamW beta1', check=lambda b: 0 <= b < 1, allowed='use a value in [0, 1)'
+  )
+  adam_b2: float = setting(
+      help_text='AdamW beta2', check=lambda b: 0 <= b < 1, allowed='use a value in [0, 1)'
+  )
+  adam_eps: float = setting(help_text='AdamW epsilon', **_FINITE_AT_LEAST_ZERO)
+  grad_clip_norm: float = setting(
+      help_text='clip gradients to this global norm (0 disables)', **_FINITE_AT_LEAST_ZERO
+  )
+  projection_learning_rate_scale: float = setting(
+      help_text="the learned E/F's learning rate and weight decay, times the rest's",
+      check=_finite_at_least(0),
+      allowed='use a finite number >= 0 (1 = the learning rate of every other weight, 0 = frozen)',
+      before=1.0,
+  )
+  projection_remove_common_update: bool = setting(
+      help_text='remove from each update of a learned E/F its mean over the k slots',
+      before=False,
+  )
+  # Not config fields: the schedule's length (config.total_steps, the loop's)
+  # and what the model says.
+  total_steps: int = 0
+  projection: str = ''  # config.model.projection: only 'linear' E/F have updates centred
   # (name, learning_rate_scale, weight_decay) of each parameter the attention
   # kind declares (`attention_kinds.Parameter`).
   attention_parameters: Tuple[Tuple[str, float, Optional[bool]], ...] = ()
@@ -121,38 +130,210 @@ class OptimizerSettings:
 class LoopSettings:
   """The training loop's length, periodic actions, checkpoints and seed."""
 
-  total_steps: int
-  batch_size: int
-  log_every: int
-  eval_every: int
-  checkpoint_every: int
-  keep_checkpoints: int
-  seed: int
-  profile_steps: Optional[Tuple[int, int]]  # (FIRST, LAST) traced; None for no trace
+  total_steps: int = setting(help_text='optimizer steps to train for', minimum=1)
+  batch_size: int = setting(help_text='global batch, in sequences', minimum=1)
+  eval_batch_size: int = setting(help_text='batch size for evaluation', minimum=1)
+  grad_accum_steps: int = setting(help_text='micro-batches per step', minimum=1)
+  log_every: int = setting(help_text='steps between progress lines', minimum=1)
+  eval_every: int = setting(help_text='steps between evaluations', minimum=1)
+  checkpoint_every: int = setting(help_text='steps between checkpoints', minimum=1)
+  keep_checkpoints: int = setting(help_text='newest checkpoints kept', minimum=1)
+  seed: int = setting(help_text='seeds initialisation, shuffling, masking, dropout', **_INTEGER)
+  max_skipped_steps: int = setting(
+      help_text='non-finite steps in a row skipped before the run stops', minimum=0, before=0
+  )
+  spike_factor: float = setting(
+      help_text='a loss above this times the recent mean is a spike (0 = only NaN or inf)',
+      check=lambda factor: math.isfinite(factor) and (factor == 0 or factor > 1),
+      allowed='use a number > 1, or 0 for no spike rule',
+      before=0.0,  # only NaN or inf is a bad step
+  )
+  restore_step: int = setting(
+      help_text='resume from this kept step (0 = the newest)', minimum=0, before=0
+  )
+  profile_steps: Tuple[int, ...] = setting(
+      help_text='(FIRST, LAST): a jax.profiler trace of those steps; () = none',
+      check=_profile_window,
+      allowed='give two steps (FIRST, LAST) with 1 <= FIRST <= LAST, e.g. '
+      "--config.profile_steps='(10, 12)', or () for no trace",
+      before=(),
+  )
+
+  @property
+  def profile_window(self) -> Optional[Tuple[int, int]]:
+    """(FIRST, LAST) steps traced; None for no trace."""
+    return tuple(self.profile_steps) if self.profile_steps else None
 
 
 @dataclasses.dataclass(frozen=True)
-class RunSettings:
-  """A run's checked settings: the model, the optimizer and the loop."""
+class MeshSettings:
+  """The device mesh and how parameters and batches are split over it."""
 
-  model: ModelConfig
-  optimizer: OptimizerSettings
-  loop: LoopSettings
+  mesh_shape: Tuple[int, ...] = setting(
+      help_text="devices along ('data', 'model'); -1 = all remaining"
+  )
+  axis_rules: Tuple[Tuple[str, Any], ...] = setting(
+      help_text='logical parameter axes -> mesh axes (None = replicated)',
+      check=_axis_rules,
+      allowed="give (logical axis, mesh axis) pairs, e.g. (('batch', 'data'),)",
+      before=sharding.DEFAULT_AXIS_RULES,
+  )
+  fsdp: bool = setting(
+      help_text="split parameters and optimizer state over 'data' too (ZeRO-3)", before=False
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSettings:
+  """The data section every task's config has (configs/default.py); a task's
+  own fields (e.g. classification's labels) are read by its task."""
+
+  source: str = setting(help_text='the registered source of the text', before='embedded')
+  path: str = setting(help_text="text file or folder of the source ('' = none)")
+  split_files: Mapping[str, Any] = setting(
+      help_text='split -> list of file names; train = all the others', before={}
+  )
+  tfds_name: str = setting(help_text="TFDS dataset for source='tfds'", before='')
+  tfds_text_key: str = setting(help_text='the TFDS feature holding the text', before='text')
+  tfds_data_dir: str = setting(help_text="TFDS data_dir ('' = its default)", before='')
+  tfds_download: bool = setting(help_text='let TFDS download (needs network)', before=False)
+  train_split: str = setting(help_text='split to train on')
+  eval_split: str = setting(help_text='split evaluated during training')
+  tokenizer: str = setting(help_text="'sentencepiece', 'byte', or a tokenizer file")
+  vocab_size: int = setting(help_text='vocabulary size', minimum=1)
+  mask_rate: float = setting(
+      help_text='fraction of tokens masked',
+      check=lambda rate: 0 < rate < 1,
+      allowed='use a value in (0, 1)',
+  )
+  cache_dir: str = setting(
+      help_text="cache for extracted and packed data ('' = default)", before=''
+  )
+  prepared_dir: str = setting(
+      help_text="prepared shards of each split ('' = in the cache)", before=''
+  )
+  prepare_workers: int = setting(
+      help_text='tokenizing processes (0 = all cores)', minimum=0, before=0
+  )
+  sequences_per_shard: int = setting(
+      help_text='packed sequences per ArrayRecord shard', minimum=1, before=8192
+  )
+  max_eval_batches: int = setting(help_text='cap on evaluation batches (0 = all)', minimum=0)
+  worker_count: int = setting(
+      help_text='grain worker processes making batches (0 = in the main process)',
+      minimum=0,
+      before=0,
+  )
+  read_threads: int = setting(
+      help_text='threads making batches ahead in this process (0 = none)', minimum=0, before=0
+  )
+  prefetch_buffer: int = setting(help_text='batches those threads keep ready', minimum=0, before=0)
+  tokenizer_sample_chars: int = setting(
+      help_text='text the tokenizer trains on, at most',
+      minimum=1,
+      before=prepare.TOKENIZER_SAMPLE_CHARS,
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """A run's settings, checked and typed once: `RunConfig.from_config(config)`.
+
+  Attributes:
+    task: the registered task (config.task).
+    extensions: files or modules imported first (config.extensions).
+    platform: the backend the run expects ('' = whichever JAX finds).
+    init_from: another run's workdir to take parameters from ('' = none).
+    compilation_cache_dir: JAX's persistent compilation cache ('' = JAX's own).
+    model: config.model, checked (`ModelConfig`).
+    data: config.data's fields every task has.
+    optimizer: the optimizer's top-level fields.
+    loop: the loop's top-level fields.
+    mesh: the mesh's top-level fields.
+  """
+
+  task: str = setting(help_text='the task', before='masked_lm')
+  extensions: Tuple[str, ...] = setting(help_text='files or modules imported first', before=())
+  platform: str = setting(help_text="the backend expected: 'cpu', 'gpu', 'tpu' or ''", before='')
+  init_from: str = setting(help_text="another run's workdir to start from", before='')
+  compilation_cache_dir: str = setting(help_text="JAX's persistent compilation cache", before='')
+  model: Optional[ModelConfig] = None
+  data: Optional[DataSettings] = None
+  optimizer: Optional[OptimizerSettings] = None
+  loop: Optional[LoopSettings] = None
+  mesh: Optional[MeshSettings] = None
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> 'RunConfig':
+    """The run's settings, typed, after `complete(config)`.
+
+    Raises:
+      ConfigError: a bad field, naming it and the values allowed.
+    """
+    complete(config)
+    loop = settings_flags.from_config(LoopSettings, config)
+    data = settings_flags.from_config(DataSettings, config.data, 'config.data')
+    model = ModelConfig.from_config(config.model)
+    optimizer = settings_flags.from_config(
+        OptimizerSettings,
+        config,
+        total_steps=loop.total_steps,
+        projection=model.projection,
+        attention_parameters=tuple(
+            (name, parameter.learning_rate_scale, parameter.weight_decay)
+            for name, parameter in model.attention_kind.parameters(model).items()
+        ),
+    )
+    if optimizer.warmup_steps > loop.total_steps:
+      raise ConfigError(
+          f'config.warmup_steps={optimizer.warmup_steps} is not allowed: use a value in '
+          f'[0, total_steps={loop.total_steps}].'
+      )
+    if loop.batch_size % loop.grad_accum_steps:
+      raise ConfigError(
+          f'config.batch_size={loop.batch_size} is not allowed: it must be divisible '
+          f'by grad_accum_steps={loop.grad_accum_steps}.'
+      )
+    return settings_flags.from_config(
+        cls,
+        config,
+        model=model,
+        data=data,
+        optimizer=optimizer,
+        loop=loop,
+        mesh=settings_flags.from_config(MeshSettings, config),
+    )
+
+
+# The dataclasses declaring each section's fields ('' = the top level).
+SECTIONS = {'': (RunConfig, LoopSettings, OptimizerSettings, MeshSettings), 'data': (DataSettings,)}
+
+
+def fields_added_since() -> Dict[str, Dict[str, Any]]:
+  """section -> {field: its `before`} of each field added since the first runs."""
+  return {
+      section: {
+          name: value
+          for settings_type in types
+          for name, value in settings_flags.fields_added_since(settings_type).items()
+      }
+      for section, types in SECTIONS.items()
+  }
 
 
 def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  """Adds to `config`, in place, each field of FIELDS_ADDED_SINCE,
-  DATA_FIELDS_ADDED_SINCE and `ModelConfig` it lacks, at the value a run had
-  before the field existed; returns it. Every entry calls it: a config file, a saved
-  config.json, the Python API."""
+  """Adds to `config`, in place, each declared field it lacks, at the value a
+  run had before the field existed (its declaration's `before`; a
+  `ModelConfig` field's default); returns it. Every entry calls it: a config
+  file, a saved config.json, the Python API."""
   with config.unlocked():
-    for field, value in FIELDS_ADDED_SINCE.items():
-      if field not in config:
-        config[field] = value
-    if 'data' in config:
-      for field, value in DATA_FIELDS_ADDED_SINCE.items():
-        if field not in config.data:
-          config.data[field] = value
+    for section, fields in fields_added_since().items():
+      if section and section not in config:
+        continue
+      target = config[section] if section else config
+      for field, value in fields.items():
+        if field not in target:
+          target[field] = value
     if 'model' in config:
       if 'attention_dropout_rate' not in config.model:
         # Before the three rates, dropout_rate also dropped out the MLP's
@@ -195,97 +376,6 @@ def expand_paths(config: ml_collections.ConfigDict) -> List[Tuple[str, str]]:
   if variable and not dict(paths).get('config.data.cache_dir'):
     paths.append((f'${cache.CACHE_DIR_VARIABLE}', variable))
   return paths
-
-
-def settings_of(config: ml_collections.ConfigDict) -> RunSettings:
-  """The run's settings, typed.
-
-  Raises:
-    ConfigError: a bad field, naming it and the values allowed.
-  """
-  complete(config)
-  for field in _POSITIVE_INTS:
-    value = config[field]
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-      raise ConfigError(f'config.{field}={value!r} is not allowed: use a positive integer.')
-  profile_steps = tuple(config.profile_steps or ())
-  if profile_steps and (
-      len(profile_steps) != 2
-      or not all(isinstance(s, int) and not isinstance(s, bool) for s in profile_steps)
-      or not 1 <= profile_steps[0] <= profile_steps[1]
-  ):
-    raise ConfigError(
-        f'config.profile_steps={profile_steps!r} must be two steps (FIRST, LAST) with '
-        "1 <= FIRST <= LAST, e.g. --config.profile_steps='(10, 12)', or () for no trace."
-    )
-  for field in _NON_NEGATIVE_FLOATS + ('adam_eps',):
-    value = config[field]
-    # NaN passes every comparison, so finiteness is checked first.
-    if isinstance(value, bool) or not math.isfinite(value) or value < 0:
-      raise ConfigError(f'config.{field}={value!r} is not allowed: use a finite value >= 0.')
-  if not isinstance(config.seed, int) or isinstance(config.seed, bool):
-    raise ConfigError(f'config.seed={config.seed!r} is not allowed: use an integer.')
-  for field in ('max_skipped_steps', 'restore_step'):
-    value = config[field]
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-      raise ConfigError(f'config.{field}={value!r} is not allowed: use an integer >= 0.')
-  scale = config.projection_learning_rate_scale
-  if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 <= scale < math.inf:
-    raise ConfigError(
-        f'config.projection_learning_rate_scale={scale!r} is not allowed: use a finite '
-        'number >= 0 (1 = the learning rate of every other weight, 0 = frozen).'
-    )
-  for field in ('fsdp', 'projection_remove_common_update'):
-    if not isinstance(config[field], bool):
-      raise ConfigError(f'config.{field}={config[field]!r} is not allowed: use True or False.')
-  factor = config.spike_factor
-  if isinstance(factor, bool) or not math.isfinite(factor) or not (factor == 0 or factor > 1):
-    raise ConfigError(
-        f'config.spike_factor={factor!r} is not allowed: use a number > 1, or 0 for no spike rule.'
-    )
-  if config.learning_rate == 0:
-    raise ConfigError('config.learning_rate=0 is not allowed: use a positive value.')
-  if not 0 <= config.warmup_steps <= config.total_steps:
-    raise ConfigError(
-        f'config.warmup_steps={config.warmup_steps} is not allowed: use a value in '
-        f'[0, total_steps={config.total_steps}].'
-    )
-  if config.batch_size % config.grad_accum_steps:
-    raise ConfigError(
-        f'config.batch_size={config.batch_size} is not allowed: it must be divisible '
-        f'by grad_accum_steps={config.grad_accum_steps}.'
-    )
-  for field, value in (('adam_b1', config.adam_b1), ('adam_b2', config.adam_b2)):
-    if not 0 <= value < 1:
-      raise ConfigError(f'config.{field}={value!r} is not allowed: use a value in [0, 1).')
-  if not 0 < config.data.mask_rate < 1:
-    raise ConfigError(
-        f'config.data.mask_rate={config.data.mask_rate!r} is not allowed: use a value in (0, 1).'
-    )
-  model = ModelConfig.from_config(config.model)
-  return RunSettings(
-      model=model,
-      optimizer=OptimizerSettings(
-          **{
-              field.name: config[field.name]
-              for field in dataclasses.fields(OptimizerSettings)
-              if field.name not in ('projection', 'attention_parameters')
-          },
-          projection=config.model.projection,
-          attention_parameters=tuple(
-              (name, parameter.learning_rate_scale, parameter.weight_decay)
-              for name, parameter in model.attention_kind.parameters(model).items()
-          ),
-      ),
-      loop=LoopSettings(
-          **{
-              field.name: config[field.name]
-              for field in dataclasses.fields(LoopSettings)
-              if field.name != 'profile_steps'
-          },
-          profile_steps=profile_steps or None,
-      ),
-  )
 
 
 def _comparable(value: Any) -> Any:

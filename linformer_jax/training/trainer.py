@@ -290,7 +290,7 @@ def _train_and_evaluate(
   evaluate = loop_actions.Evaluate(loop.eval_every, last, config.data.eval_split)
   peak_flops = compiled_step.peak_flops(jax.devices()[0].device_kind)
   actions = [
-      loop_actions.Profile(loop.profile_steps, workdir, first_step),
+      loop_actions.Profile(loop.profile_window, workdir, first_step),
       loop_actions.LogProgress(
           loop.log_every, last, tokens_per_step=tokens_per_step, cost=cost, peak_flops=peak_flops
       ),

@@ -27,6 +27,16 @@ class NoisyExample(grain.transforms.RandomMap):
     return {'tokens': element + rng.integers(0, 100), 'weight': np.float32(rng.random())}
 
 
+def shuffled(source, *, transforms=(), batch_transforms=(), **settings):
+  """`loaders.shuffled_batches` with its `LoaderSettings` given as keywords."""
+  return loaders.shuffled_batches(
+      source,
+      loaders.LoaderSettings(**settings),
+      transforms=transforms,
+      batch_transforms=batch_transforms,
+  )
+
+
 def record_by_record(source, *, batch_size, seed, process_index=0, process_count=1, **operations):
   """grain's own pipeline, which the loader read with before batches were made
   whole: an IndexSampler over the records, per-record transforms, Batch,
@@ -70,9 +80,7 @@ def test_batches_are_those_of_the_record_by_record_pipeline(
   shard = dict(process_index=process_index, process_count=process_count)
   source = packing.as_source(ROWS)
   expected = record_by_record(source, batch_size=batch_size, seed=seed, **shard, **operations)
-  batches = loaders.shuffled_batches(
-      source, batch_size=batch_size, seed=seed, **shard, **operations
-  )
+  batches = shuffled(source, batch_size=batch_size, seed=seed, **shard, **operations)
   assert_same_batches(expected, batches, 40)
 
 
@@ -84,31 +92,25 @@ def test_a_record_by_record_position_resumes_at_the_same_batch():
   expected = record_by_record(source, batch_size=6, seed=4, batch_transforms=[MASKING], **shard)
   for _ in range(11):
     next(expected)
-  resumed = loaders.shuffled_batches(
-      source, batch_size=6, seed=4, batch_transforms=[MASKING], **shard
-  )
+  resumed = shuffled(source, batch_size=6, seed=4, batch_transforms=[MASKING], **shard)
   resumed.set_state(expected.get_state())
   assert_same_batches(expected, resumed, 3)
-  again = loaders.shuffled_batches(
-      source, batch_size=6, seed=4, batch_transforms=[MASKING], **shard
-  )
+  again = shuffled(source, batch_size=6, seed=4, batch_transforms=[MASKING], **shard)
   again.set_state(resumed.get_state())
   assert_same_batches(expected, again, 3)
 
 
 def test_a_position_of_other_batches_is_refused_naming_the_fields():
   source = packing.as_source(ROWS)
-  iterator = loaders.shuffled_batches(source, batch_size=6, seed=0, batch_transforms=[MASKING])
+  iterator = shuffled(source, batch_size=6, seed=0, batch_transforms=[MASKING])
   next(iterator)
-  other = loaders.shuffled_batches(source, batch_size=4, seed=0, batch_transforms=[MASKING])
+  other = shuffled(source, batch_size=4, seed=0, batch_transforms=[MASKING])
   with pytest.raises(ConfigError, match='config.batch_size and config.seed'):
     other.set_state(iterator.get_state())
   legacy = record_by_record(source, batch_size=4, seed=0, batch_transforms=[MASKING])
   next(legacy)
   with pytest.raises(ConfigError, match='not a whole number of batches of 6'):
-    loaders.shuffled_batches(source, batch_size=6, seed=0, batch_transforms=[MASKING]).set_state(
-        legacy.get_state()
-    )
+    shuffled(source, batch_size=6, seed=0, batch_transforms=[MASKING]).set_state(legacy.get_state())
 
 
 class ShortRows(grain.transforms.Filter):
@@ -119,7 +121,7 @@ class ShortRows(grain.transforms.Filter):
 
 def test_only_maps_and_random_maps_are_taken():
   with pytest.raises(TypeError, match='neither a grain Map nor a RandomMap'):
-    loaders.shuffled_batches(
+    shuffled(
         packing.as_source(ROWS),
         batch_size=4,
         seed=0,
@@ -175,10 +177,8 @@ def test_worker_processes_give_the_batches_of_the_main_process():
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
   source = packing.as_source(ROWS)
-  here = loaders.shuffled_batches(source, batch_size=8, seed=2, batch_transforms=[MASKING])
-  workers = loaders.shuffled_batches(
-      source, batch_size=8, seed=2, batch_transforms=[MASKING], worker_count=2
-  )
+  here = shuffled(source, batch_size=8, seed=2, batch_transforms=[MASKING])
+  workers = shuffled(source, batch_size=8, seed=2, batch_transforms=[MASKING], worker_count=2)
   assert_same_batches(here, workers, 15)
 
 
@@ -189,9 +189,9 @@ def test_a_run_resumes_with_another_worker_count(written_with, resumed_with):
     flags.FLAGS.mark_as_parsed()
   source = packing.as_source(ROWS)
   reading = dict(batch_size=8, seed=5, batch_transforms=[MASKING])
-  first = loaders.shuffled_batches(source, worker_count=written_with, **reading)
+  first = shuffled(source, worker_count=written_with, **reading)
   for _ in range(7):
     next(first)
-  resumed = loaders.shuffled_batches(source, worker_count=resumed_with, **reading)
+  resumed = shuffled(source, worker_count=resumed_with, **reading)
   resumed.set_state(first.get_state())
   assert_same_batches(first, resumed, 5)

@@ -11,6 +11,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from linformer_jax.data import loaders
 from linformer_jax.data import masked_lm
 from linformer_jax.data import packed_batches
 from linformer_jax.data import packing
@@ -68,10 +69,8 @@ def assert_batches_equal(first, second):
 def train_iterator(sequences, seed=0, batch_size=8, **kwargs):
   return packed_batches.create_train_iterator(
       sequences,
-      batch_size=batch_size,
-      seed=seed,
-      transform=masked_lm.DynamicMasking(BYTES, 0.15),
-      **kwargs,
+      loaders.LoaderSettings(batch_size=batch_size, seed=seed, **kwargs),
+      masked_lm.DynamicMasking(BYTES, 0.15),
   )
 
 

@@ -19,6 +19,7 @@ import pytest
 
 from configs import tiny
 from linformer_jax.data import corpus
+from linformer_jax.data import loaders
 from linformer_jax.data import masked_lm
 from linformer_jax.data import packed_batches
 from linformer_jax.data import packing
@@ -332,11 +333,10 @@ def test_two_processes_read_disjoint_records_that_cover_the_split(tmp_path):
   for process_index in range(2):
     iterator = packed_batches.create_train_iterator(
         source,
-        batch_size=batch_size,
-        seed=0,
-        transform=masked_lm.DynamicMasking(BYTES, 0.15),
-        process_index=process_index,
-        process_count=2,
+        loaders.LoaderSettings(
+            batch_size=batch_size, seed=0, process_index=process_index, process_count=2
+        ),
+        masked_lm.DynamicMasking(BYTES, 0.15),
     )
     epoch = len(source) // 2 // batch_size
     rows = [row.tobytes() for _ in range(epoch) for row in next(iterator)['targets']]

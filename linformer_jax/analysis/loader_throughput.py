@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Sequence
 import psutil
 
 from linformer_jax.analysis import process_memory
+from linformer_jax.data import loaders
 from linformer_jax.data import masked_lm
 from linformer_jax.data import packed_batches
 from linformer_jax.data import tokenizer as tokenizer_lib
@@ -76,7 +77,9 @@ def loader_throughput(
   """
   transform = masked_lm.DynamicMasking(tokenizer, mask_rate)
   iterator = packed_batches.create_train_iterator(
-      source, batch_size=batch_size, seed=seed, transform=transform, **dataclasses.asdict(setting)
+      source,
+      loaders.LoaderSettings(batch_size=batch_size, seed=seed, **dataclasses.asdict(setting)),
+      transform,
   )
   for _ in range(warmup_batches):
     next(iterator)

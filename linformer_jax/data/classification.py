@@ -83,34 +83,16 @@ class EncodedRecords(grain.sources.RandomAccessDataSource):
 
 
 def create_train_iterator(
-    split: EncodedSplit,
-    *,
-    batch_size: int,
-    seed: int,
-    process_index: int = 0,
-    process_count: int = 1,
-    worker_count: int = 0,
-    read_threads: int = 0,
-    prefetch_buffer: int = 0,
+    split: EncodedSplit, settings: loaders.LoaderSettings
 ) -> loaders.BatchIterator:
-  """Endless shuffled training batches of this process's shard (resumable);
-  read_threads and prefetch_buffer as `loaders.shuffled_batches` takes them."""
+  """Endless shuffled training batches of this process's shard (resumable)."""
   source = EncodedRecords(split)
-  if len(source) < batch_size * process_count:
+  if len(source) < settings.batch_size * settings.process_count:
     raise ConfigError(
         f'The training split has {len(source)} examples, fewer than '
-        f'one batch of config.batch_size={batch_size * process_count}.'
+        f'one batch of config.batch_size={settings.batch_size * settings.process_count}.'
     )
-  return loaders.shuffled_batches(
-      source,
-      batch_size=batch_size,
-      seed=seed,
-      process_index=process_index,
-      process_count=process_count,
-      worker_count=worker_count,
-      read_threads=read_threads,
-      prefetch_buffer=prefetch_buffer,
-  )
+  return loaders.shuffled_batches(source, settings)
 
 
 def create_eval_batches(
@@ -256,13 +238,13 @@ def build_datasets(
     if train:
       train_iterator = create_train_iterator(
           train_split,
-          batch_size=batch_size,
-          seed=config.seed,
-          process_index=process_index,
-          process_count=process_count,
-          worker_count=data.worker_count,
-          read_threads=data.read_threads,
-          prefetch_buffer=data.prefetch_buffer,
+          loaders.LoaderSettings.of_process(
+              data,
+              batch_size=batch_size,
+              seed=config.seed,
+              process_index=process_index,
+              process_count=process_count,
+          ),
       )
     eval_batches = create_eval_batches(
         evaluation,

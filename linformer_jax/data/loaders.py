@@ -16,10 +16,11 @@ makes whole batches (worker w of W makes batches w, w + W, ...), so the
 batches are the same for every worker_count.
 """
 
+import dataclasses
 import json
 import os
 import sys
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 import grain
 import numpy as np
@@ -32,6 +33,76 @@ _SEED_MODULUS = 2**32
 _SHUFFLE_ROUNDS = 4
 # The version of grain's DataLoader states (grain 0.2).
 _STATE_VERSION = 2
+
+
+def check_int(field: str, value: Any, minimum: int, maximum: int = sys.maxsize) -> int:
+  """`value` as an int when it is one (not a bool) in [minimum, maximum], else a
+  ConfigError naming `field`."""
+  if (
+      isinstance(value, bool)
+      or not isinstance(value, (int, np.integer))
+      or not (minimum <= value <= maximum)
+  ):
+    raise ConfigError(f'{field}={value!r} is not allowed; use an int in [{minimum}, {maximum}].')
+  return int(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoaderSettings:
+  """How this process reads its endless training batches, checked once.
+
+  Attributes:
+    batch_size: records per batch on this process.
+    seed: the shuffling seed (random transforms derive theirs from it too),
+      an int in [0, 2**32 - 1].
+    process_index, process_count: this process's shard and the shard count.
+    worker_count: grain worker processes, each making whole batches (0 = in
+      this process; >0 needs a `__main__` guard and parsed absl flags in the
+      program).
+    read_threads, prefetch_buffer: grain's threads that make batches in the
+      background and the batches they make ahead; both > 0 to take effect.
+  """
+
+  batch_size: int
+  seed: int
+  process_index: int = 0
+  process_count: int = 1
+  worker_count: int = 0
+  read_threads: int = 0
+  prefetch_buffer: int = 0
+
+  def __post_init__(self):
+    check_int('config.batch_size (per process)', self.batch_size, 1)
+    check_int('config.seed', self.seed, 0, _SEED_MODULUS - 1)
+    check_int('process_count', self.process_count, 1)
+    check_int('process_index', self.process_index, 0, self.process_count - 1)
+    check_int('config.data.worker_count', self.worker_count, 0)
+    for field in ('read_threads', 'prefetch_buffer'):
+      value = getattr(self, field)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f'config.data.{field}={value!r} is not allowed: use an integer >= 0.')
+
+  @classmethod
+  def of_process(
+      cls,
+      data: Mapping[str, Any],
+      *,
+      batch_size: int,
+      seed: int,
+      process_index: int,
+      process_count: int,
+  ) -> 'LoaderSettings':
+    """This process's settings, grain's parallelism from config.data
+    (worker_count, read_threads, prefetch_buffer)."""
+    return cls(
+        batch_size=batch_size,
+        seed=seed,
+        process_index=process_index,
+        process_count=process_count,
+        worker_count=data['worker_count'],
+        read_threads=data['read_threads'],
+        prefetch_buffer=data['prefetch_buffer'],
+    )
 
 
 def per_process_batch_sizes(config, process_count: int) -> Tuple[int, int]:
@@ -246,45 +317,28 @@ class BatchIterator:
 
 def shuffled_batches(
     source: grain.sources.RandomAccessDataSource,
+    settings: LoaderSettings,
     *,
-    batch_size: int,
-    seed: int,
-    process_index: int = 0,
-    process_count: int = 1,
-    worker_count: int = 0,
     transforms: Sequence[Any] = (),
     batch_transforms: Sequence[Any] = (),
-    read_threads: int = 0,
-    prefetch_buffer: int = 0,
 ) -> BatchIterator:
   """Endless batches of `source`, this process's shard, shuffled every epoch.
 
   Args:
     source: the records, all processes' (the remainder of an uneven split is
       dropped); a `__getitems__` reads a batch's records in one call.
-    batch_size: records per batch on this process.
-    seed: the shuffling seed (random transforms derive theirs from it too).
-    process_index, process_count: this process's shard and the shard count.
-    worker_count: grain worker processes, each making whole batches (0 = in
-      this process; >0 needs a `__main__` guard and parsed absl flags in the
-      program).
+    settings: this process's batch size, shard, seed and grain's parallelism.
     transforms: grain Map or RandomMap transforms applied to each record
       before batching.
     batch_transforms: the same, applied to each batch (numpy arrays
       [batch_size, ...]).
-    read_threads, prefetch_buffer: grain's threads that make batches in the
-      background and the batches they make ahead (config.data.read_threads,
-      config.data.prefetch_buffer); both > 0 to take effect.
   """
-  for field, value in (('read_threads', read_threads), ('prefetch_buffer', prefetch_buffer)):
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-      raise ConfigError(f'config.data.{field}={value!r} is not allowed: use an integer >= 0.')
   batches = ShuffledBatches(
       source,
-      batch_size=batch_size,
-      seed=seed,
-      process_index=process_index,
-      process_count=process_count,
+      batch_size=settings.batch_size,
+      seed=settings.seed,
+      process_index=settings.process_index,
+      process_count=settings.process_count,
       transforms=transforms,
       batch_transforms=batch_transforms,
   )
@@ -292,9 +346,9 @@ def shuffled_batches(
       data_source=batches,
       sampler=batches.sampler(),
       shard_options=grain.sharding.NoSharding(),
-      worker_count=worker_count,
+      worker_count=settings.worker_count,
       read_options=grain.ReadOptions(
-          num_threads=read_threads, prefetch_buffer_size=prefetch_buffer
+          num_threads=settings.read_threads, prefetch_buffer_size=settings.prefetch_buffer
       ),
   )
-  return BatchIterator(loader, batches, worker_count)
+  return BatchIterator(loader, batches, settings.worker_count)

@@ -10,8 +10,7 @@ padded with rows of weight 0 so that every process has as many.
 """
 
 import math
-import sys
-from typing import Any, Dict, List, Optional, Union
+from typing import Dict, List, Optional, Union
 
 import grain
 import numpy as np
@@ -25,29 +24,8 @@ Batch = Dict[str, np.ndarray]
 Transform = Union[grain.transforms.Map, grain.transforms.RandomMap]
 
 
-def check_int(field: str, value: Any, minimum: int, maximum: int = sys.maxsize) -> int:
-  """`value` as an int when it is one (not a bool) in [minimum, maximum], else a
-  ConfigError naming `field`."""
-  if (
-      isinstance(value, bool)
-      or not isinstance(value, (int, np.integer))
-      or not (minimum <= value <= maximum)
-  ):
-    raise ConfigError(f'{field}={value!r} is not allowed; use an int in [{minimum}, {maximum}].')
-  return int(value)
-
-
 def create_train_iterator(
-    packed_sequences: np.ndarray,
-    *,
-    batch_size: int,
-    seed: int,
-    transform: Transform,
-    process_index: int = 0,
-    process_count: int = 1,
-    worker_count: int = 0,
-    read_threads: int = 0,
-    prefetch_buffer: int = 0,
+    packed_sequences: np.ndarray, settings: loaders.LoaderSettings, transform: Transform
 ) -> loaders.BatchIterator:
   """An endless iterator of training batches for this process.
 
@@ -57,13 +35,10 @@ def create_train_iterator(
   Args:
     packed_sequences: [num_sequences, seq_len] from `packing.pack_documents`, or a
       source of such rows (`packing.as_source`).
-    batch_size: examples per batch on this process.
-    seed: the seed of the shuffling and of a random transform, an int in
-      [0, 2**32 - 1].
+    settings: this process's batch size, shard, seed (also that of a random
+      transform) and grain's parallelism.
     transform: makes each example from a row (`masked_lm.DynamicMasking`,
       `causal_lm.NextTokenTargets`).
-    process_index, process_count: this process's shard and the shard count.
-    worker_count, read_threads, prefetch_buffer: see `loaders.shuffled_batches`.
 
   Returns:
     A `loaders.BatchIterator`; `get_state()` returns bytes and
@@ -71,25 +46,14 @@ def create_train_iterator(
     shards; any worker_count).
   """
   source = packing.as_source(packed_sequences)
-  batch_size = check_int('config.batch_size (per process)', batch_size, 1)
-  seed = check_int('config.seed', seed, 0, 2**32 - 1)
-  process_count = check_int('process_count', process_count, 1)
-  process_index = check_int('process_index', process_index, 0, process_count - 1)
-  worker_count = check_int('config.data.worker_count', worker_count, 0)
-  if len(source) < process_count:
+  if len(source) < settings.process_count:
     raise ConfigError(
         f'The training split has {len(source)} sequences, fewer than '
-        f'the {process_count} processes; use more data (config.data).'
+        f'the {settings.process_count} processes; use more data (config.data).'
     )
   return loaders.shuffled_batches(
       source,
-      batch_size=batch_size,
-      seed=seed,
-      process_index=process_index,
-      process_count=process_count,
-      worker_count=worker_count,
-      read_threads=read_threads,
-      prefetch_buffer=prefetch_buffer,
+      settings,
       # A transform that takes whole batches (masking) runs once per batch.
       **(
           {'batch_transforms': [transform]}
@@ -134,10 +98,10 @@ def create_eval_batches(
   batch size or process count.
   """
   source = packing.as_source(packed_sequences)
-  batch_size = check_int('config.eval_batch_size (per process)', batch_size, 1)
-  seed = check_int('seed', seed, 0, 2**32 - 1)
-  process_count = check_int('process_count', process_count, 1)
-  process_index = check_int('process_index', process_index, 0, process_count - 1)
+  batch_size = loaders.check_int('config.eval_batch_size (per process)', batch_size, 1)
+  seed = loaders.check_int('seed', seed, 0, 2**32 - 1)
+  process_count = loaders.check_int('process_count', process_count, 1)
+  process_index = loaders.check_int('process_index', process_index, 0, process_count - 1)
   dataset = grain.MapDataset.source(source)
   if isinstance(transform, grain.transforms.RandomMap):
     dataset = dataset.random_map(transform, seed=seed)
@@ -145,7 +109,7 @@ def create_eval_batches(
     dataset = dataset.map(transform)
   total = len(dataset)
   if max_batches:
-    max_batches = check_int('config.data.max_eval_batches', max_batches, 0)
+    max_batches = loaders.check_int('config.data.max_eval_batches', max_batches, 0)
     total = min(total, max_batches * batch_size * process_count)
   num_batches = math.ceil(math.ceil(total / process_count) / batch_size)
   # Slicing after random_map keeps each sequence's generator tied to its

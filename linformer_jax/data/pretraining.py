@@ -76,7 +76,7 @@ def _run_tokenizer(config, workdir: str) -> Iterator[tokenizer_lib.Tokenizer]:
           "split, e.g. 'train' or 'validation'."
       )
   sources.source_of(data)  # an unknown source fails here, listing the known ones
-  sample = packed_batches.check_int(
+  sample = loaders.check_int(
       'config.data.tokenizer_sample_chars',
       data.tokenizer_sample_chars,
       1,
@@ -127,9 +127,9 @@ def prepare_splits(
   `tokenizer_only`). A `workdir` that is a file is refused, whatever the
   tokenizer.
   """
-  part_count = packed_batches.check_int('--part_count', part_count, 1)
-  part_index = packed_batches.check_int('--part_index', part_index, 0, part_count - 1)
-  seq_len = packed_batches.check_int('config.model.max_len', config.model.max_len, 3)
+  part_count = loaders.check_int('--part_count', part_count, 1)
+  part_index = loaders.check_int('--part_index', part_index, 0, part_count - 1)
+  seq_len = loaders.check_int('config.model.max_len', config.model.max_len, 3)
   storage.check_folder(workdir, writable=False)
   with _run_tokenizer(config, workdir) as tokenizer:
     summary: Dict[str, Any] = {'tokenizer': tokenizer.fingerprint}
@@ -199,9 +199,9 @@ def build_datasets(
   `make_transform(tokenizer)` gives the transform that makes each example of
   a row.
   """
-  seq_len = packed_batches.check_int('config.model.max_len', config.model.max_len, 3)
-  packed_batches.check_int('config.batch_size', config.batch_size, 1)
-  packed_batches.check_int('config.eval_batch_size', config.eval_batch_size, 1)
+  seq_len = loaders.check_int('config.model.max_len', config.model.max_len, 3)
+  loaders.check_int('config.batch_size', config.batch_size, 1)
+  loaders.check_int('config.eval_batch_size', config.eval_batch_size, 1)
   with _run_tokenizer(config, workdir) as tokenizer:
     transform = make_transform(tokenizer)
     return _datasets(config, tokenizer, seq_len, process_index, process_count, train, transform)
@@ -233,14 +233,14 @@ def _datasets(
   if train:
     train_iterator = packed_batches.create_train_iterator(
         train_split,
-        batch_size=batch_size,
-        seed=config.seed,
-        transform=transform,
-        process_index=process_index,
-        process_count=process_count,
-        worker_count=data.worker_count,
-        read_threads=data.read_threads,
-        prefetch_buffer=data.prefetch_buffer,
+        loaders.LoaderSettings.of_process(
+            data,
+            batch_size=batch_size,
+            seed=config.seed,
+            process_index=process_index,
+            process_count=process_count,
+        ),
+        transform,
     )
   eval_batches = packed_batches.create_eval_batches(
       evaluation,

@@ -23,6 +23,11 @@ config's `extensions` first, so a run of a projection or attention kind of
 your own loads as a built-in one does. `load` of a Hugging Face folder reads
 it as import_checkpoint does (`training.hf_import`), in memory.
 
+What the passes read is made in `data.inference_inputs`: texts encoded into
+padded rows, token ids checked, fill_mask's rows and guesses (its `PADDING`
+and `MASK_MARKER` are this module's names too). The passes themselves are one
+jitted function, `model.forward_pass.forward`.
+
 The package exports this module's public names lazily
 (linformer_jax/__init__.py): importing linformer_jax does not import JAX, so
 the commands can set XLA's flags first.
@@ -30,11 +35,8 @@ the commands can set XLA's flags first.
 
 import copy
 import dataclasses
-import functools
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
-import warnings
 
-import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
@@ -46,12 +48,13 @@ from linformer_jax.checkpoints import hf_checkpoint
 from linformer_jax.checkpoints import hf_conversion
 from linformer_jax.checkpoints import hf_export
 from linformer_jax.checkpoints import hf_tensors
-from linformer_jax.data import encoding
+from linformer_jax.data import inference_inputs
 from linformer_jax.data import tokenizer as tokenizer_lib
+from linformer_jax.data.inference_inputs import MASK_MARKER as MASK_MARKER
+from linformer_jax.data.inference_inputs import PADDING as PADDING
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import attention_capture
-from linformer_jax.model import layers
-from linformer_jax.model import models
+from linformer_jax.model import forward_pass
 from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.training import hf_import
 from linformer_jax.training import loop_actions
@@ -64,9 +67,6 @@ from linformer_jax.training import trainer
 ArrayLike = Union[jax.Array, np.ndarray, Sequence[Sequence[int]]]
 # What the passes read: texts (encoded with `Run.encode`'s defaults) or token ids.
 Inputs = Union[Sequence[str], ArrayLike]
-PADDING = ('longest', 'max_length')
-# The marker of the token `Run.fill_mask` fills in, whatever the tokenizer.
-MASK_MARKER = tokenizer_lib.MASK_PIECE
 
 
 def _shape_text(array: Any) -> str:
@@ -233,68 +233,17 @@ class Run(run_loading.LoadedRun):
         truncation=False, or pairs for a model with segments without
         return_segment_ids.
     """
-    tokenizer = self._text_tokenizer()
-    texts = _text_list(texts, 'texts')
-    pairs = None if text_pairs is None else _text_list(text_pairs, 'text_pairs')
-    if pairs is not None and len(pairs) != len(texts):
-      raise ValueError(
-          f'text_pairs holds {len(pairs)} texts and texts {len(texts)}; give one pair per text.'
-      )
-    if padding not in PADDING:
-      raise ValueError(f'padding={padding!r}: use one of {", ".join(map(repr, PADDING))}.')
-    if not isinstance(truncation, bool):
-      raise ValueError(f'truncation={truncation!r}: use True (cut, with a warning) or False.')
-    has_segments = self.model_config.num_segments >= 2
-    if return_segment_ids and not has_segments:
-      raise ValueError(
-          'return_segment_ids=True: this model has no segment embedding '
-          f'(model.num_segments={self.model_config.num_segments}); leave it out.'
-      )
-    if pairs is not None and has_segments and not return_segment_ids:
-      raise ValueError(
-          f'This model tells the texts of a pair apart by segment (model.num_segments='
-          f'{self.model_config.num_segments}); pass return_segment_ids=True and give the '
-          'segment ids to the passes.'
-      )
-    max_length = self._max_length(max_length, pairs is not None)
-    examples = [[text] for text in texts] if pairs is None else [list(p) for p in zip(texts, pairs)]
-    # Each row's whole length, [bos] and [eos] included, to say what a cut drops.
-    full_lengths = [len(ids) + 2 for ids in tokenizer.encode_all(texts)]
-    if pairs is not None:
-      separator = len(tokenizer.pair_separator)
-      pair_lengths = [len(ids) + separator for ids in tokenizer.encode_all(pairs)]
-      full_lengths = [a + b for a, b in zip(full_lengths, pair_lengths)]
-    rows, segment_rows, dropped = [], [], {}
-    for row, (example, full_length) in enumerate(zip(examples, full_lengths)):
-      if full_length > max_length:
-        if not truncation:
-          raise ValueError(
-              f'Row {row} is {full_length} tokens with [bos] and [eos], {full_length - max_length} '
-              f'more than max_length={max_length}; pass truncation=True to cut it, or a '
-              'shorter text.'
-          )
-        dropped[row] = full_length - max_length
-      ids, segments = encoding.encode_texts(example, tokenizer, max_length)
-      rows.append(ids)
-      segment_rows.append(segments)
-    if dropped:
-      warnings.warn(
-          f'encode cut {len(dropped)} of {len(rows)} rows to max_length={max_length}, '
-          f'dropping {sum(dropped.values())} tokens (rows {sorted(dropped)}); pass '
-          'truncation=False to refuse longer texts instead.',
-          stacklevel=2,
-      )
-    width = max_length if padding == 'max_length' else max(len(ids) for ids in rows)
-    token_ids = np.full((len(rows), width), tokenizer.pad_id, np.int32)
-    padding_mask = np.zeros((len(rows), width), bool)
-    segment_ids = np.zeros((len(rows), width), np.int32)
-    for row, (ids, segments) in enumerate(zip(rows, segment_rows)):
-      token_ids[row, : len(ids)] = ids
-      padding_mask[row, : len(ids)] = True
-      segment_ids[row, : len(segments)] = segments
-    if return_segment_ids:
-      return token_ids, padding_mask, segment_ids
-    return token_ids, padding_mask
+    return inference_inputs.encode(
+        self._text_tokenizer(),
+        texts,
+        text_pairs,
+        max_len=self.model_config.max_len,
+        num_segments=self.model_config.num_segments,
+        padding=padding,
+        max_length=max_length,
+        truncation=truncation,
+        return_segment_ids=return_segment_ids,
+    )
 
   def logits(
       self,
@@ -349,7 +298,7 @@ class Run(run_loading.LoadedRun):
     if per_layer:
       self.model_config.require_unscanned('hidden_states(per_layer=True)')
     batch = self._batch(inputs, padding_mask, segment_ids)
-    _, hidden, _ = _forward(
+    _, hidden, _ = forward_pass.forward(
         self._variables(params),
         *batch,
         model=self.model,
@@ -432,7 +381,7 @@ class Run(run_loading.LoadedRun):
     if output_attentions:
       _require_concrete(params, 'output_attentions')
       self._require_attention('output_attentions')
-    logits, hidden, queries_and_keys = _forward(
+    logits, hidden, queries_and_keys = forward_pass.forward(
         self._variables(params),
         *batch,
         model=self.model,
@@ -481,30 +430,10 @@ class Run(run_loading.LoadedRun):
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= vocab_size:
       raise ValueError(f'top_k={top_k!r}: use an integer from 1 to {vocab_size}.')
     one = isinstance(texts, str)
-    texts = [texts] if one else _text_list(texts, 'texts')
-    rows = [self._masked_row(row, text) for row, text in enumerate(texts)]
-    token_ids = np.full((len(rows), max(map(len, rows))), tokenizer.pad_id, np.int32)
-    for row, ids in enumerate(rows):
-      token_ids[row, : len(ids)] = ids
+    texts = [texts] if one else inference_inputs.text_list(texts, 'texts')
+    token_ids, rows = inference_inputs.masked_rows(tokenizer, texts, self.model_config.max_len)
     logits = np.asarray(self.logits(token_ids, token_ids != tokenizer.pad_id), np.float64)
-    results = []
-    for row, ids in enumerate(rows):
-      position = ids.index(tokenizer.mask_id)
-      scores = np.exp(logits[row, position] - logits[row, position].max())
-      scores /= scores.sum()
-      guesses = []
-      for token in np.argsort(-scores, kind='stable')[:top_k]:
-        filled = ids[1:-1]  # without bos and eos
-        filled[position - 1] = int(token)
-        guesses.append(
-            {
-                'score': float(scores[token]),
-                'token': int(token),
-                'token_str': tokenizer.decode([int(token)]),
-                'sequence': tokenizer.decode(filled),
-            }
-        )
-      results.append(guesses)
+    results = inference_inputs.fill_mask_guesses(tokenizer, rows, logits, top_k)
     return results[0] if one else results
 
   def evaluate(self) -> Dict[str, Any]:
@@ -544,41 +473,6 @@ class Run(run_loading.LoadedRun):
       )
     return self.tokenizer
 
-  def _max_length(self, max_length: Optional[int], pairs: bool) -> int:
-    """`max_length` checked: room for bos, eos (and a pair's separator), at most n."""
-    max_len = self.model_config.max_len
-    if max_length is None:
-      return max_len
-    least = 2 + (len(self.tokenizer.pair_separator) if pairs else 0)
-    if isinstance(max_length, bool) or not isinstance(max_length, int):
-      raise ValueError(f'max_length={max_length!r}: use an integer from {least} to {max_len}.')
-    if not least <= max_length <= max_len:
-      raise ValueError(
-          f'max_length={max_length}: use {least} to {max_len} (config.model.max_len, the '
-          'longest row the model reads).'
-      )
-    return max_length
-
-  def _masked_row(self, row: int, text: str) -> List[int]:
-    """`[bos] text [eos]` with the tokenizer's mask id in place of `<mask>`."""
-    tokenizer = self.tokenizer
-    if text.count(MASK_MARKER) != 1:
-      raise ValueError(
-          f'Text {row} holds {text.count(MASK_MARKER)} {MASK_MARKER}; fill_mask fills one '
-          'per text.'
-      )
-    ids = tokenizer.encode(text)
-    if ids.count(tokenizer.mask_id) != 1:  # a tokenizer that spells the marker out (bytes)
-      before, after = text.split(MASK_MARKER)
-      ids = tokenizer.encode(before) + [tokenizer.mask_id] + tokenizer.encode(after)
-    ids = [tokenizer.bos_id] + list(ids) + [tokenizer.eos_id]
-    if len(ids) > self.model_config.max_len:
-      raise ValueError(
-          f'Text {row} is {len(ids)} tokens with [bos] and [eos]; the model reads at most '
-          f'{self.model_config.max_len} (config.model.max_len): shorten it around the mask.'
-      )
-    return ids
-
   def _batch(
       self,
       inputs: Inputs,
@@ -587,68 +481,20 @@ class Run(run_loading.LoadedRun):
   ) -> Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
     """int32 token ids [batch, length] in the vocabulary, a bool mask and int32
     segment ids (or None) of their shape; texts are encoded first."""
-    if isinstance(inputs, str) or (
-        isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], str)
-    ):
+    if inference_inputs.is_text(inputs):
       if padding_mask is not None or segment_ids is not None:
         raise ValueError(
             'Texts are encoded with their own padding mask; give padding_mask and '
             'segment_ids with token ids only.'
         )
       inputs, padding_mask = self.encode(inputs)
-    if isinstance(inputs, tuple) and len(inputs) in (2, 3) and np.ndim(inputs[0]) == 2:
-      raise ValueError(
-          "Give encode's arrays one by one: run.logits(*run.encode(texts)), not "
-          'run.logits(run.encode(texts)).'
-      )
-    token_ids = np.asarray(inputs)
-    if token_ids.ndim != 2 or not np.issubdtype(token_ids.dtype, np.integer):
-      raise ValueError(
-          f'token_ids must be integers [batch, length], not {token_ids.dtype} of shape '
-          f'{token_ids.shape}; add a batch axis (token_ids[None]) for one sequence.'
-      )
-    vocab_size = self.model_config.vocab_size
-    if token_ids.size and not 0 <= token_ids.min() <= token_ids.max() < vocab_size:
-      raise ValueError(
-          f'token_ids hold {token_ids.min()}..{token_ids.max()}; the vocabulary is 0 to '
-          f'{vocab_size - 1}.'
-      )
-    if padding_mask is None:
-      padding_mask = np.ones(token_ids.shape, bool)
-    padding_mask = np.asarray(padding_mask)
-    if padding_mask.shape != token_ids.shape:
-      raise ValueError(
-          f"padding_mask has shape {padding_mask.shape}; give token_ids' {token_ids.shape}."
-      )
-    return (
-        token_ids.astype(np.int32),
-        padding_mask.astype(bool),
-        self._segments(segment_ids, token_ids.shape),
+    return inference_inputs.checked_batch(
+        inputs,
+        padding_mask,
+        segment_ids,
+        vocab_size=self.model_config.vocab_size,
+        num_segments=self.model_config.num_segments,
     )
-
-  def _segments(
-      self, segment_ids: Optional[ArrayLike], shape: Tuple[int, ...]
-  ) -> Optional[np.ndarray]:
-    if segment_ids is None:
-      return None
-    num_segments = self.model_config.num_segments
-    if num_segments < 2:
-      raise ValueError(
-          f'segment_ids given, but this model has no segment embedding (model.num_segments='
-          f'{num_segments}): it tells a pair apart by the separator; leave them out.'
-      )
-    segment_ids = np.asarray(segment_ids)
-    if segment_ids.shape != shape or not np.issubdtype(segment_ids.dtype, np.integer):
-      raise ValueError(
-          f"segment_ids must be integers of token_ids' shape {shape}, not {segment_ids.dtype} "
-          f'of shape {segment_ids.shape}.'
-      )
-    if segment_ids.size and not 0 <= segment_ids.min() <= segment_ids.max() < num_segments:
-      raise ValueError(
-          f'segment_ids hold {segment_ids.min()}..{segment_ids.max()}; this model has '
-          f'segments 0 to {num_segments - 1}.'
-      )
-    return segment_ids.astype(np.int32)
 
   def _require_encoder(self) -> None:
     """Hidden states and attention are read from the model's 'encoder' (every
@@ -678,7 +524,7 @@ class Run(run_loading.LoadedRun):
   def _queries_and_keys(self, batch, params, reader: str):
     _require_concrete(params, reader)
     self._require_attention(reader)
-    _, _, queries_and_keys = _forward(
+    _, _, queries_and_keys = forward_pass.forward(
         self._variables(params),
         *batch,
         model=self.model,
@@ -690,15 +536,6 @@ class Run(run_loading.LoadedRun):
     return queries_and_keys
 
 
-def _text_list(texts: Any, name: str) -> List[str]:
-  if isinstance(texts, str):
-    raise ValueError(f'{name} must be a list of texts; pass [text] for one.')
-  texts = list(texts)
-  if not texts or not all(isinstance(text, str) for text in texts):
-    raise ValueError(f'{name} must be a non-empty list of strings.')
-  return texts
-
-
 def _require_concrete(params: Optional[Dict[str, Any]], reader: str) -> None:
   if params is not None and any(
       isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(params)
@@ -707,83 +544,6 @@ def _require_concrete(params: Optional[Dict[str, Any]], reader: str) -> None:
         f'{reader} computes P in float64 NumPy, outside JAX, so it takes no traced params; '
         'take gradients through logits() or hidden_states().'
     )
-
-
-# One jitted pass per model, input shape and outputs asked for (Flax modules
-# and ModelConfig hash by value): runs of one config share their programs. A
-# pass that is not asked for the logits leaves the task head out of the program.
-
-
-def _hidden_state_filter(everything: bool):
-  """capture_intermediates' filter of the hidden states: the encoder's output,
-  and with `everything` the embeddings' (the encoder's dropout, its last step
-  before the layers) and each layer's."""
-
-  def captures(module: nn.Module, method_name: str) -> bool:
-    if method_name != '__call__':
-      return False
-    if isinstance(module, models.Encoder):
-      return True
-    if not everything:
-      return False
-    if isinstance(module, layers.EncoderLayer):
-      return True
-    return isinstance(module, nn.Dropout) and isinstance(module.parent, models.Encoder)
-
-  return captures
-
-
-@functools.partial(jax.jit, static_argnames=('model', 'config', 'logits', 'hidden', 'attention'))
-def _forward(
-    variables,
-    token_ids,
-    padding_mask,
-    segment_ids,
-    *,
-    model: nn.Module,
-    config: ModelConfig,
-    logits: bool,
-    hidden: Optional[str],
-    attention: bool,
-):
-  """(logits or None, the hidden states or None, per layer (queries, keys,
-  key_mask) or None). `hidden`: None, 'last' (a tuple of the encoder's output)
-  or 'all' (num_layers + 1 of them)."""
-  segments = {} if segment_ids is None else {'segments': segment_ids}
-  if not (hidden or attention):
-    return (
-        model.apply(variables, token_ids, padding_mask, deterministic=True, **segments),
-        None,
-        None,
-    )
-  hidden_filter = _hidden_state_filter(hidden == 'all')
-
-  def captures(module: nn.Module, method_name: str) -> bool:
-    return bool(hidden and hidden_filter(module, method_name)) or (
-        attention and attention_capture.capture_intermediates(module, method_name)
-    )
-
-  out, state = model.apply(
-      variables,
-      token_ids,
-      padding_mask,
-      deterministic=True,
-      capture_intermediates=captures,
-      mutable=['intermediates'],
-      **segments,
-  )
-  captured = state['intermediates']
-  encoder = captured['encoder']
-  states = None
-  if hidden == 'last':
-    states = (encoder['__call__'][0],)
-  elif hidden == 'all':
-    layer_outputs = [encoder[f'layers_{i}']['__call__'][0] for i in range(config.num_layers - 1)]
-    states = (encoder['dropout']['__call__'][0], *layer_outputs, encoder['__call__'][0])
-  queries_and_keys = None
-  if attention:
-    queries_and_keys = attention_capture.attended_by_layer(captured, config)
-  return (out if logits else None), states, queries_and_keys
 
 
 def _prepared(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

@@ -31,6 +31,7 @@ from ml_collections import config_flags
 
 from linformer_jax import command_process
 from linformer_jax import interrupts
+from linformer_jax import run_folder
 from linformer_jax import storage
 from linformer_jax.errors import ConfigError
 from linformer_jax.errors import free_space_of
@@ -155,7 +156,7 @@ class ConfigFileParser(flags.ArgumentParser):
         if (
             run
             and not storage.is_object_store(run)
-            and os.path.isfile(os.path.join(run, run_builder.CONFIG_FILE))
+            and os.path.isfile(run_folder.RunFolder(run).config)
         ):
           import_extensions(run_builder.saved_config(run).extensions)
       import_command_extensions(config, sys.argv)

@@ -33,10 +33,6 @@ from linformer_jax import run_folder
 from linformer_jax import storage
 from linformer_jax.errors import ConfigError
 
-# The folder of a run (WORKDIR/extensions) that keeps a copy of each extension
-# file it was trained with.
-COPIES_FOLDER = run_folder.EXTENSIONS
-
 
 def import_command_extensions(config: Any, argv: Sequence[str]) -> None:
   """Imports the extensions a command line names and adds the settings their
@@ -245,7 +241,7 @@ def keep_copies(extensions: Optional[Iterable[str]], workdir: str) -> None:
   copies = _copy_names(saved_entries(extensions))
   if not copies:
     return
-  folder = storage.join(workdir, COPIES_FOLDER)
+  folder = run_folder.RunFolder(workdir).extensions
   storage.makedirs(folder)
   for entry, name in copies.items():
     storage.copy_file(entry, storage.join(folder, name))
@@ -285,9 +281,10 @@ def import_run_extensions(
   """
   given = entries(extensions)
   copies = _copy_names(given)
+  copies_folder = run_folder.RunFolder(workdir).extensions
   used, notes = [], []
   for entry in given:
-    copy = storage.join(workdir, COPIES_FOLDER, copies[entry]) if entry in copies else None
+    copy = storage.join(copies_folder, copies[entry]) if entry in copies else None
     if copy is None or not storage.isfile(copy):
       used.append(entry)
       continue

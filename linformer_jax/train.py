@@ -18,6 +18,7 @@ from typing import Optional
 from absl import flags
 
 from linformer_jax import cli
+from linformer_jax import run_folder
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import divergence
 from linformer_jax.training import evaluation
@@ -67,7 +68,7 @@ def main(_):
   print(json_text(results, indent=2, sort_keys=True), flush=True)
   summary = tasks.task_of(FLAGS.config).summary(results)
   note = evaluation.perplexity_note(results.get('eval_perplexity'))
-  print(f'{summary}{note}; results in {FLAGS.workdir}/{trainer.RESULTS_FILE}', flush=True)
+  print(f'{summary}{note}; results in {run_folder.RunFolder(FLAGS.workdir).results}', flush=True)
 
 
 if __name__ == '__main__':

@@ -16,9 +16,9 @@ import jax
 import numpy as np
 
 from configs import tiny
+from linformer_jax import run_folder
 from linformer_jax import testing
 from linformer_jax.checkpoints.store import CheckpointStore
-from linformer_jax.checkpoints.store import checkpoint_directory
 from linformer_jax.training import training_run
 from linformer_jax.training.metric_writers import read_metrics
 
@@ -81,7 +81,7 @@ def wait_for_step(workdir, step, process, timeout=180):
 
 
 def latest_checkpoint(workdir):
-  store = CheckpointStore(checkpoint_directory(workdir))
+  store = CheckpointStore(run_folder.RunFolder(workdir).checkpoints)
   try:
     return store.latest_step()
   finally:

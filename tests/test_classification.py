@@ -14,6 +14,7 @@ import pytest
 from configs import classification
 from configs import finetune_qnli
 from configs import tiny
+from linformer_jax import run_folder
 from linformer_jax.data import classification as classification_data
 from linformer_jax.data import classification_sources
 from linformer_jax.data import encoding
@@ -189,7 +190,9 @@ def test_fine_tuning_loads_the_pretrained_encoder_and_trains(pretrained, tmp_pat
   assert results['majority_class_accuracy'] == pytest.approx(
       majority_class_accuracy(tmp_path / 'data'), abs=1e-9
   )
-  assert os.path.exists(tmp_path / 'finetuned' / tokenizer_lib.MODEL_FILENAME) is False
+  assert (
+      os.path.exists(tmp_path / 'finetuned' / run_folder.TOKENIZER_FILES['sentencepiece']) is False
+  )
 
 
 @pytest.mark.long
@@ -430,7 +433,7 @@ def test_fine_tuning_uses_the_pretrained_runs_sentencepiece_model(tmp_path):
   pretrained.mkdir()
   words = ' '.join(POSITIVE + NEGATIVE + ('the', 'film', 'was', 'indeed'))
   model = tokenizer_lib.SentencePieceTokenizer.train(
-      iter([words] * 50), 30, str(pretrained / tokenizer_lib.MODEL_FILENAME)
+      iter([words] * 50), 30, str(pretrained / run_folder.TOKENIZER_FILES['sentencepiece'])
   )
   write_sentiment_tsv(tmp_path / 'data')
   config = tiny_classifier_config(
@@ -441,8 +444,8 @@ def test_fine_tuning_uses_the_pretrained_runs_sentencepiece_model(tmp_path):
   workdir = tmp_path / 'run'
   datasets = classification_data.build_datasets(config, str(workdir))
   assert datasets.tokenizer.fingerprint == model.fingerprint
-  assert (workdir / tokenizer_lib.MODEL_FILENAME).read_bytes() == (
-      pretrained / tokenizer_lib.MODEL_FILENAME
+  assert (workdir / run_folder.TOKENIZER_FILES['sentencepiece']).read_bytes() == (
+      pretrained / run_folder.TOKENIZER_FILES['sentencepiece']
   ).read_bytes()
   config.init_from = str(tmp_path / 'no_tokenizer')
   with pytest.raises(ConfigError, match='has no tokenizer.model'):

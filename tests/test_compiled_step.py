@@ -7,9 +7,9 @@ import jax
 import pytest
 from run_helpers import tiny_config
 
+from linformer_jax import run_folder
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import compiled_step
-from linformer_jax.training import loop_actions
 from linformer_jax.training import trainer
 from linformer_jax.training import training_run
 
@@ -78,7 +78,7 @@ def test_profile_steps_write_a_trace_tensorboard_reads(tmp_path):
   )
   traces = [
       name
-      for folder, _, names in os.walk(workdir / loop_actions.PROFILE_FOLDER)
+      for folder, _, names in os.walk(run_folder.RunFolder(str(workdir)).profile)
       for name in names
       if name.endswith('.xplane.pb')
   ]

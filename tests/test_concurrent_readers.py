@@ -19,17 +19,17 @@ from run_helpers import tiny_config
 from run_helpers import wait_for_step
 
 import linformer_jax
+from linformer_jax import run_folder
 from linformer_jax.checkpoints import partial_restore
 from linformer_jax.checkpoints import pruned_steps
 from linformer_jax.checkpoints import step_files
 from linformer_jax.checkpoints.store import CheckpointStore
-from linformer_jax.checkpoints.store import checkpoint_directory
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import run_loading
 
 
 def _prune(workdir, step):
-  shutil.rmtree(os.path.join(checkpoint_directory(workdir), str(step)))
+  shutil.rmtree(os.path.join(run_folder.RunFolder(workdir).checkpoints, str(step)))
 
 
 def _pruning_before(monkeypatch, module, name, workdir, steps):
@@ -40,7 +40,7 @@ def _pruning_before(monkeypatch, module, name, workdir, steps):
 
   def pruning(*args, **kwargs):
     if len(pruned) < steps:
-      newest = max(step_files.step_entries(checkpoint_directory(workdir)))
+      newest = max(step_files.step_entries(run_folder.RunFolder(workdir).checkpoints))
       _prune(workdir, newest)
       pruned.append(newest)
     return original(*args, **kwargs)
@@ -125,7 +125,7 @@ def test_a_step_asked_for_and_pruned_before_is_refused_naming_the_kept_ones(run_
 def test_a_reader_gives_up_in_one_line_when_every_step_it_chooses_is_pruned(
     run_copy, monkeypatch, caplog
 ):
-  directory = checkpoint_directory(run_copy)
+  directory = run_folder.RunFolder(run_copy).checkpoints
   shutil.copytree(os.path.join(directory, '20'), os.path.join(directory, '30'))
   monkeypatch.setattr(pruned_steps, 'PRUNED_ATTEMPTS', 2)
   _pruning_before(monkeypatch, partial_restore, '_restore_state', run_copy, steps=2)
@@ -142,7 +142,7 @@ def test_a_reader_gives_up_in_one_line_when_every_step_it_chooses_is_pruned(
 def test_a_step_being_removed_is_not_called_damaged(run_copy, monkeypatch, caplog):
   """Orbax deletes a pruned step's files before its folder: a reader whose
   inspection meets the folder half gone waits for it to go."""
-  folder = os.path.join(checkpoint_directory(run_copy), '20')
+  folder = os.path.join(run_folder.RunFolder(run_copy).checkpoints, '20')
   original = step_files.inspect
   sleep = pruned_steps.time.sleep
   removed = []

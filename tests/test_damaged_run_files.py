@@ -13,6 +13,7 @@ tests/test_damaged_steps.py and tests/test_reliability.py.)
 import glob
 import json
 import os
+import pathlib
 import re
 import shutil
 
@@ -26,11 +27,11 @@ from run_helpers import tiny_config
 from run_helpers import tiny_flags
 
 import linformer_jax
+from linformer_jax import run_folder
 from linformer_jax import storage
 from linformer_jax.analysis import sweep_report
 from linformer_jax.checkpoints import step_files
 from linformer_jax.checkpoints.store import CheckpointStore
-from linformer_jax.checkpoints.store import checkpoint_directory
 from linformer_jax.data import tokenizer_files
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import metric_writers
@@ -58,7 +59,7 @@ LEDGERS = {
 
 @pytest.mark.parametrize('ledger', list(LEDGERS))
 def test_a_damaged_ledger_is_refused_naming_the_file_and_the_fix(tmp_path, ledger):
-  path = tmp_path / sound_steps.LEDGER_FILE
+  path = pathlib.Path(run_folder.RunFolder(str(tmp_path)).ledger)
   path.write_text(LEDGERS[ledger])
   with pytest.raises(ConfigError) as refused:
     sound_steps.SoundStepLedger(str(tmp_path))
@@ -77,7 +78,7 @@ def test_an_intact_ledger_and_none_read_as_before(run_copy, tmp_path):
 
 
 def test_training_on_a_damaged_ledger_is_refused_and_changes_nothing(run_copy):
-  with open(os.path.join(run_copy, sound_steps.LEDGER_FILE), 'w') as f:
+  with open(run_folder.RunFolder(run_copy).ledger, 'w') as f:
     f.write('{"steps": {"10": ')
   before = folder_contents(run_copy)
   with pytest.raises(ConfigError, match=r'sound_steps.json is damaged: it is not JSON'):
@@ -87,7 +88,7 @@ def test_training_on_a_damaged_ledger_is_refused_and_changes_nothing(run_copy):
 
 @pytest.mark.slow
 def test_train_on_a_damaged_ledger_is_one_line(run_copy, run_command):
-  ledger = os.path.join(run_copy, sound_steps.LEDGER_FILE)
+  ledger = run_folder.RunFolder(run_copy).ledger
   with open(ledger, 'w') as f:
     f.write('{"steps": {')
   before = folder_contents(run_copy)
@@ -138,7 +139,7 @@ def unsealed_damage(request, run_copy):
   """(workdir, pattern of the damage): the run copy whose step 20 has no
   manifest and the damage named by the parameter."""
   damage, words = UNSEALED_DAMAGE[request.param]
-  step = os.path.join(checkpoint_directory(run_copy), '20')
+  step = os.path.join(run_folder.RunFolder(run_copy).checkpoints, '20')
   os.remove(os.path.join(step, step_files.MANIFEST_FILE))
   damage(step)
   return run_copy, f'it has no integrity.json, and {words}'
@@ -170,9 +171,9 @@ def test_an_unsealed_step_cut_short_asked_for_is_refused(unsealed_damage):
 
 def test_training_moves_an_unsealed_step_cut_short_aside(unsealed_damage, caplog):
   workdir, damage = unsealed_damage
-  with CheckpointStore(checkpoint_directory(workdir), owner=True) as store:
+  with CheckpointStore(run_folder.RunFolder(workdir).checkpoints, owner=True) as store:
     assert store.latest_step() == 10 and store.all_steps() == [10]
-  moved = os.path.join(workdir, step_files.DAMAGED_FOLDER, '20')
+  moved = os.path.join(run_folder.RunFolder(workdir).damaged_checkpoints, '20')
   (warning,) = _warnings(caplog, 'damaged')
   assert re.fullmatch(
       rf'The checkpoint of step 20 in \S+ is damaged \({damage}\); moved it to {moved}.', warning
@@ -181,7 +182,9 @@ def test_training_moves_an_unsealed_step_cut_short_aside(unsealed_damage, caplog
 
 
 def test_an_intact_unsealed_step_is_still_read_unverified(run_copy, caplog):
-  os.remove(os.path.join(checkpoint_directory(run_copy), '20', step_files.MANIFEST_FILE))
+  os.remove(
+      os.path.join(run_folder.RunFolder(run_copy).checkpoints, '20', step_files.MANIFEST_FILE)
+  )
   assert run_loading.load_run(tiny_config(), run_copy).step == 20
   assert _warnings(caplog, 'damaged') == []
   assert len(_warnings(caplog, 'it is read unverified')) == 1
@@ -189,7 +192,7 @@ def test_an_intact_unsealed_step_is_still_read_unverified(run_copy, caplog):
 
 @pytest.mark.slow
 def test_evaluate_skips_an_unsealed_step_cut_short_in_one_line(run_copy, run_command):
-  step = os.path.join(checkpoint_directory(run_copy), '20')
+  step = os.path.join(run_folder.RunFolder(run_copy).checkpoints, '20')
   os.remove(os.path.join(step, step_files.MANIFEST_FILE))
   _truncate(_largest(f'{step}/state/ocdbt.process_0/d/*'))
   result = run_command('evaluate', f'--workdir={run_copy}')
@@ -263,7 +266,7 @@ def test_a_file_named_as_an_unfinished_save_is_moved_aside_and_saving_goes_on(tm
     _save(store, 2)
     store.wait()
     assert store.restore(abstract_state=_abstract(_state(0.0)))[0] == 2
-  moved = tmp_path / 'run' / step_files.DAMAGED_FOLDER / stray.name
+  moved = pathlib.Path(run_folder.RunFolder(str(tmp_path / 'run')).damaged_checkpoints) / stray.name
   assert moved.read_text() == 'not a save'
   (warning,) = _warnings(caplog, 'name of an unfinished save')
   assert warning == (
@@ -277,7 +280,7 @@ def test_a_file_where_damaged_steps_go_is_refused_in_one_line(tmp_path):
     _save(store, 1)
     _save(store, 2)
   os.remove(_largest(f'{directory}/2/state/**/d/*'))
-  damaged = tmp_path / 'run' / step_files.DAMAGED_FOLDER
+  damaged = pathlib.Path(run_folder.RunFolder(str(tmp_path / 'run')).damaged_checkpoints)
   damaged.write_text('notes')
   with pytest.raises(ConfigError) as refused:
     CheckpointStore(str(directory), owner=True)
@@ -361,7 +364,7 @@ def test_a_tokenizer_of_another_vocabulary_says_it_may_have_been_changed(tmp_pat
 def test_damaged_metrics_lines_are_skipped_with_one_warning_and_a_resume_keeps_the_rest(
     run_copy, caplog
 ):
-  path = os.path.join(run_copy, metric_writers.METRICS_FILE)
+  path = run_folder.RunFolder(run_copy).metrics
   lines = open(path).read().splitlines()
   damaged = lines[:2] + ['{"step": 3, "train_lo', 'not json', '[1, 2]'] + lines[2:]
   with open(path, 'w') as f:
@@ -378,8 +381,9 @@ def test_damaged_metrics_lines_are_skipped_with_one_warning_and_a_resume_keeps_t
 
 
 def test_a_damaged_eval_results_file_is_evaluated_again(tmp_path, caplog):
-  (tmp_path / trainer.RESULTS_FILE).write_text('{"step": 20, "eval_lo')
+  results = pathlib.Path(run_folder.RunFolder(str(tmp_path)).results)
+  results.write_text('{"step": 20, "eval_lo')
   assert sweep_report.results_of(str(tmp_path)) is None
   assert len(_warnings(caplog, 'is damaged (no JSON object): evaluating the variant again')) == 1
-  (tmp_path / trainer.RESULTS_FILE).write_text('{"step": 20, "eval_loss": null}')
+  results.write_text('{"step": 20, "eval_loss": null}')
   assert sweep_report.results_of(str(tmp_path)) == {'step': 20, 'eval_loss': None}

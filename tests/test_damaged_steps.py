@@ -20,9 +20,8 @@ from run_helpers import tiny_config
 from run_helpers import tiny_flags
 
 import linformer_jax
-from linformer_jax.checkpoints import step_files
+from linformer_jax import run_folder
 from linformer_jax.checkpoints.store import CheckpointStore
-from linformer_jax.checkpoints.store import checkpoint_directory
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import run_loading
 
@@ -45,7 +44,7 @@ def damaged_run(tiny_run, tmp_path):
   half of its largest array file."""
   workdir = str(tmp_path / 'run')
   shutil.copytree(tiny_run[0], workdir)
-  _truncate_largest_state_file(os.path.join(checkpoint_directory(workdir), '20'))
+  _truncate_largest_state_file(os.path.join(run_folder.RunFolder(workdir).checkpoints, '20'))
   return workdir
 
 
@@ -93,7 +92,7 @@ def test_a_damaged_step_asked_for_is_refused_saying_what_is_wrong(damaged_run, a
     ask(damaged_run)
   message = str(refused.value)
   assert message.startswith(prefix) and 'keeps no checkpoint' not in message, message
-  folder = os.path.join(checkpoint_directory(damaged_run), '20')
+  folder = os.path.join(run_folder.RunFolder(damaged_run).checkpoints, '20')
   assert re.fullmatch(
       f'{re.escape(prefix)}{TRUNCATED}; use step 10, the newest intact one, instead, '
       f'or delete {re.escape(folder)} so that step 10 is the newest.',
@@ -103,7 +102,7 @@ def test_a_damaged_step_asked_for_is_refused_saying_what_is_wrong(damaged_run, a
 
 
 def test_a_run_with_no_intact_step_says_so(damaged_run, caplog):
-  _truncate_largest_state_file(os.path.join(checkpoint_directory(damaged_run), '10'))
+  _truncate_largest_state_file(os.path.join(run_folder.RunFolder(damaged_run).checkpoints, '10'))
   with pytest.raises(ConfigError, match=r'Every checkpoint in \S+ is damaged; see the warnings'):
     run_loading.load_run(tiny_config(), damaged_run)
   warnings = _damage_warnings(caplog)
@@ -114,10 +113,10 @@ def test_training_moves_the_step_aside_and_then_names_it_when_asked_for(damaged_
   """Training resumes through the store that owns the workdir: it moves the
   damaged step aside with one warning, and the step asked for by number is
   then refused as damaged, where it went, not as a step never kept."""
-  directory = checkpoint_directory(damaged_run)
+  directory = run_folder.RunFolder(damaged_run).checkpoints
   with CheckpointStore(directory, owner=True) as store:
     assert store.latest_step() == 10
-    moved = os.path.join(damaged_run, step_files.DAMAGED_FOLDER, '20')
+    moved = os.path.join(run_folder.RunFolder(damaged_run).damaged_checkpoints, '20')
     (warning,) = _damage_warnings(caplog)
     assert 'step 20' in warning and f'moved it to {moved}' in warning
     with pytest.raises(ConfigError) as refused:

@@ -5,6 +5,7 @@ ETAs run on a fake clock and are compared with values worked out by hand.
 """
 
 import os
+import pathlib
 import time
 
 import jax.numpy as jnp
@@ -12,7 +13,7 @@ import numpy as np
 from tensorboard.backend.event_processing import event_file_loader
 from tensorboard.util import tensor_util
 
-from linformer_jax.training.metric_writers import METRICS_FILE
+from linformer_jax import run_folder
 from linformer_jax.training.metric_writers import MetricLogger
 from linformer_jax.training.metric_writers import read_metrics
 
@@ -30,7 +31,9 @@ def test_scalars_round_trip_through_metrics_jsonl(tmp_path):
 
 
 def test_reading_skips_a_record_still_being_written(tmp_path):
-  (tmp_path / METRICS_FILE).write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo')
+  pathlib.Path(run_folder.RunFolder(str(tmp_path)).metrics).write_text(
+      '{"step": 1, "loss": 2.0}\n{"step": 2, "lo'
+  )
   assert read_metrics(str(tmp_path)) == [{'step': 1, 'loss': 2.0}]
   assert read_metrics(str(tmp_path / 'no_run_here')) == []
 

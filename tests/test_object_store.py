@@ -14,9 +14,9 @@ from run_helpers import final_params
 from run_helpers import losses_by_step
 from run_helpers import tiny_config
 
+from linformer_jax import run_folder
 from linformer_jax import storage
 from linformer_jax.checkpoints.store import CheckpointStore
-from linformer_jax.checkpoints.store import checkpoint_directory
 from linformer_jax.data import remote_splits
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
@@ -118,12 +118,12 @@ def test_a_run_on_buckets_alone_resumes_on_another_host_as_a_local_run(
   step_b, params_b = final_params(remote, config)
   assert step_a == step_b == 8
   jax.tree_util.tree_map(np.testing.assert_array_equal, params_a, params_b)
-  with CheckpointStore(checkpoint_directory(remote)) as store:
+  with CheckpointStore(run_folder.RunFolder(remote).checkpoints) as store:
     assert store.all_steps() == [4, 8]
   names = set(storage.listdir(remote))
   assert {'checkpoints', 'config.json', 'eval_results.json', 'metrics.jsonl'} <= names
   assert any(name.startswith('events.out.tfevents') for name in names)
-  assert workdir_lock.LOCK_OBJECT not in names  # released at the end
+  assert run_folder.LOCK_OBJECT not in names  # released at the end
 
 
 def test_a_held_gs_lock_refuses_a_second_run_and_a_stale_one_is_taken_over(gcs_bucket, monkeypatch):
@@ -135,11 +135,11 @@ def test_a_held_gs_lock_refuses_a_second_run_and_a_stale_one_is_taken_over(gcs_b
     assert '\n' not in str(error.value)
   # A run that died keeps its lock object; once not renewed for the lease,
   # the next run takes it over.
-  storage.write_text(f'{workdir}/{workdir_lock.LOCK_OBJECT}', '{"host": "gone", "pid": 1}')
+  storage.write_text(run_folder.RunFolder(workdir).lock_object, '{"host": "gone", "pid": 1}')
   monkeypatch.setattr(workdir_lock, 'LEASE_SECONDS', 0.0)
   with workdir_lock.exclusive_workdir(workdir):
-    assert storage.exists(f'{workdir}/{workdir_lock.LOCK_OBJECT}')
-  assert not storage.exists(f'{workdir}/{workdir_lock.LOCK_OBJECT}')
+    assert storage.exists(run_folder.RunFolder(workdir).lock_object)
+  assert not storage.exists(run_folder.RunFolder(workdir).lock_object)
 
 
 def test_commands_that_stage_files_locally_refuse_a_gs_workdir(run_command):

@@ -18,8 +18,8 @@ from run_helpers import losses_by_step
 from run_helpers import tiny_flags
 from run_helpers import wait_for_step
 
+from linformer_jax import run_folder
 from linformer_jax.checkpoints.store import CheckpointStore
-from linformer_jax.checkpoints.store import checkpoint_directory
 
 # Both processes must be gone this long after the signal: the notice reaches
 # process 0 within a second, then one step, one save and the shutdown follow.
@@ -92,7 +92,7 @@ def test_sigterm_to_one_process_saves_one_step_on_all_and_resumes_exactly(tmp_pa
   saved = preempt_process_1(processes, logs, preempted, after_step=3)
   # One complete checkpoint, of the last step either process took (process 0
   # writes the metrics; process 1 would have crashed a collective otherwise).
-  store = CheckpointStore(checkpoint_directory(str(preempted)))
+  store = CheckpointStore(run_folder.RunFolder(str(preempted)).checkpoints)
   try:
     assert store.all_steps() == [saved]
   finally:

@@ -17,7 +17,7 @@ from run_helpers import one_error_line
 from run_helpers import tiny_config
 from run_helpers import tiny_flags
 
-from linformer_jax.data import tokenizer as tokenizer_lib
+from linformer_jax import run_folder
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import run_loading
 from linformer_jax.training import trainer
@@ -84,7 +84,7 @@ def lost_tokenizer(tmp_path_factory):
   run = training_run.TrainingRun(_sentencepiece_config(corpus), str(workdir))
   run.save(force=True)
   run.store.close()
-  (workdir / tokenizer_lib.MODEL_FILENAME).unlink()
+  os.remove(run_folder.RunFolder(str(workdir)).tokenizer())
   return workdir, corpus, other
 
 
@@ -106,7 +106,7 @@ def test_a_run_refused_for_another_text_keeps_no_tokenizer(run_without_tokenizer
   run = training_run.TrainingRun(_sentencepiece_config(corpus), workdir)
   run.store.close()
   assert int(run.state.step) == 0
-  assert os.path.isfile(os.path.join(workdir, tokenizer_lib.MODEL_FILENAME))
+  assert os.path.isfile(run_folder.RunFolder(workdir).tokenizer())
 
 
 def test_a_reader_refused_for_another_text_keeps_no_tokenizer(run_without_tokenizer):

@@ -29,10 +29,10 @@ from run_helpers import losses_by_step
 from run_helpers import tiny_config
 from run_helpers import wait_for_step
 
+from linformer_jax import run_folder
 from linformer_jax.checkpoints import partial_restore
 from linformer_jax.checkpoints import step_files
 from linformer_jax.checkpoints.store import CheckpointStore
-from linformer_jax.checkpoints.store import checkpoint_directory
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import trainer
 
@@ -111,7 +111,7 @@ def test_a_damaged_newest_step_is_moved_aside_and_the_intact_one_restored(
     step, state, data_state, config = store.restore(abstract_state=_abstract(_state(0.0)))
   assert (step, data_state, config) == (1, {'at': 1}, {'c': 1})
   np.testing.assert_array_equal(state['w'], np.full((256,), 1.0))
-  moved = os.path.join(os.path.dirname(two_steps), step_files.DAMAGED_FOLDER, '2')
+  moved = os.path.join(run_folder.RunFolder(os.path.dirname(two_steps)).damaged_checkpoints, '2')
   assert os.path.isdir(moved) and not os.path.exists(os.path.join(two_steps, '2'))
   warnings = [r.getMessage() for r in caplog.records if 'damaged' in r.getMessage()]
   assert len(warnings) == 1 and 'step 2' in warnings[0] and f'moved it to {moved}' in warnings[0]
@@ -205,7 +205,7 @@ def test_a_run_resumes_exactly_from_the_newest_intact_checkpoint(tmp_path):
   trainer.train_and_evaluate(config, workdir)
   losses = losses_by_step(workdir)
   _, params = final_params(workdir, config)
-  checkpoints = checkpoint_directory(workdir)
+  checkpoints = run_folder.RunFolder(workdir).checkpoints
   _flip_one_bit(os.path.join(checkpoints, '12'))
   _remove(os.path.join('state', '_METADATA'))(os.path.join(checkpoints, '8'))
   results = trainer.train_and_evaluate(config, workdir)

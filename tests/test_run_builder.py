@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import pathlib
 
 import jax
 from jax.sharding import AbstractMesh
@@ -13,6 +14,7 @@ import pytest
 
 from configs import default
 from configs import tiny
+from linformer_jax import run_folder
 from linformer_jax import settings_flags
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import optimization
@@ -140,7 +142,7 @@ def test_a_config_saved_before_the_newer_fields_builds_with_the_values_of_its_ti
     saved.pop(field)
   for field in added['data']:
     saved['data'].pop(field)
-  (tmp_path / run_builder.CONFIG_FILE).write_text(json.dumps(saved))
+  pathlib.Path(run_folder.RunFolder(str(tmp_path)).config).write_text(json.dumps(saved))
   config = run_builder.saved_config(str(tmp_path))
   # Such a run trained every weight alike and stopped at its first bad step.
   assert config.projection_remove_common_update is False

@@ -9,11 +9,13 @@ import hashlib
 import json
 import math
 import os
+import pathlib
 import shlex
 
 import pytest
 from run_helpers import tiny_config
 
+from linformer_jax import run_folder
 from linformer_jax import sweep as sweep_lib
 from linformer_jax.analysis import sweep_report
 from linformer_jax.errors import ConfigError
@@ -86,7 +88,7 @@ def test_every_variant_trains_with_its_overrides(finished_sweep):
   assert transformer['model']['attention'] == 'full'
   assert (linformer['model']['attention'], linformer['model']['projected_len']) == ('linformer', 4)
   for name in results:
-    with open(os.path.join(workdir, name, trainer.RESULTS_FILE)) as f:
+    with open(run_folder.RunFolder(os.path.join(workdir, name)).results) as f:
       assert json.load(f)['step'] == 3
 
 
@@ -121,7 +123,7 @@ def variant_files(workdir, names):
 def test_a_rerun_skips_finished_variants(finished_sweep, tiny_sweep, monkeypatch, capsys):
   workdir, results = finished_sweep
   before = variant_files(workdir, results)
-  assert any(path.endswith(trainer.RESULTS_FILE) for path in before)
+  assert any(path.endswith(run_folder.RESULTS) for path in before)
 
   def must_not_train(*args, **kwargs):
     raise AssertionError(f'a finished variant was trained again: {args}, {kwargs}')
@@ -315,7 +317,7 @@ def test_a_diverged_variant_s_command_goes_on_with_it(tmp_path, run_command):
   assert not any(flag.startswith(('--config.', '--set=learning_rate')) for flag in command)
   went_on = run_command('sweep', *command)
   assert went_on.returncode == 0, went_on.stderr
-  with open(workdir / 'k4' / trainer.RESULTS_FILE) as f:
+  with open(run_folder.RunFolder(str(workdir / 'k4')).results) as f:
     results = json.load(f)
   assert results['step'] == 8 and results['eval_loss'] < math.log(260)  # a uniform guess
   assert sorted(os.listdir(workdir / 'k4' / 'diverged_checkpoints' / 'from_1')) == ['4', '5']
@@ -344,7 +346,7 @@ def test_a_classification_sweep_reports_accuracy_and_the_spread_over_seeds(tmp_p
         'parameters': 1000,
         'wall_time_s': 5.0,
     }
-    (folder / trainer.RESULTS_FILE).write_text(json.dumps(results))
+    pathlib.Path(run_folder.RunFolder(str(folder)).results).write_text(json.dumps(results))
     lines = [{'step': step, 'eval_accuracy': accuracy * step / 10} for step in (5, 10)]
     (folder / 'metrics.jsonl').write_text(''.join(json.dumps(line) + '\n' for line in lines))
   sweep_lib.write_report(sweep, str(tmp_path))

@@ -7,6 +7,7 @@ tokenizer.model in its workdir, naming the file.
 """
 
 import os
+import pathlib
 import random
 import re
 import shutil
@@ -15,6 +16,7 @@ import pytest
 
 from configs import classification
 from configs import tiny
+from linformer_jax import run_folder
 from linformer_jax.data import classification as classification_data
 from linformer_jax.data import masked_lm
 from linformer_jax.data import tokenizer as tokenizer_lib
@@ -88,7 +90,7 @@ def test_a_classification_run_refused_for_its_data_leaves_no_workdir(tmp_path, b
 def test_a_refused_fine_tuning_run_keeps_no_copy_of_the_pretrained_tokenizer(tmp_path):
   pretrained = tmp_path / 'pretrained'
   model = tokenizer_lib.SentencePieceTokenizer.train(
-      iter([' '.join(WORDS)] * 50), 40, str(pretrained / tokenizer_lib.MODEL_FILENAME)
+      iter([' '.join(WORDS)] * 50), 40, run_folder.RunFolder(str(pretrained)).tokenizer()
   )
   add_a_bad_label(write_tsv_data(tmp_path / 'data'))
   config = sentencepiece_classifier_config(tmp_path / 'data', init_from=str(pretrained))
@@ -99,7 +101,7 @@ def test_a_refused_fine_tuning_run_keeps_no_copy_of_the_pretrained_tokenizer(tmp
   assert not os.listdir(workdir)
   write_tsv_data(tmp_path / 'data')
   assert classification_data.build_datasets(config, str(workdir)).tokenizer_sha256 == model.sha256
-  assert os.listdir(workdir) == [tokenizer_lib.MODEL_FILENAME]
+  assert os.listdir(workdir) == [run_folder.TOKENIZER_FILES['sentencepiece']]
 
 
 @pytest.mark.slow
@@ -189,7 +191,7 @@ def stopped_run(tmp_path_factory):
   assert trainer.train_and_evaluate(masked_lm_config(corpus), str(workdir), stop_after=2) is None
   other = masked_lm_config(write_pseudo_words(root / 'other_corpus', seed=1))
   masked_lm.prepare_splits(other, str(root / 'other_run'), tokenizer_only=True)
-  return corpus, workdir, root / 'other_run' / tokenizer_lib.MODEL_FILENAME
+  return corpus, workdir, pathlib.Path(run_folder.RunFolder(str(root / 'other_run')).tokenizer())
 
 
 def with_other_tokenizer(stopped_run, tmp_path):
@@ -197,8 +199,9 @@ def with_other_tokenizer(stopped_run, tmp_path):
   _, workdir, other_model = stopped_run
   copy = tmp_path / 'run'
   shutil.copytree(workdir, copy)
-  assert (copy / tokenizer_lib.MODEL_FILENAME).read_bytes() != other_model.read_bytes()
-  shutil.copyfile(other_model, copy / tokenizer_lib.MODEL_FILENAME)
+  tokenizer_file = pathlib.Path(run_folder.RunFolder(str(copy)).tokenizer())
+  assert tokenizer_file.read_bytes() != other_model.read_bytes()
+  shutil.copyfile(other_model, tokenizer_file)
   return copy
 
 
@@ -211,7 +214,10 @@ def test_a_checkpoint_refuses_another_tokenizer_until_its_own_is_back(stopped_ru
       'trained with .*put the original file back, or use another --workdir',
   ):
     training_run.TrainingRun(masked_lm_config(corpus), str(workdir))
-  shutil.copyfile(original / tokenizer_lib.MODEL_FILENAME, workdir / tokenizer_lib.MODEL_FILENAME)
+  shutil.copyfile(
+      run_folder.RunFolder(str(original)).tokenizer(),
+      run_folder.RunFolder(str(workdir)).tokenizer(),
+  )
   run = training_run.TrainingRun(masked_lm_config(corpus), str(workdir))
   run.store.close()
   assert int(run.state.step) == 2

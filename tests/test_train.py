@@ -23,8 +23,8 @@ from run_helpers import tiny_config
 from run_helpers import tiny_flags
 from run_helpers import wait_for_step
 
+from linformer_jax import run_folder
 from linformer_jax.checkpoints.store import CheckpointStore
-from linformer_jax.checkpoints.store import checkpoint_directory
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import run_config
 from linformer_jax.training import trainer
@@ -48,7 +48,7 @@ def test_a_tiny_run_writes_results_metrics_events_and_checkpoints(finished_run):
   assert [m['step'] for m in metrics if 'train_loss' in m] == [5, 10, 15, 20]
   assert [m['step'] for m in metrics if 'eval_perplexity' in m] == [10, 20]
   assert any(name.startswith('events.out.tfevents') for name in os.listdir(workdir))
-  assert CheckpointStore(checkpoint_directory(workdir)).latest_step() == 20
+  assert CheckpointStore(run_folder.RunFolder(workdir).checkpoints).latest_step() == 20
   # The loss went down from its start at about log(vocab).
   first, last = metrics[0]['train_loss'], results['eval_loss']
   assert last < first
@@ -57,7 +57,7 @@ def test_a_tiny_run_writes_results_metrics_events_and_checkpoints(finished_run):
 def test_a_finished_run_started_again_says_so_and_trains_nothing(finished_run, tmp_path, capsys):
   workdir = tmp_path / 'run'
   shutil.copytree(finished_run[0], workdir)
-  checkpoints_before = snapshot(checkpoint_directory(str(workdir)))
+  checkpoints_before = snapshot(run_folder.RunFolder(str(workdir)).checkpoints)
   metrics_before = read_metrics(str(workdir))
   results = trainer.train_and_evaluate(tiny_config(), str(workdir))
   printed = capsys.readouterr().out
@@ -67,7 +67,7 @@ def test_a_finished_run_started_again_says_so_and_trains_nothing(finished_run, t
   assert results['step'] == 20
   assert results['eval_loss'] == pytest.approx(finished_run[1]['eval_loss'], rel=1e-5)
   assert read_metrics(str(workdir)) == metrics_before
-  assert snapshot(checkpoint_directory(str(workdir))) == checkpoints_before
+  assert snapshot(run_folder.RunFolder(str(workdir)).checkpoints) == checkpoints_before
 
 
 # `make test` checks exact resumption through
@@ -79,7 +79,7 @@ def test_resume_is_exact(tmp_path):
   straight, resumed = str(tmp_path / 'straight'), str(tmp_path / 'resumed')
   trainer.train_and_evaluate(config, straight)
   assert trainer.train_and_evaluate(config, resumed, stop_after=6) is None
-  assert CheckpointStore(checkpoint_directory(resumed)).latest_step() == 6
+  assert CheckpointStore(run_folder.RunFolder(resumed).checkpoints).latest_step() == 6
   trainer.train_and_evaluate(config, resumed)
   assert losses_by_step(straight) == losses_by_step(resumed)
   assert sorted(losses_by_step(resumed)) == list(range(1, 13))
@@ -128,7 +128,7 @@ def test_sigterm_and_ctrl_c_save_a_checkpoint_before_exiting(tmp_path, run_comma
   name = 'Ctrl-C' if signum == signal.SIGINT else 'SIGTERM'
   assert sum(f'{name} received' in line for line in output.splitlines()) == 1, output
   assert not [f for f in os.listdir(os.path.join(workdir, 'checkpoints')) if 'tmp' in f]
-  saved = CheckpointStore(checkpoint_directory(workdir)).latest_step()
+  saved = CheckpointStore(run_folder.RunFolder(workdir).checkpoints).latest_step()
   assert saved is not None and saved >= 3
   assert saved == max(m['step'] for m in read_metrics(workdir))
   if signum == signal.SIGINT:

@@ -6,6 +6,7 @@ strict JSON (docs/reliability.md, "Ending on unsound steps")."""
 
 import json
 import math
+import os
 import re
 import shlex
 import shutil
@@ -15,6 +16,7 @@ import pytest
 from run_helpers import file_hashes
 from run_helpers import tiny_flags
 
+from linformer_jax import run_folder
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import divergence
 from linformer_jax.training import evaluation
@@ -70,7 +72,7 @@ def test_a_finite_divergence_says_so_exits_2_and_saves_no_results(finite_diverge
   assert 'Training diverged: step 10, the last, is not sound (saved while the loss' in line, line
   assert 'before the loss spiked at step 3. No results were saved.' in line, line
   assert 'Kept checkpoints' in line and 'none is from before the divergence' in line, line
-  assert not (workdir / trainer.RESULTS_FILE).exists()
+  assert not os.path.exists(run_folder.RunFolder(str(workdir)).results)
   assert SoundStepLedger(str(workdir)).diverged['step'] == 3
   # The perplexity of a loss in the tens of thousands: inf, said why, not 305 digits.
   evaluated = [line for line in process.stdout.splitlines() if line.startswith('step 10: ')]
@@ -94,7 +96,7 @@ def test_its_advice_trains_a_sound_run(finite_divergence, run_command):
   assert not any(flag.startswith('--config.learning_rate') for flag in command), command
   went_on = run_command('train', *command)
   assert went_on.returncode == 0, went_on.stderr
-  with open(f'{workdir}-restart/{trainer.RESULTS_FILE}') as f:
+  with open(run_folder.RunFolder(f'{workdir}-restart').results) as f:
     results = _strict_json(f.read())
   assert results['step'] == 10 and results['eval_loss'] < math.log(260)  # below a uniform guess
   ledger = SoundStepLedger(f'{workdir}-restart')
@@ -124,7 +126,7 @@ def test_a_re_run_of_its_workdir_says_why_it_cannot_go_on(finite_divergence, tmp
   ledger.write()
   with pytest.raises(divergence.DivergenceError, match='Training diverged: step 10, the last'):
     trainer.train_and_evaluate(lower, str(workdir))
-  assert not (workdir / trainer.RESULTS_FILE).exists()
+  assert not os.path.exists(run_folder.RunFolder(str(workdir)).results)
   assert SoundStepLedger(str(workdir)).diverged['config']['learning_rate'] == 100
   with pytest.raises(ConfigError, match='diverged, ending at step 10 and none of its kept steps'):
     training_run.TrainingRun(lower, str(workdir))

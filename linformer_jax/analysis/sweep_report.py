@@ -17,12 +17,12 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from absl import logging
 
+from linformer_jax import run_folder
 from linformer_jax import storage
 from linformer_jax.analysis.tables import MISSING
 from linformer_jax.analysis.tables import markdown_table
 from linformer_jax.analysis.tables import new_axes
 from linformer_jax.analysis.tables import number_text
-from linformer_jax.training import trainer
 from linformer_jax.training.metric_writers import read_metrics
 
 REPORT_FILE = 'results.md'
@@ -85,7 +85,7 @@ def results_of(variant_dir: str) -> Optional[Dict[str, Any]]:
   is no JSON object (damaged) is None too, with one warning: the sweep then
   runs the variant's command again, which resumes its finished run and only
   evaluates it, writing the file anew."""
-  path = os.path.join(variant_dir, trainer.RESULTS_FILE)
+  path = run_folder.RunFolder(variant_dir).results
   if not os.path.exists(path):
     return None
   try:

@@ -18,6 +18,7 @@ from absl import logging
 import jax
 from jax.experimental import multihost_utils
 
+from linformer_jax import run_folder
 from linformer_jax import storage
 from linformer_jax.checkpoints import pruned_steps
 from linformer_jax.checkpoints import step_files
@@ -173,7 +174,7 @@ def _moved_aside(directory: str, step: int) -> Optional[str]:
   """The newest copy of `step` that `step_files.move_aside` put in the
   damaged_checkpoints folder beside the checkpoint directory `directory`, or
   None."""
-  damaged = os.path.join(os.path.dirname(directory), step_files.DAMAGED_FOLDER)
+  damaged = run_folder.RunFolder(os.path.dirname(directory)).damaged_checkpoints
   if not storage.isdir(damaged):
     return None
   copies = {}
@@ -212,6 +213,6 @@ def set_aside_damaged_steps(inspector: StepInspector) -> None:
   if not step_files.step_entries(directory):
     raise ConfigError(
         f'No intact checkpoint is left in {directory}: steps {sorted(moved)} were damaged and '
-        f'moved to {step_files.DAMAGED_FOLDER}/ beside it. Run the same command again to start '
-        'the run from step 0, or use another --workdir.'
+        f'moved to {run_folder.DAMAGED_CHECKPOINTS}/ beside it. Run the same command again to '
+        'start the run from step 0, or use another --workdir.'
     )

@@ -45,6 +45,7 @@ from linformer_jax.errors import ConfigError
 CONFIG_FILE = 'config.json'
 WEIGHTS_FILE = 'model.safetensors'
 WEIGHTS_INDEX_FILE = 'model.safetensors.index.json'
+TOKENIZER_FILE = 'tokenizer.json'
 TOKENIZER_CONFIG_FILE = 'tokenizer_config.json'
 ARCHITECTURES = ('roberta', 'bert', 'linformer')
 # config.json's fields and the config.model fields they are, for every architecture.
@@ -302,12 +303,12 @@ def read_folder(folder: str) -> Checkpoint:
         path,
         'no such folder; give a folder with config.json, model.safetensors and tokenizer.json.',
     )
-  for name in (CONFIG_FILE, tokenizer_lib.HUGGINGFACE_FILENAME):
+  for name in (CONFIG_FILE, TOKENIZER_FILE):
     if not (path / name).exists():
       raise fail(path, f'the folder has no {name}.')
   config = _read_json(path, CONFIG_FILE)
   architecture = _check_config(path, config)
-  tokenizer = tokenizer_lib.HuggingFaceTokenizer(str(path / tokenizer_lib.HUGGINGFACE_FILENAME))
+  tokenizer = tokenizer_lib.HuggingFaceTokenizer(str(path / TOKENIZER_FILE))
   _check_tokenizer(path, tokenizer, config)
   return Checkpoint(path, architecture, config, _read_tensors(path), tokenizer)
 

@@ -30,11 +30,10 @@ from tokenizers import normalizers
 from tokenizers import pre_tokenizers
 from tokenizers import processors
 
+from linformer_jax.checkpoints import hf_checkpoint
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
 
-TOKENIZER_FILE = tokenizer_lib.HUGGINGFACE_FILENAME
-TOKENIZER_CONFIG_FILE = 'tokenizer_config.json'
 # The byte tokenizer's special tokens, in id order (`ByteTokenizer`'s ids 0-3).
 BYTE_SPECIAL_TOKENS = ('<pad>', '<s>', '</s>', '<mask>')
 # SentencePiece's spaces and its piece types (sentencepiece_model.proto).
@@ -170,7 +169,8 @@ def tokenizer_files(
     token_id: Optional[int] = getattr(run_tokenizer, role, None)
     if token_id is not None:
       settings[name] = converted.id_to_token(token_id)
+  tokenizer_config = json.dumps(settings, indent=2, ensure_ascii=False) + '\n'
   return {
-      TOKENIZER_FILE: text,
-      TOKENIZER_CONFIG_FILE: json.dumps(settings, indent=2, ensure_ascii=False) + '\n',
+      hf_checkpoint.TOKENIZER_FILE: text,
+      hf_checkpoint.TOKENIZER_CONFIG_FILE: tokenizer_config,
   }, kind

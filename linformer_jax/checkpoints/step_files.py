@@ -40,10 +40,6 @@ from linformer_jax.checkpoints import orbax_items
 from linformer_jax.errors import ConfigError
 
 MANIFEST_FILE = 'integrity.json'
-# Where a run's damaged step folders are moved, beside its checkpoints folder.
-DAMAGED_FOLDER = run_folder.DAMAGED_CHECKPOINTS
-# Where a run that goes back to step S moves the newer steps: DIVERGED_FOLDER/from_S.
-DIVERGED_FOLDER = run_folder.DIVERGED_CHECKPOINTS
 # The file in a step folder that protects it from the newest-`keep` rule
 # (outside the manifest, which covers the item folders only).
 PROTECTED_FILE = 'protected'
@@ -202,7 +198,7 @@ def remove_temporary_folders(directory: str) -> None:
   process). Done before the run's first save and in the caller's thread, so
   a run refused just after opening its checkpoints leaves no thread behind.
   Anything else under such a name (a file) is no save's: it is moved to
-  DAMAGED_FOLDER, with a warning, since orbax would delete it."""
+  ../damaged_checkpoints, with a warning, since orbax would delete it."""
   if jax.process_index() != 0 or not storage.isdir(directory):
     return
   for name in storage.listdir(directory):
@@ -229,8 +225,8 @@ def move_aside(step_folder: str, destination_folder: Optional[str] = None) -> st
   """Moves a step folder to `destination_folder`/STEP[.N] (default: a damaged
   step, to ../damaged_checkpoints); returns where it went. Nothing is deleted."""
   checkpoints = os.path.dirname(storage.location(step_folder))
-  destination_folder = destination_folder or os.path.join(
-      os.path.dirname(checkpoints), DAMAGED_FOLDER
+  destination_folder = (
+      destination_folder or run_folder.RunFolder(os.path.dirname(checkpoints)).damaged_checkpoints
   )
   refuse_file_at(destination_folder, 'the checkpoints it moves aside')
   storage.makedirs(destination_folder)
@@ -270,8 +266,9 @@ def mark_protected(directory: str, step: int, protected: bool) -> None:
 
 def move_diverged_steps(directory: str, steps: List[int], back_to: int) -> None:
   """Moves the step folders `steps` of a checkpoint directory to
-  ../DIVERGED_FOLDER/from_BACK_TO/ (process 0; every process waits)."""
-  destination = os.path.join(os.path.dirname(directory), DIVERGED_FOLDER, f'from_{back_to}')
+  ../diverged_checkpoints/from_BACK_TO/ (process 0; every process waits)."""
+  diverged = run_folder.RunFolder(os.path.dirname(directory)).diverged_checkpoints
+  destination = os.path.join(diverged, f'from_{back_to}')
   if jax.process_index() == 0:
     for step in steps:
       storage.makedirs(destination)

@@ -44,7 +44,6 @@ from absl import logging
 import jax
 import orbax.checkpoint as ocp
 
-from linformer_jax import run_folder
 from linformer_jax import storage
 from linformer_jax.checkpoints import damaged_steps
 from linformer_jax.checkpoints import full_disk
@@ -61,11 +60,6 @@ DataState = json_items.DataState
 _OTHER_WORKDIR_ADVICE = (
     'the workdir holds a run with a different model config; use another --workdir'
 )
-
-
-def checkpoint_directory(workdir: str) -> str:
-  """Where a run keeps its checkpoints: WORKDIR/checkpoints."""
-  return run_folder.RunFolder(workdir).checkpoints
 
 
 @dataclasses.dataclass

@@ -24,10 +24,8 @@ from linformer_jax import run_folder
 from linformer_jax.errors import ConfigError
 
 TOKENIZERS = ('sentencepiece', 'byte', 'huggingface')
-MODEL_FILENAME = run_folder.TOKENIZER_FILES['sentencepiece']
-HUGGINGFACE_FILENAME = run_folder.TOKENIZER_FILES['huggingface']
-# The file a run keeps its tokenizer in, per config.data.tokenizer.
-FILENAMES = {'sentencepiece': MODEL_FILENAME, 'huggingface': HUGGINGFACE_FILENAME}
+# The file a run keeps its tokenizer in, per config.data.tokenizer (none for bytes).
+FILENAMES = run_folder.TOKENIZER_FILES
 # The tokens of RoBERTa's and BERT's vocabularies that play each role.
 HUGGINGFACE_ROLES = {
     'pad_id': ('<pad>', '[PAD]'),

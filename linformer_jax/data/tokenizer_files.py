@@ -14,6 +14,7 @@ import pathlib
 import shutil
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
+from linformer_jax import run_folder
 from linformer_jax import storage
 from linformer_jax.data import cache
 from linformer_jax.data.tokenizer import FILENAMES
@@ -62,22 +63,24 @@ def _load_checked(kind: str, model_path: pathlib.Path, vocab_size: int, advice: 
   return tokenizer
 
 
-def _local_workdir(data_config: Mapping[str, Any], workdir: str, filename: str) -> str:
-  """`workdir` itself, or for a gs:// workdir its local mirror in the data
-  cache, holding a copy of the workdir's tokenizer file if it has one.
+def _local_tokenizer_file(data_config: Mapping[str, Any], workdir: str, kind: str) -> pathlib.Path:
+  """The tokenizer file of `kind` in `workdir`, or for a gs:// workdir in its
+  local mirror in the data cache, which holds a copy of the workdir's
+  tokenizer file if it has one.
 
   SentencePiece and the tokenizers library read local files only; the
   tokenizer trained for a gs:// run is uploaded once kept.
   """
   if not storage.is_object_store(workdir):
-    return workdir
+    return pathlib.Path(run_folder.RunFolder(workdir).tokenizer(kind))
   digest = hashlib.sha256(workdir.encode()).hexdigest()[:20]
   mirror = cache.cache_root(data_config['cache_dir']) / 'workdirs' / digest
-  remote = storage.join(workdir, filename)
+  local = pathlib.Path(run_folder.RunFolder(str(mirror)).tokenizer(kind))
+  remote = run_folder.RunFolder(workdir).tokenizer(kind)
   if storage.exists(remote):
     mirror.mkdir(parents=True, exist_ok=True)
-    storage.copy_file(remote, str(mirror / filename))
-  return str(mirror)
+    storage.copy_file(remote, str(local))
+  return local
 
 
 def run_tokenizer(data_config: Mapping[str, Any], workdir: str) -> Tokenizer:
@@ -90,7 +93,7 @@ def run_tokenizer(data_config: Mapping[str, Any], workdir: str) -> Tokenizer:
     raise ConfigError(
         f'config.data.tokenizer={kind!r} has no text to encode; use one of {TOKENIZERS}.'
     )
-  model_path = pathlib.Path(_local_workdir(data_config, workdir, FILENAMES[kind])) / FILENAMES[kind]
+  model_path = _local_tokenizer_file(data_config, workdir, kind)
   if not model_path.exists():
     raise ConfigError(f'{workdir} has no {FILENAMES[kind]}; point --workdir at a trained run.')
   return _load_checked(kind, model_path, data_config['vocab_size'], "use the run's own config")
@@ -142,9 +145,8 @@ def workdir_tokenizer(
     raise ConfigError(
         f'config.data.vocab_size={vocab_size!r} is not allowed; use an int >= 8 (e.g. 8000).'
     )
-  filename = FILENAMES[kind]
   remote = workdir if storage.is_object_store(workdir) else None
-  model_path = pathlib.Path(_local_workdir(data_config, workdir, filename)) / filename
+  model_path = _local_tokenizer_file(data_config, workdir, kind)
   if model_path.exists():
     yield _load_checked(kind, model_path, vocab_size, 'use a new workdir')
     return
@@ -158,7 +160,7 @@ def workdir_tokenizer(
   # gs:// run trains in its mirror in the data cache, checked with the cache.
   if not remote:
     storage.check_folder(workdir)
-  staged = model_path.with_name(f'{filename}.staged{os.getpid()}')
+  staged = model_path.with_name(f'{model_path.name}.staged{os.getpid()}')
   # The folders made for it and the kept model are noted: a command refused
   # after this block (`storage.undone_if_refused`) removes them again.
   with storage.undone_if_refused():
@@ -186,8 +188,9 @@ def workdir_tokenizer(
     tokenizer.model_path = str(model_path)
     tokenizer.made_now = True
     if remote:
-      storage.copy_file(str(model_path), storage.join(remote, filename))
-      storage.note_created(storage.join(remote, filename))
+      uploaded = run_folder.RunFolder(remote).tokenizer(kind)
+      storage.copy_file(str(model_path), uploaded)
+      storage.note_created(uploaded)
 
 
 def build_tokenizer(

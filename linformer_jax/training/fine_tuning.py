@@ -10,9 +10,9 @@ from typing import Any, Dict, List, Tuple
 
 import ml_collections
 
+from linformer_jax import run_folder
 from linformer_jax.checkpoints import partial_restore
 from linformer_jax.checkpoints.store import CheckpointStore
-from linformer_jax.checkpoints.store import checkpoint_directory
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import run_config
 from linformer_jax.training.train_steps import TrainState
@@ -42,7 +42,7 @@ def check_pretrained_encoder(config: ml_collections.ConfigDict) -> Dict[str, Any
 
   Returns the pretraining run's saved model config.
   """
-  store = CheckpointStore(checkpoint_directory(config.init_from))
+  store = CheckpointStore(run_folder.RunFolder(config.init_from).checkpoints)
   if store.latest_step() is None:
     raise ConfigError(
         f'config.init_from={config.init_from!r} holds no checkpoint; '

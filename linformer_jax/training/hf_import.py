@@ -39,8 +39,6 @@ from linformer_jax.checkpoints import hf_checkpoint
 from linformer_jax.checkpoints import hf_conversion
 from linformer_jax.checkpoints import hf_tensors
 from linformer_jax.checkpoints.store import CheckpointStore
-from linformer_jax.checkpoints.store import checkpoint_directory
-from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
 from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.training import optimization
@@ -148,13 +146,15 @@ def import_checkpoint(
       'unused_tensors': unused,
   }
   with storage.staged_folder(pathlib.Path(workdir), 'importing') as staging:
+    staged_run = run_folder.RunFolder(str(staging))
     shutil.copyfile(
-        checkpoint.folder / tokenizer_lib.HUGGINGFACE_FILENAME,
-        staging / tokenizer_lib.HUGGINGFACE_FILENAME,
+        checkpoint.folder / hf_checkpoint.TOKENIZER_FILE, staged_run.tokenizer('huggingface')
     )
-    (staging / run_folder.CONFIG).write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True))
+    pathlib.Path(staged_run.config).write_text(
+        json.dumps(config.to_dict(), indent=2, sort_keys=True)
+    )
     (staging / IMPORT_FILE).write_text(json.dumps(summary, indent=2))
-    with CheckpointStore(checkpoint_directory(str(staging)), async_save=False) as store:
+    with CheckpointStore(staged_run.checkpoints, async_save=False) as store:
       store.save(
           0,
           state=state,

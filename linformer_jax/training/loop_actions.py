@@ -31,10 +31,6 @@ from linformer_jax.training import evaluation
 from linformer_jax.training import training_run
 from linformer_jax.training.metric_writers import MetricLogger
 
-# Where `config.profile_steps` writes its trace (TensorBoard's profile plugin
-# reads WORKDIR/profile/plugins/profile/...).
-PROFILE_FOLDER = run_folder.PROFILE
-
 
 def is_due(step: int, every: int, last_step: int) -> bool:
   """Whether a periodic action is due after `step`: every `every` steps and
@@ -226,7 +222,8 @@ class Terminate(PeriodicAction):
 
 
 class Profile(PeriodicAction):
-  """clu's profiler tracing steps `window` = (FIRST, LAST) into WORKDIR/profile.
+  """clu's profiler tracing steps `window` = (FIRST, LAST) into WORKDIR/profile
+  (TensorBoard's profile plugin reads WORKDIR/profile/plugins/profile/...).
 
   A resumed run inside the window traces the rest of it; after it, nothing.
   """

@@ -51,12 +51,6 @@ from linformer_jax import run_folder
 from linformer_jax import storage
 from linformer_jax.errors import is_disk_full
 
-METRICS_FILE = run_folder.METRICS
-
-
-def _metrics_path(workdir: str) -> str:
-  return run_folder.RunFolder(workdir).metrics
-
 
 def _complete_lines(path: str) -> List[str]:
   """The records of a metrics file: its newline-terminated lines that are JSON
@@ -114,7 +108,7 @@ def read_metrics(workdir: str) -> List[Dict[str, Any]]:
   a value written null (NaN or infinite) is NaN."""
   return [
       {name: math.nan if value is None else value for name, value in json.loads(line).items()}
-      for line in _complete_lines(_metrics_path(workdir))
+      for line in _complete_lines(run_folder.RunFolder(workdir).metrics)
   ]
 
 
@@ -194,6 +188,7 @@ class MetricLogger:
       is_primary: whether this is process 0, the one that writes files.
     """
     self.workdir = workdir
+    self._metrics_path = run_folder.RunFolder(workdir).metrics
     self.total_steps = total_steps
     self.is_primary = is_primary
     self._events = None
@@ -226,7 +221,7 @@ class MetricLogger:
     """
     self._last_step = step
     self._last_time = time.monotonic()
-    path = _metrics_path(self.workdir)
+    path = self._metrics_path
     if not self.is_primary:
       return
     kept = [line for line in _complete_lines(path) if json.loads(line)['step'] <= step]
@@ -258,13 +253,13 @@ class MetricLogger:
     record = json_text({'step': step, **values})
     if storage.is_object_store(self.workdir):
       if self._records is None:
-        self._records = _complete_lines(_metrics_path(self.workdir))
+        self._records = _complete_lines(self._metrics_path)
       self._records.append(record)
-      storage.write_text(_metrics_path(self.workdir), ''.join(r + '\n' for r in self._records))
+      storage.write_text(self._metrics_path, ''.join(r + '\n' for r in self._records))
       return
     # One write of a whole line per record: a concurrent reader sees either
     # no record or a complete one (see _complete_lines).
-    with open(_metrics_path(self.workdir), 'a') as f:
+    with open(self._metrics_path, 'a') as f:
       f.write(record + '\n')
 
   def exclude(self, seconds: float) -> None:

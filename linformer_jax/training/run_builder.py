@@ -35,9 +35,6 @@ from linformer_jax.training import sharding as sharding_lib
 from linformer_jax.training import tasks
 from linformer_jax.training import train_steps
 
-# The file a run keeps its config in (written when training starts).
-CONFIG_FILE = run_folder.CONFIG
-
 
 def _with_shardings(shapes: Any, shardings: Any) -> Any:
   return jax.tree_util.tree_map(

@@ -22,12 +22,12 @@ from typing import Any, Dict, Optional, Tuple
 
 import ml_collections
 
+from linformer_jax import run_folder
 from linformer_jax import storage
 from linformer_jax.checkpoints import partial_restore
 from linformer_jax.checkpoints import pruned_steps
 from linformer_jax.checkpoints import step_files
 from linformer_jax.checkpoints.store import CheckpointStore
-from linformer_jax.checkpoints.store import checkpoint_directory
 from linformer_jax.data import classification_sources
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.data import tokenizer_files
@@ -148,7 +148,7 @@ def _read_step(
   step, data_state = _newest_step(config, workdir, wanted, named)
   # Its own listing, made after the run training there pruned `step`, no
   # longer holds it: the step was pruned, not asked for in vain.
-  with pruned_steps.pruned_if_gone(checkpoint_directory(workdir), step):
+  with pruned_steps.pruned_if_gone(run_folder.RunFolder(workdir).checkpoints, step):
     return step, data_state, _restore_variables(workdir, abstract, step)
 
 
@@ -160,7 +160,7 @@ def _newest_step(
   'config.restore_step=3: ', or ''), checked against config, and its data
   state. A damaged `wanted` is refused in a message that names what is wrong
   and the step to use instead."""
-  with CheckpointStore(checkpoint_directory(workdir)) as store:
+  with CheckpointStore(run_folder.RunFolder(workdir).checkpoints) as store:
     if not store.step_folders():
       raise ConfigError(f'{workdir} holds no checkpoint; train first or fix --workdir.')
     kept = store.all_steps()

@@ -42,7 +42,6 @@ from linformer_jax import run_folder
 from linformer_jax import storage
 from linformer_jax.errors import ConfigError
 
-LEDGER_FILE = run_folder.LEDGER
 # A step whose parameter norm is above this times the largest norm of an
 # earlier sound step is not sound (blown-up weights whose loss is finite).
 PARAM_NORM_FACTOR = 4.0

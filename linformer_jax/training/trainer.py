@@ -56,8 +56,6 @@ from linformer_jax.training.metric_writers import MetricLogger
 from linformer_jax.training.metric_writers import json_text
 from linformer_jax.units import size_text
 
-RESULTS_FILE = run_folder.RESULTS
-
 
 class _TerminationRequest:
   """SIGTERM (a scheduler's preemption notice) or Ctrl-C as a step every

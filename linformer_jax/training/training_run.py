@@ -20,8 +20,8 @@ import ml_collections
 import numpy as np
 import optax
 
+from linformer_jax import run_folder
 from linformer_jax.checkpoints.store import CheckpointStore
-from linformer_jax.checkpoints.store import checkpoint_directory
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import divergence
 from linformer_jax.training import evaluation
@@ -76,7 +76,9 @@ class TrainingRun:
     # store (its owner) moves a damaged step aside or removes an unfinished save.
     self.ledger = sound_steps.SoundStepLedger(workdir)
     self.store = CheckpointStore(
-        checkpoint_directory(workdir), keep=self.parts.settings.loop.keep_checkpoints, owner=True
+        run_folder.RunFolder(workdir).checkpoints,
+        keep=self.parts.settings.loop.keep_checkpoints,
+        owner=True,
     )
     try:
       self._build(config, workdir)

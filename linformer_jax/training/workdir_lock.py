@@ -5,7 +5,7 @@ the lock when the holder exits, however it dies, so a dead run never blocks
 the next one.
 
 An object store has no locks and no kernel to drop one. There the lock is the
-object WORKDIR/LOCK_OBJECT, created only if absent (a generation-0
+object WORKDIR/.lock (`run_folder`), created only if absent (a generation-0
 precondition: of two runs starting together, exactly one creates it). Its
 holder rewrites it every RENEW_SECONDS, each write conditional on the
 generation it last wrote, and deletes it when the run ends. A lock not
@@ -32,7 +32,6 @@ from linformer_jax import run_folder
 from linformer_jax import storage
 from linformer_jax.errors import ConfigError
 
-LOCK_OBJECT = run_folder.LOCK_OBJECT
 LEASE_SECONDS = 120.0
 RENEW_SECONDS = 30.0
 
@@ -98,7 +97,7 @@ def _holder(text: str) -> str:
     holder = json.loads(text)
     return f'host {holder["host"]}, pid {holder["pid"]}'
   except (ValueError, TypeError, KeyError):
-    return f'an unknown holder: {LOCK_OBJECT} holds {text[:40]!r}'
+    return f'an unknown holder: {run_folder.LOCK_OBJECT} holds {text[:40]!r}'
 
 
 class _Lease:
@@ -106,9 +105,8 @@ class _Lease:
 
   def __init__(self, workdir: str):
     self.workdir = workdir
-    bucket, _, prefix = workdir[len('gs://') :].partition('/')
-    self.name = f'{prefix}/{LOCK_OBJECT}' if prefix else LOCK_OBJECT
-    self.bucket_name = bucket
+    lock_object = run_folder.RunFolder(workdir).lock_object
+    self.bucket_name, _, self.name = lock_object[len('gs://') :].partition('/')
     self._generation = None
     self._stop = threading.Event()
     self._thread = None

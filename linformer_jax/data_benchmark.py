@@ -194,7 +194,8 @@ class SizeBenchmark:
     config's own setting); the top-level figures are the first setting's best."""
     if 'prepare' not in self.settings.stages:  # finishes or checks an earlier preparation
       self._prepare_data('workers_all', 0)
-    data = apply_overrides(self.settings.config, self._prepared_overrides('workers_all')).data
+    config = apply_overrides(self.settings.config, self._prepared_overrides('workers_all'))
+    data = run_config.RunConfig.from_config(config).data
     tokenizer = tokenizer_files.build_tokenizer(data, str(self.tokenizer_dir), lambda: iter(()))
     signature = prepare.split_signature(data, 'train', tokenizer, self.settings.seq_len)
     prepared = shards.PreparedSplit(prepare.split_folder(data, 'train', signature), signature)

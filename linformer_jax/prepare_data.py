@@ -27,6 +27,7 @@ from linformer_jax import cli
 from linformer_jax import settings_flags
 from linformer_jax.data import masked_lm
 from linformer_jax.settings_flags import setting
+from linformer_jax.training import run_config
 
 FLAGS = flags.FLAGS
 
@@ -46,7 +47,7 @@ def define_flags() -> None:
 def main(_):
   settings = settings_flags.from_flags(PrepareSettings)
   summary = masked_lm.prepare_splits(
-      FLAGS.config,
+      run_config.RunConfig.from_config(FLAGS.config),
       FLAGS.workdir,
       part_index=settings.part_index,
       part_count=settings.part_count,

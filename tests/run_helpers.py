@@ -19,6 +19,8 @@ from configs import tiny
 from linformer_jax import run_folder
 from linformer_jax import testing
 from linformer_jax.checkpoints.store import CheckpointStore
+from linformer_jax.data.data_config import DataConfig
+from linformer_jax.training import run_config
 from linformer_jax.training import training_run
 from linformer_jax.training.metric_writers import read_metrics
 
@@ -32,6 +34,19 @@ def tiny_config(**overrides):
       target = target[parent]
     target[field] = value
   return config
+
+
+def typed(config):
+  """A config file's ConfigDict as the layers below the command line take it:
+  the typed `RunConfig`."""
+  return run_config.RunConfig.from_config(config)
+
+
+def data_config(**fields):
+  """configs/tiny.py's config.data with `fields` changed, typed (`DataConfig`)."""
+  config = tiny.get_config()
+  config.data.update(fields)
+  return DataConfig.of(run_config.complete(config).data, config.task)
 
 
 def small_model_config(**overrides):

@@ -22,6 +22,7 @@ from linformer_jax.model import attention
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.training import run_builder
+from linformer_jax.training import run_config
 from linformer_jax.training import sharding
 
 
@@ -248,12 +249,19 @@ def test_the_run_says_when_its_micro_batches_are_too_small_for_the_kernel():
       attention_kernel='pallas',
       kernel_partition=_partition(8, 1),
   )
-  assert run_builder.train_step_kernel_note(model_config, config) == (
+  assert run_builder.train_step_kernel_note(
+      model_config, run_config.RunConfig.from_config(config).loop
+  ) == (
       '; the train step attends by einsum, since a batch of 1 does not divide over the '
       '8-way mesh axis data'
   )
   config.grad_accum_steps = 1
-  assert run_builder.train_step_kernel_note(model_config, config) == ''
+  assert (
+      run_builder.train_step_kernel_note(
+          model_config, run_config.RunConfig.from_config(config).loop
+      )
+      == ''
+  )
 
 
 @pytest.mark.parametrize('attention_name', ['performer', 'linear_transformer'])

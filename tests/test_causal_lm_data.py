@@ -5,8 +5,11 @@ pipeline's, which packs and shuffles the same rows (its `targets` are the rows).
 The masked-LM batches themselves are pinned by test_masked_lm_data.py.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
+from run_helpers import typed
 
 from configs import tiny
 from linformer_jax.data import causal_lm
@@ -115,8 +118,8 @@ def tiny_datasets(data_cache, tmp_path_factory):
   """(causal, masked) datasets of the whole tiny eval split, in fresh workdirs."""
   del data_cache  # the splits are prepared once, in the session's cache
   config = tiny_config(max_eval_batches=0)
-  causal = causal_lm.build_datasets(config, str(tmp_path_factory.mktemp('causal')))
-  masked = masked_lm.build_datasets(config, str(tmp_path_factory.mktemp('masked')))
+  causal = causal_lm.build_datasets(typed(config), str(tmp_path_factory.mktemp('causal')))
+  masked = masked_lm.build_datasets(typed(config), str(tmp_path_factory.mktemp('masked')))
   return causal, masked
 
 
@@ -146,17 +149,20 @@ def test_train_batches_are_the_masked_lm_rows_shifted(tiny_datasets):
 
 
 def test_mask_rate_is_not_read(tmp_path):
-  datasets = causal_lm.build_datasets(tiny_config(mask_rate=0.0), str(tmp_path), train=False)
+  # A rate the config edge refuses, put past it: the causal pipeline never reads it.
+  settings = typed(tiny_config())
+  settings = dataclasses.replace(settings, data=dataclasses.replace(settings.data, mask_rate=0.0))
+  datasets = causal_lm.build_datasets(settings, str(tmp_path), train=False)
   assert datasets.train_iterator is None and datasets.eval_batches
   with pytest.raises(ValueError, match=r'config\.data\.mask_rate'):
-    masked_lm.build_datasets(tiny_config(mask_rate=0.0), str(tmp_path))
+    masked_lm.build_datasets(settings, str(tmp_path))
 
 
 def test_train_iterator_is_deterministic_and_resumes_exactly(tmp_path):
   def iterator(seed=0):
     config = tiny_config()
     config.seed = seed
-    return causal_lm.build_datasets(config, str(tmp_path)).train_iterator
+    return causal_lm.build_datasets(typed(config), str(tmp_path)).train_iterator
 
   first = take(iterator(), 6)
   assert_batches_equal(first, take(iterator(), 6))

@@ -10,6 +10,7 @@ import random
 import jax
 import numpy as np
 import pytest
+from run_helpers import typed
 
 from configs import classification
 from configs import finetune_qnli
@@ -101,7 +102,7 @@ def reference_evaluation(config, workdir):
       ModelConfig.from_config(config.model), classification_data.num_classes(config)
   )
   loss = correct = weight = near_ties = 0.0
-  for batch in classification_data.build_datasets(config, workdir, train=False).eval_batches:
+  for batch in classification_data.build_datasets(typed(config), workdir, train=False).eval_batches:
     logits = np.asarray(
         model.apply(variables, batch['inputs'], batch['padding_mask'], segments=batch['segments']),
         np.float64,
@@ -231,7 +232,7 @@ def test_a_shorter_seq_len_gives_the_same_logits_for_texts_that_fit(pretrained, 
   model = models.SequenceClassifier(ModelConfig.from_config(full.model), 2)
 
   def batches_and_logits(config):
-    data = classification_data.build_datasets(config, str(tmp_path / 'start'), train=False)
+    data = classification_data.build_datasets(typed(config), str(tmp_path / 'start'), train=False)
     batch = data.eval_batches[0]
     logits = model.apply(
         variables, batch['inputs'], batch['padding_mask'], segments=batch['segments']
@@ -247,7 +248,8 @@ def test_a_shorter_seq_len_gives_the_same_logits_for_texts_that_fit(pretrained, 
   assert trainer.train_and_evaluate(short, str(tmp_path / 'short'))['step'] == 4
   with pytest.raises(ConfigError, match=r'config\.data\.seq_len=33 .*max_len=32'):
     classification_data.build_datasets(
-        tiny_classifier_config(tmp_path / 'data', **{'data.seq_len': 33}), str(tmp_path / 'bad')
+        typed(tiny_classifier_config(tmp_path / 'data', **{'data.seq_len': 33})),
+        str(tmp_path / 'bad'),
     )
 
 
@@ -269,7 +271,7 @@ def test_runs_fine_tuned_before_mean_pooling_became_the_default_load_unchanged(
   run = training_run.TrainingRun(old, workdir)
   variables = run.state.variables()
   run.store.close()
-  batch = classification_data.build_datasets(old, workdir, train=False).eval_batches[0]
+  batch = classification_data.build_datasets(typed(old), workdir, train=False).eval_batches[0]
   model = models.SequenceClassifier(ModelConfig.from_config(old.model), 2)
   before = model.apply(
       variables, batch['inputs'], batch['padding_mask'], segments=batch['segments']
@@ -442,14 +444,14 @@ def test_fine_tuning_uses_the_pretrained_runs_sentencepiece_model(tmp_path):
       **{'data.tokenizer': 'sentencepiece', 'data.vocab_size': 30},
   )
   workdir = tmp_path / 'run'
-  datasets = classification_data.build_datasets(config, str(workdir))
+  datasets = classification_data.build_datasets(typed(config), str(workdir))
   assert datasets.tokenizer.fingerprint == model.fingerprint
   assert (workdir / run_folder.TOKENIZER_FILES['sentencepiece']).read_bytes() == (
       pretrained / run_folder.TOKENIZER_FILES['sentencepiece']
   ).read_bytes()
   config.init_from = str(tmp_path / 'no_tokenizer')
   with pytest.raises(ConfigError, match='has no tokenizer.model'):
-    classification_data.build_datasets(config, str(tmp_path / 'other'))
+    classification_data.build_datasets(typed(config), str(tmp_path / 'other'))
 
 
 def test_an_unprepared_tfds_dataset_says_how_to_get_it(tmp_path):
@@ -462,7 +464,8 @@ def test_an_unprepared_tfds_dataset_says_how_to_get_it(tmp_path):
       },
   )
   with pytest.raises(ConfigError, match='config.data.tfds_download'):
-    classification_sources.source_of(config.data).examples(config.data, 'train')
+    data = typed(config).data
+    classification_sources.source_of(data).examples(data, 'train')
 
 
 def test_a_capped_evaluation_takes_a_fixed_random_subset_not_the_first_rows():

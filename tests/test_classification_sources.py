@@ -9,6 +9,7 @@ import os
 from conftest import REPO_ROOT
 import numpy as np
 import pytest
+from run_helpers import typed
 
 from linformer_jax import registry
 from linformer_jax.data import classification as classification_data
@@ -86,7 +87,7 @@ def reference_configs(tmp_path):
 def batches_digest(config, workdir):
   """sha256 (16 hex digits) of the first TRAIN_BATCHES training batches, every
   evaluation batch, the sizes and the label counts that build_datasets gives."""
-  data = classification_data.build_datasets(config, str(workdir))
+  data = classification_data.build_datasets(typed(config), str(workdir))
   digest = hashlib.sha256()
   batches = [next(data.train_iterator) for _ in range(TRAIN_BATCHES)] + data.eval_batches
   for batch in batches:
@@ -107,7 +108,7 @@ def test_the_built_in_sources_give_the_batches_they_gave_before(name, tmp_path):
 def test_the_built_in_sources_are_listed_when_a_name_is_refused(tmp_path):
   config = tiny_classifier_config(tmp_path, **{'data.source': 'glue'})
   with pytest.raises(ConfigError) as raised:
-    classification_data.build_datasets(config, str(tmp_path / 'run'))
+    classification_data.build_datasets(typed(config), str(tmp_path / 'run'))
   message = str(raised.value)
   assert message.startswith(
       "config.data.source='glue' is not allowed for task=classification; use one of "
@@ -122,7 +123,7 @@ def test_each_source_says_its_classes_and_vocabulary(tmp_path):
   config = tiny_classifier_config(tmp_path, **{'data.labels': ('a', 'b', 'c')})
   for name, classes, own_vocab_size in (('tsv', 3, None), ('tfds', 3, None), ('listops', 10, 16)):
     config.data.source = name
-    source = classification_sources.source_of(config.data)
+    source = classification_sources.source_of(typed(config).data)
     assert source.num_classes(config.data) == classification_data.num_classes(config) == classes
     assert source.own_vocab_size == own_vocab_size
 
@@ -158,16 +159,16 @@ def test_a_source_of_ones_own_is_refused_with_a_bad_setting(extension, tmp_path)
   with pytest.raises(
       ConfigError, match=r'config.data.letters_per_example=8 is not allowed; use an odd'
   ):
-    classification_data.build_datasets(config, str(tmp_path / 'run'))
+    classification_data.build_datasets(typed(config), str(tmp_path / 'run'))
   config.data.source = 'glue'
   with pytest.raises(ConfigError, match=r"use one of \('tsv', 'tfds', 'listops', 'more_letters'\)"):
-    classification_data.build_datasets(config, str(tmp_path / 'run'))
+    classification_data.build_datasets(typed(config), str(tmp_path / 'run'))
 
 
 @pytest.mark.slow
 def test_a_source_of_ones_own_trains_the_classification_path(extension, tmp_path):
   config = extension_config(extension, tmp_path, **{'data.letters_per_example': 9})
-  data = classification_data.build_datasets(config, str(tmp_path / 'data'))
+  data = classification_data.build_datasets(typed(config), str(tmp_path / 'data'))
   assert (data.train_sequences, data.eval_sequences) == (48, 48)
   batch = next(data.train_iterator)
   letters = set(BYTES.encode('a b'))

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from run_helpers import data_config
 
 from linformer_jax.data import cache
 from linformer_jax.data import corpus
@@ -38,7 +39,7 @@ def sentencepiece_documents():
 
 
 def test_sentencepiece_trains_then_is_reused(tmp_path):
-  config = {'tokenizer': 'sentencepiece', 'vocab_size': 300}
+  config = data_config(tokenizer='sentencepiece', vocab_size=300)
   tokenizer = tokenizer_files.build_tokenizer(config, str(tmp_path), sentencepiece_documents)
   assert (tmp_path / 'tokenizer.model').exists()
   assert tokenizer.vocab_size == 300
@@ -59,17 +60,21 @@ def test_sentencepiece_trains_then_is_reused(tmp_path):
   assert reused.encode(text) == tokenizer.encode(text)
   assert reused.fingerprint == tokenizer.fingerprint
   with pytest.raises(ValueError, match='config.data.vocab_size'):
-    tokenizer_files.build_tokenizer({**config, 'vocab_size': 400}, str(tmp_path), must_not_train)
+    tokenizer_files.build_tokenizer(
+        data_config(tokenizer='sentencepiece', vocab_size=400), str(tmp_path), must_not_train
+    )
 
 
 def test_bad_tokenizer_settings_raise(tmp_path):
   with pytest.raises(ValueError, match='config.data.tokenizer'):
     tokenizer_files.build_tokenizer(
-        {'tokenizer': 'wordpiece', 'vocab_size': 100}, str(tmp_path), list
+        data_config(tokenizer='wordpiece', vocab_size=100), str(tmp_path), list
     )
   with pytest.raises(ValueError, match='config.data.vocab_size'):
     tokenizer_files.build_tokenizer(
-        {'tokenizer': 'sentencepiece', 'vocab_size': 10**6}, str(tmp_path), sentencepiece_documents
+        data_config(tokenizer='sentencepiece', vocab_size=10**6),
+        str(tmp_path),
+        sentencepiece_documents,
     )
 
 
@@ -160,7 +165,7 @@ def test_text_file_errors_name_the_field(tmp_path, books):
 
 def test_unknown_source_and_missing_tfds_dataset_raise(tmp_path):
   with pytest.raises(ValueError, match='config.data.source'):
-    corpus.load_documents({'source': 'web'}, 'train')
+    corpus.load_documents(data_config(source='web'), 'train')
   with pytest.raises(ValueError, match='config.data.tfds_download'):
     list(tfds.iter_tfds_documents('lm1b', 'train', data_dir=str(tmp_path)))
 

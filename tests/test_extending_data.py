@@ -14,9 +14,12 @@ from linformer_jax.data import sources
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
 from linformer_jax.extensions import import_extensions
+from linformer_jax.training import run_config
 from linformer_jax.training import tasks
 from linformer_jax.training import trainer
+from tests.run_helpers import data_config
 from tests.run_helpers import tiny_config
+from tests.run_helpers import typed
 
 JSONL_SOURCE = 'docs/examples/jsonl_source.py'
 SHUFFLED_TEXT_TASK = 'docs/examples/shuffled_text_task.py'
@@ -79,12 +82,13 @@ def test_the_example_task_trains_on_the_example_source(extensions, tmp_path):
   assert math.isfinite(results['eval_loss'])
   assert 0.0 <= results['kept_accuracy'] <= 1.0
 
-  task = tasks.task_of(config)
+  settings = run_config.RunConfig.from_config(config)
+  task = tasks.task_of(settings)
   data = task.build_data(
-      config, str(tmp_path / 'run'), process_index=0, process_count=1, train=True
+      settings, str(tmp_path / 'run'), process_index=0, process_count=1, train=True
   )
   batches = [next(data.train_iterator) for _ in range(4)]
-  assert all(set(batch) == set(task.batch_shapes(config)) for batch in batches)
+  assert all(set(batch) == set(task.batch_shapes(settings)) for batch in batches)
   assert {int(label) for batch in batches for label in batch['labels']} == {0, 1}
   for batch in batches:
     for row, real in zip(batch['inputs'], batch['padding_mask']):
@@ -97,9 +101,9 @@ def test_the_example_task_trains_on_the_example_source(extensions, tmp_path):
 
 def test_the_jsonl_source_feeds_masked_lm_pretraining(extensions, tmp_path):
   config = quick_config(extensions, tmp_path)
-  documents = corpus.load_documents(config.data, 'validation')
+  documents = corpus.load_documents(typed(config).data, 'validation')
   assert len(documents) == 16 and set(''.join(documents)) <= set(ALPHABET)
-  data = masked_lm.build_datasets(config, str(tmp_path / 'run'), train=False)
+  data = masked_lm.build_datasets(typed(config), str(tmp_path / 'run'), train=False)
   text_ids = set(BYTES.encode(ALPHABET))
   assert set(np.flatnonzero(data.train_token_counts)) == text_ids | {BYTES.bos_id, BYTES.eos_id}
   assert data.train_sequences > 0 and data.eval_batches
@@ -108,7 +112,7 @@ def test_the_jsonl_source_feeds_masked_lm_pretraining(extensions, tmp_path):
 def test_an_unknown_source_or_task_is_refused_listing_the_registered_ones(extensions):
   del extensions
   with pytest.raises(ConfigError) as raised:
-    corpus.load_documents({'source': 'jsonlines'}, 'train')
+    corpus.load_documents(data_config(source='jsonlines'), 'train')
   message = str(raised.value)
   assert "config.data.source='jsonlines' is not allowed" in message
   for name in ('embedded', 'text_files', 'tfds', 'jsonl'):

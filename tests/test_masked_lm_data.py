@@ -7,10 +7,11 @@ separators, rows of max_len - 2 tokens), not read back from the pipeline.
 
 import math
 
-import ml_collections
 import numpy as np
 import pytest
+from run_helpers import typed
 
+from configs import tiny
 from linformer_jax.data import loaders
 from linformer_jax.data import masked_lm
 from linformer_jax.data import packed_batches
@@ -299,38 +300,26 @@ def test_eval_shards_have_equal_batch_counts_and_the_same_masks():
 
 
 def small_config(tmp_path, books, **data):
-  config = ml_collections.ConfigDict(
+  """configs/tiny.py (byte tokens, batches of 4) on the two books at n = 64."""
+  config = tiny.get_config()
+  config.model.max_len = 64
+  config.data.update(
       {
-          'seed': 0,
-          'batch_size': 4,
-          'eval_batch_size': 4,
-          'model': {'max_len': 64, 'vocab_size': 260},
-          'data': {
-              'source': 'text_files',
-              'path': str(books),
-              'split_files': {'validation': ['b.txt']},
-              'tfds_name': '',
-              'tfds_text_key': 'text',
-              'tfds_data_dir': '',
-              'tfds_download': False,
-              'train_split': 'train',
-              'eval_split': 'validation',
-              'tokenizer': 'byte',
-              'vocab_size': 260,
-              'mask_rate': 0.15,
-              'worker_count': 0,
-              'cache_dir': str(tmp_path / 'cache'),
-              'max_eval_batches': 0,
-          },
+          'source': 'text_files',
+          'path': str(books),
+          'split_files': {'validation': ['b.txt']},
+          'tokenizer': 'byte',
+          'cache_dir': str(tmp_path / 'cache'),
+          'max_eval_batches': 0,
+          **data,
       }
   )
-  config.data.update(data)
   return run_config.complete(config)
 
 
 def test_build_datasets_from_text_files(tmp_path, books):
   config = small_config(tmp_path, books)
-  datasets = masked_lm.build_datasets(config, str(tmp_path / 'run'))
+  datasets = masked_lm.build_datasets(typed(config), str(tmp_path / 'run'))
   validation = text_files.text_file_documents(
       config.data.path, 'validation', config.data.split_files
   )
@@ -346,7 +335,7 @@ def test_build_datasets_from_text_files(tmp_path, books):
   assert batch['inputs'].shape == (4, 64)
   assert 'Book b ' not in BYTES.decode(batch['targets'].ravel())
   assert len(list((tmp_path / 'cache' / 'prepared').glob('*/part-0-of-1.json'))) == 2
-  again = masked_lm.build_datasets(config, str(tmp_path / 'run'))
+  again = masked_lm.build_datasets(typed(config), str(tmp_path / 'run'))
   assert_batches_equal(again.eval_batches, datasets.eval_batches)
   assert_batches_equal([next(again.train_iterator)], [batch])
 
@@ -372,13 +361,15 @@ def test_build_datasets_names_the_bad_field(tmp_path, field, value, books):
   config = small_config(tmp_path, books)
   section, _, name = field.rpartition('.')
   (config[section] if section else config)[name] = value
+  if field == 'model.max_len':  # k <= n, so that the data, not the model, refuses n
+    config.model.projected_len = value
   message = {'data.eval_split': 'split_files'}.get(field, field)
   with pytest.raises(ValueError, match=message.replace('.', r'\.')):
-    masked_lm.build_datasets(config, str(tmp_path / 'run'))
+    masked_lm.build_datasets(typed(config), str(tmp_path / 'run'))
 
 
 def test_build_datasets_checks_the_batch_divides_among_processes(tmp_path, books):
   config = small_config(tmp_path, books, mask_rate=0.15)
   config.batch_size = 6
   with pytest.raises(ValueError, match='config.batch_size'):
-    masked_lm.build_datasets(config, str(tmp_path / 'run'), process_index=0, process_count=4)
+    masked_lm.build_datasets(typed(config), str(tmp_path / 'run'), process_index=0, process_count=4)

@@ -12,6 +12,7 @@ import numpy as np
 import optax
 import pytest
 
+from configs import classification
 from configs import default
 from configs import tiny
 from linformer_jax import run_folder
@@ -137,7 +138,7 @@ def test_evaluation_only_loading_of_a_folder_without_checkpoint_is_an_error(tmp_
 
 def test_a_config_saved_before_the_newer_fields_builds_with_the_values_of_its_time(tmp_path):
   saved = tiny_config().to_dict()
-  added = run_config.fields_added_since()
+  added = run_config.fields_added_since('masked_lm')
   for field in added['']:
     saved.pop(field)
   for field in added['data']:
@@ -188,12 +189,15 @@ def test_the_loop_settings_are_the_configs_fields_typed_and_checked():
     run_config.RunConfig.from_config(config)
 
 
-def test_every_field_of_the_default_config_is_declared_once():
+@pytest.mark.parametrize('config_file', [default, classification])
+def test_every_field_of_a_config_is_declared_once(config_file):
   """The typed tree names every top-level and data field of configs/default.py
-  in exactly one section, so each has one declaration: type, bounds, help."""
-  config = default.get_config()
+  and configs/classification.py in exactly one section, so each has one
+  declaration: type, bounds, help and the value of older runs."""
+  config = config_file.get_config()
+  settings = run_config.RunConfig.from_config(config)
   declared = {}
-  for section, types in run_config.SECTIONS.items():
+  for section, types in (('', run_config.TOP_LEVEL_SECTIONS), ('data', (type(settings.data),))):
     for settings_type in types:
       for name in settings_flags.config_fields(settings_type):
         declared.setdefault((section, name), []).append(settings_type.__name__)
@@ -201,7 +205,9 @@ def test_every_field_of_the_default_config_is_declared_once():
   top_level = {('', name) for name in config if name not in ('model', 'data')}
   data = {('data', name) for name in config.data}
   assert top_level | data == set(declared)
-  settings = run_config.RunConfig.from_config(config)
-  assert (settings.loop.total_steps, settings.data.mask_rate) == (1000, 0.15)
   assert settings.optimizer.total_steps == settings.loop.total_steps
   assert settings.mesh.axis_rules == tuple(map(tuple, config.axis_rules))
+  assert settings.data.to_dict() == {
+      name: tuple(value) if isinstance(value, list) else value
+      for name, value in config.data.to_dict().items()
+  }

@@ -13,6 +13,7 @@ import re
 import shutil
 
 import pytest
+from run_helpers import typed
 
 from configs import classification
 from configs import tiny
@@ -97,10 +98,13 @@ def test_a_refused_fine_tuning_run_keeps_no_copy_of_the_pretrained_tokenizer(tmp
   workdir = tmp_path / 'run'
   workdir.mkdir()
   with pytest.raises(ConfigError, match='is not in config.data.labels'):
-    classification_data.build_datasets(config, str(workdir))
+    classification_data.build_datasets(typed(config), str(workdir))
   assert not os.listdir(workdir)
   write_tsv_data(tmp_path / 'data')
-  assert classification_data.build_datasets(config, str(workdir)).tokenizer_sha256 == model.sha256
+  assert (
+      classification_data.build_datasets(typed(config), str(workdir)).tokenizer_sha256
+      == model.sha256
+  )
   assert os.listdir(workdir) == [run_folder.TOKENIZER_FILES['sentencepiece']]
 
 
@@ -177,7 +181,7 @@ def test_a_missing_eval_split_is_refused_before_a_tokenizer_is_trained(tmp_path,
 
   monkeypatch.setattr(tokenizer_lib.SentencePieceTokenizer, 'train', must_not_train)
   with pytest.raises(ConfigError, match="Split 'test' is not in config.data.split_files"):
-    masked_lm.build_datasets(config, str(tmp_path / 'run'))
+    masked_lm.build_datasets(typed(config), str(tmp_path / 'run'))
   assert not (tmp_path / 'run').exists()
 
 
@@ -190,7 +194,7 @@ def stopped_run(tmp_path_factory):
   workdir = root / 'run'
   assert trainer.train_and_evaluate(masked_lm_config(corpus), str(workdir), stop_after=2) is None
   other = masked_lm_config(write_pseudo_words(root / 'other_corpus', seed=1))
-  masked_lm.prepare_splits(other, str(root / 'other_run'), tokenizer_only=True)
+  masked_lm.prepare_splits(typed(other), str(root / 'other_run'), tokenizer_only=True)
   return corpus, workdir, pathlib.Path(run_folder.RunFolder(str(root / 'other_run')).tokenizer())
 
 

@@ -16,8 +16,9 @@ package ships (docs/data.md).
 
 import json
 import pathlib
-from typing import Any, Dict, Iterator, Mapping
+from typing import Any, Dict, Iterator
 
+from linformer_jax.data.data_config import DataConfig
 from linformer_jax.data.sources import base
 from linformer_jax.errors import ConfigError
 
@@ -25,14 +26,14 @@ from linformer_jax.errors import ConfigError
 TEXT_FIELD = 'text'
 
 
-def split_file(data_config: Mapping[str, Any], split: str) -> pathlib.Path:
+def split_file(data_config: DataConfig, split: str) -> pathlib.Path:
   """config.data.path/SPLIT.jsonl; ConfigError saying what to fix when missing."""
-  folder = pathlib.Path(data_config.get('path') or '').expanduser()
+  folder = pathlib.Path(data_config.path).expanduser()
   path = folder / f'{split}.jsonl'
-  if not data_config.get('path') or not path.is_file():
+  if not data_config.path or not path.is_file():
     raise ConfigError(
         f"config.data.source='jsonl' reads {split}.jsonl in config.data.path="
-        f"{data_config.get('path')!r}, which has none; set config.data.path to a folder "
+        f'{data_config.path!r}, which has none; set config.data.path to a folder '
         'holding it, or change config.data.train_split/eval_split.'
     )
   return path
@@ -59,11 +60,11 @@ class JsonLines(base.PretrainingSource):
   of the documents read here to the preparation workers.
   """
 
-  def documents(self, data_config: Mapping[str, Any], split: str) -> Iterator[str]:
+  def documents(self, data_config: DataConfig, split: str) -> Iterator[str]:
     # Looked up now, so that a missing file fails before any work starts.
     return read_texts(split_file(data_config, split))
 
-  def signature(self, data_config: Mapping[str, Any], split: str) -> Dict[str, Any]:
+  def signature(self, data_config: DataConfig, split: str) -> Dict[str, Any]:
     # The file's size and modification time change when it is rewritten, so a
     # cached preparation of the old file is never read for the new one.
     path = split_file(data_config, split)

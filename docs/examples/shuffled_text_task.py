@@ -76,18 +76,17 @@ class ShuffledText(tasks.Classification):
         train=train,
     )
 
-  def create_model(self, model_config, config):
-    del config
-    return models.SequenceClassifier(model_config, num_classes=2)
+  def create_model(self, config):
+    return models.SequenceClassifier(config.model, num_classes=2)
 
   def batch_shapes(self, config):
-    rows = (config.batch_size, config.model.max_len)
+    rows = (config.loop.batch_size, config.model.max_len)
     return {
         'inputs': (rows, jnp.int32),
         'padding_mask': (rows, jnp.bool_),
         'segments': (rows, jnp.int32),
-        'labels': ((config.batch_size,), jnp.int32),
-        'weights': ((config.batch_size,), jnp.float32),
+        'labels': ((config.loop.batch_size,), jnp.int32),
+        'weights': ((config.loop.batch_size,), jnp.float32),
     }
 
   def reference_results(self, data):

@@ -169,11 +169,11 @@ def _tokenizer(
 
 def sequence_length(config) -> int:
   """Tokens per example: config.data.seq_len, or model.max_len when it is 0."""
-  return config.data.get('seq_len', 0) or config.model.max_len
+  return config.data.seq_len or config.model.max_len
 
 
 def _check_seq_len(config) -> None:
-  if not 0 <= config.data.get('seq_len', 0) <= config.model.max_len:
+  if not 0 <= config.data.seq_len <= config.model.max_len:
     raise ConfigError(
         f'config.data.seq_len={config.data.seq_len} is not allowed; use 1 to '
         f'config.model.max_len={config.model.max_len}, or 0 for max_len.'
@@ -207,11 +207,11 @@ def build_datasets(
   data = config.data
   seq_len = sequence_length(config)
   source = classification_sources.checked_source(data, seq_len)
-  batch_size, eval_batch_size = loaders.per_process_batch_sizes(config, process_count)
+  batch_size, eval_batch_size = loaders.per_process_batch_sizes(config.loop, process_count)
   train_examples = source.examples(data, data.train_split)
   # ListOps trains on every example it generates: its num_train sets how many.
   if data.max_train_examples and source.own_vocab_size is None:
-    train_examples = _random_subset(train_examples, data.max_train_examples, config.seed)
+    train_examples = _random_subset(train_examples, data.max_train_examples, config.loop.seed)
   eval_examples = source.examples(data, data.eval_split)
   vocab_size = source.own_vocab_size
   tokenizer_context = contextlib.nullcontext(None)
@@ -241,7 +241,7 @@ def build_datasets(
           loaders.LoaderSettings.of_process(
               data,
               batch_size=batch_size,
-              seed=config.seed,
+              seed=config.loop.seed,
               process_index=process_index,
               process_count=process_count,
           ),

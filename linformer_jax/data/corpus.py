@@ -8,12 +8,13 @@ deterministic order; splits are fixed by titles or file names, never by random
 state, so every run sees the same data.
 """
 
-from typing import Any, Iterator, List, Mapping
+from typing import Iterator, List
 
 from linformer_jax.data import sources
+from linformer_jax.data.data_config import DataConfig
 
 
-def iter_documents(data_config: Mapping[str, Any], split: str) -> Iterator[str]:
+def iter_documents(data_config: DataConfig, split: str) -> Iterator[str]:
   """The documents of `split` from the source `config.data.source` names,
   streamed (text files are read one at a time, TFDS examples one by one).
 
@@ -24,6 +25,6 @@ def iter_documents(data_config: Mapping[str, Any], split: str) -> Iterator[str]:
   return sources.source_of(data_config).documents(data_config, split)
 
 
-def load_documents(data_config: Mapping[str, Any], split: str) -> List[str]:
+def load_documents(data_config: DataConfig, split: str) -> List[str]:
   """All documents of `split` in memory (see `iter_documents`); for small data."""
   return list(iter_documents(data_config, split))

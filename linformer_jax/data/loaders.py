@@ -20,12 +20,13 @@ import dataclasses
 import json
 import os
 import sys
-from typing import Any, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import grain
 import numpy as np
 
 from linformer_jax.data import worker_lifetime
+from linformer_jax.data.data_config import DataConfig
 from linformer_jax.errors import ConfigError
 
 _SEED_MODULUS = 2**32
@@ -85,7 +86,7 @@ class LoaderSettings:
   @classmethod
   def of_process(
       cls,
-      data: Mapping[str, Any],
+      data: DataConfig,
       *,
       batch_size: int,
       seed: int,
@@ -99,21 +100,22 @@ class LoaderSettings:
         seed=seed,
         process_index=process_index,
         process_count=process_count,
-        worker_count=data['worker_count'],
-        read_threads=data['read_threads'],
-        prefetch_buffer=data['prefetch_buffer'],
+        worker_count=data.worker_count,
+        read_threads=data.read_threads,
+        prefetch_buffer=data.prefetch_buffer,
     )
 
 
-def per_process_batch_sizes(config, process_count: int) -> Tuple[int, int]:
-  """(batch_size, eval_batch_size) of one process; the global sizes must divide."""
+def per_process_batch_sizes(loop: Any, process_count: int) -> Tuple[int, int]:
+  """(batch_size, eval_batch_size) of one process, from the run's loop settings
+  (`run_config.LoopSettings`); the global sizes must divide."""
   for field in ('batch_size', 'eval_batch_size'):
-    if config[field] % process_count:
+    if getattr(loop, field) % process_count:
       raise ConfigError(
-          f'config.{field}={config[field]} is not divisible by the '
+          f'config.{field}={getattr(loop, field)} is not divisible by the '
           f'{process_count} processes; change it to a multiple.'
       )
-  return config.batch_size // process_count, config.eval_batch_size // process_count
+  return loop.batch_size // process_count, loop.eval_batch_size // process_count
 
 
 def _apply(transform: Any, element: Any, rng_index: int, seed: int) -> Any:

@@ -34,12 +34,8 @@ from linformer_jax.data import sources
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.data import units
 from linformer_jax.data import worker_lifetime
+from linformer_jax.data.data_config import DataConfig
 from linformer_jax.errors import ConfigError
-
-# Defaults of config.data fields (also for configs written before them).
-TOKENIZER_SAMPLE_CHARS = 100_000_000
-SEQUENCES_PER_SHARD = 8192
-
 
 # ---------------------------------------------------------------- workers
 
@@ -111,7 +107,7 @@ def _ordered_map(
 
 
 def prepare_part(
-    data_config: Mapping[str, Any],
+    data_config: DataConfig,
     split: str,
     folder: pathlib.Path,
     *,
@@ -119,7 +115,7 @@ def prepare_part(
     seq_len: int,
     signature: Mapping[str, Any],
     workers: int = 0,
-    sequences_per_shard: int = SEQUENCES_PER_SHARD,
+    sequences_per_shard: int = 8192,
     part_index: int = 0,
     part_count: int = 1,
 ) -> Dict[str, Any]:
@@ -221,20 +217,20 @@ def prepare_part(
   return manifest
 
 
-def source_signature(data_config: Mapping[str, Any], split: str) -> Dict[str, Any]:
+def source_signature(data_config: DataConfig, split: str) -> Dict[str, Any]:
   """Everything the documents of `split` depend on: the source's name, the
   split and the source's own `signature` (file names, sizes and modification
   times, a dataset's name; never the text, so it is cheap)."""
   source = sources.source_of(data_config)
   return {
-      'source': data_config['source'],
+      'source': data_config.source,
       'split': split,
       **source.signature(data_config, split),
   }
 
 
 def split_signature(
-    data_config: Mapping[str, Any], split: str, tokenizer: tokenizer_lib.Tokenizer, seq_len: int
+    data_config: DataConfig, split: str, tokenizer: tokenizer_lib.Tokenizer, seq_len: int
 ) -> Dict[str, Any]:
   """What a prepared split depends on; its manifest must match it."""
   return {
@@ -245,39 +241,21 @@ def split_signature(
   }
 
 
-def split_folder(
-    data_config: Mapping[str, Any], split: str, signature: Mapping[str, Any]
-) -> pathlib.Path:
+def split_folder(data_config: DataConfig, split: str, signature: Mapping[str, Any]) -> pathlib.Path:
   """config.data.prepared_dir/SPLIT (its local mirror for a gs:// one), or a
   folder of the cache named by the signature's digest."""
   remote = remote_splits.remote_folder(data_config, split)
   if remote:
     return remote_splits.mirror_folder(data_config, remote)
-  if data_config['prepared_dir']:
-    return pathlib.Path(os.path.expanduser(data_config['prepared_dir'])) / split
+  if data_config.prepared_dir:
+    return pathlib.Path(os.path.expanduser(data_config.prepared_dir)) / split
   digest = hashlib.sha256(json.dumps(signature, sort_keys=True).encode()).hexdigest()[:20]
-  return cache.cache_root(data_config['cache_dir']) / 'prepared' / f'{split}-{digest}'
+  return cache.cache_root(data_config.cache_dir) / 'prepared' / f'{split}-{digest}'
 
 
-def workers_of(data_config: Mapping[str, Any]) -> int:
+def workers_of(data_config: DataConfig) -> int:
   """config.data.prepare_workers, 0 meaning all cores."""
-  workers = data_config['prepare_workers']
-  if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-    raise ConfigError(
-        f'config.data.prepare_workers={workers!r} is not allowed; use an int '
-        '>= 0 (0 = all cores).'
-    )
-  return workers or os.cpu_count() or 1
-
-
-def sequences_per_shard_of(data_config: Mapping[str, Any]) -> int:
-  """config.data.sequences_per_shard, checked."""
-  value = data_config['sequences_per_shard']
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-    raise ConfigError(
-        f'config.data.sequences_per_shard={value!r} is not allowed; use a positive int.'
-    )
-  return value
+  return data_config.prepare_workers or os.cpu_count() or 1
 
 
 @contextlib.contextmanager
@@ -301,7 +279,7 @@ def preparing(folder: pathlib.Path, part_index: int, part_count: int) -> Iterato
 
 
 def prepared_split(
-    data_config: Mapping[str, Any],
+    data_config: DataConfig,
     split: str,
     *,
     tokenizer: tokenizer_lib.Tokenizer,
@@ -327,7 +305,7 @@ def prepared_split(
           seq_len=seq_len,
           signature=signature,
           workers=workers_of(data_config),
-          sequences_per_shard=sequences_per_shard_of(data_config),
+          sequences_per_shard=data_config.sequences_per_shard,
           part_index=part_index,
           part_count=part_count,
       )

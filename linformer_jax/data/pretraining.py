@@ -70,17 +70,13 @@ def _run_tokenizer(config, workdir: str) -> Iterator[tokenizer_lib.Tokenizer]:
   time, and kept in the workdir only if the block succeeds)."""
   data = config.data
   for field in ('train_split', 'eval_split'):
-    if not isinstance(data[field], str) or not data[field]:
+    if not getattr(data, field):
       raise ConfigError(
-          f'config.data.{field}={data[field]!r} is not allowed; name a '
+          f'config.data.{field}={getattr(data, field)!r} is not allowed; name a '
           "split, e.g. 'train' or 'validation'."
       )
   sources.source_of(data)  # an unknown source fails here, listing the known ones
-  sample = loaders.check_int(
-      'config.data.tokenizer_sample_chars',
-      data.tokenizer_sample_chars,
-      1,
-  )
+  sample = data.tokenizer_sample_chars
   tokens = tokenizer_files.vocab_size_of(data)  # known before a tokenizer is trained
   model_vocab = config.model.vocab_size
   if model_vocab is not None and model_vocab != tokens:
@@ -158,7 +154,7 @@ def _prepare_parts(
           seq_len=seq_len,
           signature=signature,
           workers=prepare.workers_of(config.data),
-          sequences_per_shard=prepare.sequences_per_shard_of(config.data),
+          sequences_per_shard=config.data.sequences_per_shard,
           part_index=part_index,
           part_count=part_count,
       )
@@ -189,8 +185,9 @@ def build_datasets(
 ) -> Datasets:
   """Tokenizer, training iterator and evaluation batches of a run's config.
 
-  Reads config.seed, batch_size, eval_batch_size (global; divided among the
-  processes), model.max_len and config.data.*. The tokenizer lives in
+  `config` is the run's `RunConfig` (training/run_config.py): it reads
+  config.loop's seed, batch_size and eval_batch_size (global; divided among
+  the processes), config.model.max_len and config.data. The tokenizer lives in
   `workdir`; the splits are prepared as ArrayRecord shards (`prepare`) under
   config.data.prepared_dir or the cache the first time, and read from them with
   random access. Without `train` (evaluation only), `train_iterator` is None.
@@ -200,8 +197,6 @@ def build_datasets(
   a row.
   """
   seq_len = loaders.check_int('config.model.max_len', config.model.max_len, 3)
-  loaders.check_int('config.batch_size', config.batch_size, 1)
-  loaders.check_int('config.eval_batch_size', config.eval_batch_size, 1)
   with _run_tokenizer(config, workdir) as tokenizer:
     transform = make_transform(tokenizer)
     return _datasets(config, tokenizer, seq_len, process_index, process_count, train, transform)
@@ -218,7 +213,7 @@ def _datasets(
 ) -> Datasets:
   """`build_datasets` once the tokenizer and the transform are known."""
   data = config.data
-  batch_size, eval_batch_size = loaders.per_process_batch_sizes(config, process_count)
+  batch_size, eval_batch_size = loaders.per_process_batch_sizes(config.loop, process_count)
   # Process 0 prepares what is missing (the others wait for it); everyone
   # then reads only the shards' footers and manifests, whatever their size.
   train_prepared, eval_prepared = (
@@ -236,7 +231,7 @@ def _datasets(
         loaders.LoaderSettings.of_process(
             data,
             batch_size=batch_size,
-            seed=config.seed,
+            seed=config.loop.seed,
             process_index=process_index,
             process_count=process_count,
         ),

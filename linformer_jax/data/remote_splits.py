@@ -14,25 +14,26 @@ last, so whoever sees a manifest in the bucket finds its shards there.
 import hashlib
 import json
 import pathlib
-from typing import Any, Mapping, Optional
+from typing import Optional
 
 from linformer_jax import storage
 from linformer_jax.data import cache
+from linformer_jax.data.data_config import DataConfig
 
 
-def remote_folder(data_config: Mapping[str, Any], split: str) -> Optional[str]:
+def remote_folder(data_config: DataConfig, split: str) -> Optional[str]:
   """gs://.../SPLIT when config.data.prepared_dir is in a bucket, else None."""
-  prepared = data_config['prepared_dir']
+  prepared = data_config.prepared_dir
   if not storage.scheme_of(prepared):
     return None
   return storage.join(storage.location(prepared, 'config.data.prepared_dir'), split)
 
 
-def mirror_folder(data_config: Mapping[str, Any], remote: str) -> pathlib.Path:
+def mirror_folder(data_config: DataConfig, remote: str) -> pathlib.Path:
   """The local copy of the bucket's split `remote`, in the data cache."""
   digest = hashlib.sha256(remote.encode()).hexdigest()[:20]
   name = f'{remote.rstrip("/").rsplit("/", 1)[-1]}-gs-{digest}'
-  return cache.cache_root(data_config['cache_dir']) / 'prepared' / name
+  return cache.cache_root(data_config.cache_dir) / 'prepared' / name
 
 
 def _manifest_names(folder: str) -> list:

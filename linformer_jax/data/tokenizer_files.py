@@ -12,11 +12,12 @@ import hashlib
 import os
 import pathlib
 import shutil
-from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 from linformer_jax import run_folder
 from linformer_jax import storage
 from linformer_jax.data import cache
+from linformer_jax.data.data_config import DataConfig
 from linformer_jax.data.tokenizer import FILENAMES
 from linformer_jax.data.tokenizer import TOKENIZERS
 from linformer_jax.data.tokenizer import ByteTokenizer
@@ -27,13 +28,13 @@ from linformer_jax.data.tokenizer import training_sentences
 from linformer_jax.errors import ConfigError
 
 
-def vocab_size_of(data_config: Mapping[str, Any]) -> int:
+def vocab_size_of(data_config: DataConfig) -> int:
   """The vocabulary size of the tokenizer `workdir_tokenizer` gives, known
   before it is trained: a SentencePiece model or a tokenizer.json has exactly
   config.data.vocab_size tokens (loading or training one checks it)."""
-  if data_config['tokenizer'] == 'byte':
+  if data_config.tokenizer == 'byte':
     return ByteTokenizer.vocab_size
-  return data_config['vocab_size']
+  return data_config.vocab_size
 
 
 def _load_checked(kind: str, model_path: pathlib.Path, vocab_size: int, advice: str) -> Tokenizer:
@@ -63,7 +64,7 @@ def _load_checked(kind: str, model_path: pathlib.Path, vocab_size: int, advice: 
   return tokenizer
 
 
-def _local_tokenizer_file(data_config: Mapping[str, Any], workdir: str, kind: str) -> pathlib.Path:
+def _local_tokenizer_file(data_config: DataConfig, workdir: str, kind: str) -> pathlib.Path:
   """The tokenizer file of `kind` in `workdir`, or for a gs:// workdir in its
   local mirror in the data cache, which holds a copy of the workdir's
   tokenizer file if it has one.
@@ -74,7 +75,7 @@ def _local_tokenizer_file(data_config: Mapping[str, Any], workdir: str, kind: st
   if not storage.is_object_store(workdir):
     return pathlib.Path(run_folder.RunFolder(workdir).tokenizer(kind))
   digest = hashlib.sha256(workdir.encode()).hexdigest()[:20]
-  mirror = cache.cache_root(data_config['cache_dir']) / 'workdirs' / digest
+  mirror = cache.cache_root(data_config.cache_dir) / 'workdirs' / digest
   local = pathlib.Path(run_folder.RunFolder(str(mirror)).tokenizer(kind))
   remote = run_folder.RunFolder(workdir).tokenizer(kind)
   if storage.exists(remote):
@@ -83,10 +84,10 @@ def _local_tokenizer_file(data_config: Mapping[str, Any], workdir: str, kind: st
   return local
 
 
-def run_tokenizer(data_config: Mapping[str, Any], workdir: str) -> Tokenizer:
+def run_tokenizer(data_config: DataConfig, workdir: str) -> Tokenizer:
   """The tokenizer a finished run was trained with: bytes, or its
   WORKDIR/tokenizer.model or tokenizer.json (never trained here)."""
-  kind = data_config['tokenizer']
+  kind = data_config.tokenizer
   if kind == 'byte':
     return ByteTokenizer()
   if kind not in FILENAMES:
@@ -96,12 +97,12 @@ def run_tokenizer(data_config: Mapping[str, Any], workdir: str) -> Tokenizer:
   model_path = _local_tokenizer_file(data_config, workdir, kind)
   if not model_path.exists():
     raise ConfigError(f'{workdir} has no {FILENAMES[kind]}; point --workdir at a trained run.')
-  return _load_checked(kind, model_path, data_config['vocab_size'], "use the run's own config")
+  return _load_checked(kind, model_path, data_config.vocab_size, "use the run's own config")
 
 
 @contextlib.contextmanager
 def workdir_tokenizer(
-    data_config: Mapping[str, Any],
+    data_config: DataConfig,
     workdir: str,
     train_documents_fn: Callable[[], Iterable[str]],
     *,
@@ -134,13 +135,13 @@ def workdir_tokenizer(
     The tokenizer; a staged model's `model_path` moves to WORKDIR/FILENAME on
     success.
   """
-  kind = data_config['tokenizer']
+  kind = data_config.tokenizer
   if kind == 'byte':
     yield ByteTokenizer()
     return
   if kind not in FILENAMES:
     raise ConfigError(f'config.data.tokenizer={kind!r} is not allowed; use one of {TOKENIZERS}.')
-  vocab_size = data_config['vocab_size']
+  vocab_size = data_config.vocab_size
   if not isinstance(vocab_size, int) or vocab_size < 8:
     raise ConfigError(
         f'config.data.vocab_size={vocab_size!r} is not allowed; use an int >= 8 (e.g. 8000).'
@@ -194,7 +195,7 @@ def workdir_tokenizer(
 
 
 def build_tokenizer(
-    data_config: Mapping[str, Any], workdir: str, train_documents_fn: Callable[[], Iterable[str]]
+    data_config: DataConfig, workdir: str, train_documents_fn: Callable[[], Iterable[str]]
 ) -> Tokenizer:
   """`workdir_tokenizer` with nothing to check before a new model is kept.
 

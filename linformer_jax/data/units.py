@@ -10,16 +10,17 @@ read and tokenize, what hosts divide among themselves, and what the
 tokenizer's training sample is drawn from.
 """
 
-from typing import Any, Iterator, List, Mapping
+from typing import Iterator, List
 
 import numpy as np
 
 from linformer_jax.data import sources
+from linformer_jax.data.data_config import DataConfig
 
 Unit = sources.base.Unit
 
 
-def split_units(data_config: Mapping[str, Any], split: str) -> Iterator[Unit]:
+def split_units(data_config: DataConfig, split: str) -> Iterator[Unit]:
   """The units of a split, in the order its documents are packed."""
   return sources.source_of(data_config).units(data_config, split)
 
@@ -30,7 +31,7 @@ def unit_documents(unit: Unit) -> List[str]:
 
 
 def sample_documents(
-    data_config: Mapping[str, Any], split: str, max_chars: int, seed: int = 0
+    data_config: DataConfig, split: str, max_chars: int, seed: int = 0
 ) -> Iterator[str]:
   """At most about `max_chars` of the split's documents, streamed.
 

@@ -161,9 +161,9 @@ class RunParts:
   ):
     """The jitted train step on the mesh, state donated."""
     return train_steps.jit_train_step(
-        self.task.loss_sums(self.model, self.config),
+        self.task.loss_sums(self.model, self.settings),
         optimizer,
-        self.config.grad_accum_steps,
+        self.settings.loop.grad_accum_steps,
         state_shardings=shardings_of(abstract_state),
         batch_sharding=self.batch_sharding,
         compute_shardings=self._gathered_parameter_shardings(),
@@ -180,7 +180,7 @@ class RunParts:
   def jit_eval_step(self, abstract_variables: Mapping[str, Any]):
     """The jitted eval step on the mesh: (variables, batch) -> loss sums."""
     return train_steps.jit_eval_step(
-        self.task.loss_sums(self.model, self.config),
+        self.task.loss_sums(self.model, self.settings),
         variable_shardings=shardings_of(abstract_variables),
         batch_sharding=self.batch_sharding,
         compute_shardings=self._gathered_parameter_shardings(),
@@ -190,7 +190,7 @@ class RunParts:
     """A global training batch as `jax.ShapeDtypeStruct`s (for compiling only)."""
     return {
         name: jax.ShapeDtypeStruct(shape, dtype, sharding=self.batch_sharding)
-        for name, (shape, dtype) in self.task.batch_shapes(self.config).items()
+        for name, (shape, dtype) in self.task.batch_shapes(self.settings).items()
     }
 
   def device_batch(self, local_batch: Mapping[str, np.ndarray]) -> Dict[str, jax.Array]:
@@ -205,7 +205,7 @@ class RunParts:
     data has no training iterator (evaluation only).
     """
     build = lambda: self.task.build_data(
-        self.config,
+        self.settings,
         workdir,
         process_index=jax.process_index(),
         process_count=jax.process_count(),
@@ -260,14 +260,14 @@ def check_same_tokenizer(data_state: Mapping[str, Any], data: Any, workdir: str)
   )
 
 
-def train_step_kernel_note(model_config: ModelConfig, config: ml_collections.ConfigDict) -> str:
+def train_step_kernel_note(model_config: ModelConfig, loop: run_config.LoopSettings) -> str:
   """'; the train step attends by einsum, since ...' where the fused kernel's
   mesh cannot split the train step's micro-batches (`attention.attend_with`
   then attends by the einsums), else ''."""
   partition = model_config.kernel_partition
   if partition is None:
     return ''
-  micro_batch = config.batch_size // config.grad_accum_steps
+  micro_batch = loop.batch_size // loop.grad_accum_steps
   refusal = partition.refusal(micro_batch, model_config.num_heads)
   return f'; the train step attends by einsum, since {refusal}' if refusal else ''
 
@@ -277,41 +277,43 @@ def build_parts(
 ) -> RunParts:
   """Checks the config and builds the task, model and mesh of a run.
 
-  The mesh spans `devices` (by default all of JAX's devices): compile-only
-  analyses pass the devices of an accelerator this host does not have.
+  The config is typed and checked here, once (`run_config.RunConfig`); what
+  is built below reads the typed tree. The mesh spans `devices` (by default
+  all of JAX's devices): compile-only analyses pass the devices of an
+  accelerator this host does not have.
 
   Raises:
     ConfigError: a bad config field, or a mesh that cannot split the model or
       the batches; nothing is compiled or written.
   """
   settings = run_config.RunConfig.from_config(config)
-  mesh = sharding_lib.create_mesh(config.mesh_shape, devices)
-  rules = sharding_lib.axis_rules(config)
+  mesh = sharding_lib.create_mesh(settings.mesh.mesh_shape, devices)
+  rules = sharding_lib.axis_rules(settings.mesh)
   # 'auto' takes its kernel from the devices the step is compiled for, not the host;
   # a fused kernel runs per device, inside a shard_map over the mesh.
   model_config, kernel_reason = settings.model.with_kernel_for(
       mesh.devices.flat[0].platform, sharding_lib.kernel_partition(mesh, rules)
   )
-  kernel_reason += train_step_kernel_note(model_config, config)
+  kernel_reason += train_step_kernel_note(model_config, settings.loop)
   settings = dataclasses.replace(settings, model=model_config)
-  task = tasks.task_of(config)
+  task = tasks.task_of(settings)
   sharding_lib.check_divisibility(
       model_config,
       mesh,
       rules,
-      batch_size=config.batch_size,
-      eval_batch_size=config.eval_batch_size,
+      batch_size=settings.loop.batch_size,
+      eval_batch_size=settings.loop.eval_batch_size,
   )
   # The data builders check model.vocab_size against the tokenizer.
   return RunParts(
       config=config,
       settings=settings,
       task=task,
-      model=task.create_model(model_config, config),
+      model=task.create_model(settings),
       mesh=mesh,
       rules=rules,
       batch_sharding=sharding_lib.batch_sharding(mesh, rules),
-      fsdp=config.fsdp,
+      fsdp=settings.mesh.fsdp,
       kernel_reason=kernel_reason,
   )
 

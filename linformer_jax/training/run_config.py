@@ -23,7 +23,8 @@ from linformer_jax import extensions as extensions_lib
 from linformer_jax import registry
 from linformer_jax import settings_flags
 from linformer_jax.data import cache
-from linformer_jax.data import prepare
+from linformer_jax.data import data_config
+from linformer_jax.data.data_config import DataConfig
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import model_config
 from linformer_jax.model.model_config import ModelConfig
@@ -184,58 +185,6 @@ class MeshSettings:
 
 
 @dataclasses.dataclass(frozen=True)
-class DataSettings:
-  """The data section every task's config has (configs/default.py); a task's
-  own fields (e.g. classification's labels) are read by its task."""
-
-  source: str = setting(help_text='the registered source of the text', before='embedded')
-  path: str = setting(help_text="text file or folder of the source ('' = none)")
-  split_files: Mapping[str, Any] = setting(
-      help_text='split -> list of file names; train = all the others', before={}
-  )
-  tfds_name: str = setting(help_text="TFDS dataset for source='tfds'", before='')
-  tfds_text_key: str = setting(help_text='the TFDS feature holding the text', before='text')
-  tfds_data_dir: str = setting(help_text="TFDS data_dir ('' = its default)", before='')
-  tfds_download: bool = setting(help_text='let TFDS download (needs network)', before=False)
-  train_split: str = setting(help_text='split to train on')
-  eval_split: str = setting(help_text='split evaluated during training')
-  tokenizer: str = setting(help_text="'sentencepiece', 'byte', or a tokenizer file")
-  vocab_size: int = setting(help_text='vocabulary size', minimum=1)
-  mask_rate: float = setting(
-      help_text='fraction of tokens masked',
-      check=lambda rate: 0 < rate < 1,
-      allowed='use a value in (0, 1)',
-  )
-  cache_dir: str = setting(
-      help_text="cache for extracted and packed data ('' = default)", before=''
-  )
-  prepared_dir: str = setting(
-      help_text="prepared shards of each split ('' = in the cache)", before=''
-  )
-  prepare_workers: int = setting(
-      help_text='tokenizing processes (0 = all cores)', minimum=0, before=0
-  )
-  sequences_per_shard: int = setting(
-      help_text='packed sequences per ArrayRecord shard', minimum=1, before=8192
-  )
-  max_eval_batches: int = setting(help_text='cap on evaluation batches (0 = all)', minimum=0)
-  worker_count: int = setting(
-      help_text='grain worker processes making batches (0 = in the main process)',
-      minimum=0,
-      before=0,
-  )
-  read_threads: int = setting(
-      help_text='threads making batches ahead in this process (0 = none)', minimum=0, before=0
-  )
-  prefetch_buffer: int = setting(help_text='batches those threads keep ready', minimum=0, before=0)
-  tokenizer_sample_chars: int = setting(
-      help_text='text the tokenizer trains on, at most',
-      minimum=1,
-      before=prepare.TOKENIZER_SAMPLE_CHARS,
-  )
-
-
-@dataclasses.dataclass(frozen=True)
 class RunConfig:
   """A run's settings, checked and typed once: `RunConfig.from_config(config)`.
 
@@ -246,7 +195,8 @@ class RunConfig:
     init_from: another run's workdir to take parameters from ('' = none).
     compilation_cache_dir: JAX's persistent compilation cache ('' = JAX's own).
     model: config.model, checked (`ModelConfig`).
-    data: config.data's fields every task has.
+    data: config.data (`DataConfig`, or the task's own, e.g. a
+      `ClassificationDataConfig`).
     optimizer: the optimizer's top-level fields.
     loop: the loop's top-level fields.
     mesh: the mesh's top-level fields.
@@ -258,7 +208,7 @@ class RunConfig:
   init_from: str = setting(help_text="another run's workdir to start from", before='')
   compilation_cache_dir: str = setting(help_text="JAX's persistent compilation cache", before='')
   model: Optional[ModelConfig] = None
-  data: Optional[DataSettings] = None
+  data: Optional[DataConfig] = None
   optimizer: Optional[OptimizerSettings] = None
   loop: Optional[LoopSettings] = None
   mesh: Optional[MeshSettings] = None
@@ -272,7 +222,7 @@ class RunConfig:
     """
     complete(config)
     loop = settings_flags.from_config(LoopSettings, config)
-    data = settings_flags.from_config(DataSettings, config.data, 'config.data')
+    data = DataConfig.of(config.data, config.task)
     model = ModelConfig.from_config(config.model)
     optimizer = settings_flags.from_config(
         OptimizerSettings,
@@ -305,19 +255,21 @@ class RunConfig:
     )
 
 
-# The dataclasses declaring each section's fields ('' = the top level).
-SECTIONS = {'': (RunConfig, LoopSettings, OptimizerSettings, MeshSettings), 'data': (DataSettings,)}
+# The dataclasses declaring the top level's fields.
+TOP_LEVEL_SECTIONS = (RunConfig, LoopSettings, OptimizerSettings, MeshSettings)
 
 
-def fields_added_since() -> Dict[str, Dict[str, Any]]:
-  """section -> {field: its `before`} of each field added since the first runs."""
+def fields_added_since(task: str) -> Dict[str, Dict[str, Any]]:
+  """section ('' = the top level, 'data') -> {field: its `before`} of each
+  field of a `task` run's config added since the first runs."""
+  data_type = data_config.SECTION_OF_TASK.get(task, DataConfig)
   return {
-      section: {
+      '': {
           name: value
-          for settings_type in types
+          for settings_type in TOP_LEVEL_SECTIONS
           for name, value in settings_flags.fields_added_since(settings_type).items()
-      }
-      for section, types in SECTIONS.items()
+      },
+      'data': settings_flags.fields_added_since(data_type),
   }
 
 
@@ -327,13 +279,14 @@ def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   `ModelConfig` field's default); returns it. Every entry calls it: a config
   file, a saved config.json, the Python API."""
   with config.unlocked():
-    for section, fields in fields_added_since().items():
-      if section and section not in config:
-        continue
-      target = config[section] if section else config
-      for field, value in fields.items():
-        if field not in target:
-          target[field] = value
+    top_level = fields_added_since('')['']
+    for field, value in top_level.items():
+      if field not in config:
+        config[field] = value
+    if 'data' in config:
+      for field, value in fields_added_since(config.task)['data'].items():
+        if field not in config.data:
+          config.data[field] = value
     if 'model' in config:
       if 'attention_dropout_rate' not in config.model:
         # Before the three rates, dropout_rate also dropped out the MLP's

@@ -120,11 +120,11 @@ def load_run(
       tokenizer = None
       # A dataset with its own vocabulary (ListOps) has no tokenizer file.
       own_vocabulary = (
-          config.task == 'classification'
-          and classification_sources.source_of(config.data).own_vocab_size is not None
+          parts.settings.task == 'classification'
+          and classification_sources.source_of(parts.settings.data).own_vocab_size is not None
       )
       if not own_vocabulary:
-        tokenizer = tokenizer_files.run_tokenizer(config.data, workdir)
+        tokenizer = tokenizer_files.run_tokenizer(parts.settings.data, workdir)
       sha256 = tokenizer.sha256 if tokenizer else None
       fingerprint = types.SimpleNamespace(tokenizer=tokenizer, tokenizer_sha256=sha256)
     if isinstance(data_state, dict):

@@ -19,7 +19,6 @@ from typing import Any, Dict, Iterable, Tuple, Type
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from linformer_jax.checkpoints import partial_restore
@@ -28,10 +27,10 @@ from linformer_jax.data import classification
 from linformer_jax.data import masked_lm
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import models
-from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.registry import Registry
 from linformer_jax.training import fine_tuning
 from linformer_jax.training import train_steps
+from linformer_jax.training.run_config import RunConfig
 
 Batch = Dict[str, np.ndarray]
 # The sums every task's eval step returns, accumulated over evaluation batches.
@@ -79,7 +78,7 @@ class Task(abc.ABC):
   @abc.abstractmethod
   def build_data(
       self,
-      config: ml_collections.ConfigDict,
+      config: RunConfig,
       workdir: str,
       *,
       process_index: int,
@@ -91,17 +90,15 @@ class Task(abc.ABC):
     `train`), `eval_batches`, and the counts `reference_results` needs."""
 
   @abc.abstractmethod
-  def create_model(self, model_config: ModelConfig, config: ml_collections.ConfigDict) -> nn.Module:
-    """The Flax model: the encoder with this task's head."""
+  def create_model(self, config: RunConfig) -> nn.Module:
+    """The Flax model of config.model: the encoder with this task's head."""
 
   @abc.abstractmethod
-  def loss_sums(self, model: nn.Module, config: ml_collections.ConfigDict) -> train_steps.LossSums:
+  def loss_sums(self, model: nn.Module, config: RunConfig) -> train_steps.LossSums:
     """The loss function the train and eval steps sum over a batch."""
 
   @abc.abstractmethod
-  def batch_shapes(
-      self, config: ml_collections.ConfigDict
-  ) -> Dict[str, Tuple[Tuple[int, ...], Any]]:
+  def batch_shapes(self, config: RunConfig) -> Dict[str, Tuple[Tuple[int, ...], Any]]:
     """name -> (global shape, dtype) of a training batch (for compiling only)."""
 
   @abc.abstractmethod
@@ -120,7 +117,7 @@ class Task(abc.ABC):
   def summary(self, results: Dict[str, Any]) -> str:
     """The closing line of a finished run, from its results."""
 
-  def check_init_from(self, config: ml_collections.ConfigDict) -> Any:
+  def check_init_from(self, config: RunConfig) -> Any:
     """Checks config.init_from before anything is built; returns what
     `initialize_from` needs. Raises ConfigError for a run it cannot use."""
     del config
@@ -130,7 +127,7 @@ class Task(abc.ABC):
       self,
       state: train_steps.TrainState,
       abstract_state: train_steps.TrainState,
-      config: ml_collections.ConfigDict,
+      config: RunConfig,
       checked: Any,
   ) -> Tuple[train_steps.TrainState, str]:
     """A fresh state with the parameters of run config.init_from, and a line
@@ -151,7 +148,7 @@ class LanguageModelling(Task):
   perplexity_label: str
 
   def batch_shapes(self, config):
-    shape = (config.batch_size, config.model.max_len)
+    shape = (config.loop.batch_size, config.model.max_len)
     return {
         'inputs': (shape, jnp.int32),
         'targets': (shape, jnp.int32),
@@ -213,9 +210,8 @@ class MaskedLanguageModelling(LanguageModelling):
 
   build_data = _building_with(masked_lm.build_datasets)
 
-  def create_model(self, model_config, config):
-    del config
-    return models.MaskedLanguageModel(model_config)
+  def create_model(self, config):
+    return models.MaskedLanguageModel(config.model)
 
   def loss_sums(self, model, config):
     return train_steps.masked_lm_loss(
@@ -234,12 +230,12 @@ class CausalLanguageModelling(LanguageModelling):
 
   build_data = _building_with(causal_lm.build_datasets)
 
-  def create_model(self, model_config, config):
-    if not model_config.causal:
+  def create_model(self, config):
+    if not config.model.causal:
       raise ConfigError(
           "config.task='causal_lm' needs a left-to-right model; set config.model.causal=True."
       )
-    return models.CausalLanguageModel(model_config)
+    return models.CausalLanguageModel(config.model)
 
   def loss_sums(self, model, config):
     del config
@@ -255,21 +251,21 @@ class Classification(Task):
 
   build_data = _building_with(classification.build_datasets)
 
-  def create_model(self, model_config, config):
-    return models.SequenceClassifier(model_config, classification.num_classes(config))
+  def create_model(self, config):
+    return models.SequenceClassifier(config.model, classification.num_classes(config))
 
   def loss_sums(self, model, config):
     del config
     return train_steps.classification_loss(model)
 
   def batch_shapes(self, config):
-    shape = (config.batch_size, classification.sequence_length(config))
+    shape = (config.loop.batch_size, classification.sequence_length(config))
     return {
         'inputs': (shape, jnp.int32),
         'padding_mask': (shape, jnp.bool_),
         'segments': (shape, jnp.int32),
-        'labels': ((config.batch_size,), jnp.int32),
-        'weights': ((config.batch_size,), jnp.float32),
+        'labels': ((config.loop.batch_size,), jnp.int32),
+        'weights': ((config.loop.batch_size,), jnp.float32),
     }
 
   def metrics(self, sums):
@@ -308,7 +304,7 @@ class Classification(Task):
     )
 
 
-def task_of(config: ml_collections.ConfigDict) -> Task:
+def task_of(config: RunConfig) -> Task:
   """The task object of config.task (default 'masked_lm'); ConfigError listing
   the registered tasks for another name."""
   return TASKS.get(config.task)()

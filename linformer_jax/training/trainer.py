@@ -242,10 +242,11 @@ def _train_and_evaluate(
   start_time = time.time()
   run = training_run.TrainingRun(config, workdir)
   task = run.task
-  loop = run.parts.settings.loop
+  settings = run.parts.settings
+  loop = settings.loop
   first_step = int(run.state.step)
   parameter_count = int(sum(x.size for x in jax.tree_util.tree_leaves(run.state.params)))
-  tokens_per_step = math.prod(task.batch_shapes(config)['inputs'][0])
+  tokens_per_step = math.prod(task.batch_shapes(settings)['inputs'][0])
   if first_step < loop.total_steps:
     plan = f'training steps {first_step + 1}..{loop.total_steps}.'
   else:
@@ -254,10 +255,10 @@ def _train_and_evaluate(
         f'{loop.total_steps}): nothing to train, only evaluating it.'
     )
   training_run.report(
-      f'{config.model.attention} model, {parameter_count:,} parameters, attention kernel '
+      f'{settings.model.attention} model, {parameter_count:,} parameters, attention kernel '
       f'{run.parts.model_config.attention_kernel} ({run.parts.kernel_reason}); '
       f'{run.data.train_sequences:,} training and {run.data.eval_sequences:,} '
-      f'{config.data.eval_split} sequences of {tokens_per_step // loop.batch_size} tokens; '
+      f'{settings.data.eval_split} sequences of {tokens_per_step // loop.batch_size} tokens; '
       f'{plan}'
   )
   dropout_key = jax.random.fold_in(jax.random.PRNGKey(loop.seed), 1)
@@ -285,7 +286,7 @@ def _train_and_evaluate(
       config, workdir, run.store, run.ledger, resumed_step=first_step if first_step else None
   )
   last = loop.total_steps
-  evaluate = loop_actions.Evaluate(loop.eval_every, last, config.data.eval_split)
+  evaluate = loop_actions.Evaluate(loop.eval_every, last, settings.data.eval_split)
   peak_flops = compiled_step.peak_flops(jax.devices()[0].device_kind)
   actions = [
       loop_actions.Profile(loop.profile_window, workdir, first_step),
@@ -316,7 +317,7 @@ def _train_and_evaluate(
     training_run.report(f'peak device memory {size_text(peak_bytes)}.')
   results = {
       'step': int(run.state.step),
-      'eval_split': config.data.eval_split,
+      'eval_split': settings.data.eval_split,
       'task': task.name,
       **loop_actions.prefixed('eval', eval_metrics),
       **task.reference_results(run.data),

@@ -29,8 +29,9 @@ name, in a file named in `config.extensions`:
 """
 
 import abc
-from typing import Any, Mapping, Optional, Tuple, Type
+from typing import Any, Optional, Tuple, Type
 
+from linformer_jax.data.data_config import DataConfig
 from linformer_jax.data.encoding import EncodedSplit
 from linformer_jax.data.labelled_examples import Examples
 from linformer_jax.errors import ConfigError
@@ -52,7 +53,7 @@ class ClassificationSource(abc.ABC):
   settings: Tuple[Setting, ...] = ()
 
   @abc.abstractmethod
-  def examples(self, data_config: Mapping[str, Any], split: str) -> Examples:
+  def examples(self, data_config: DataConfig, split: str) -> Examples:
     """The examples of `split`, in a fixed order.
 
     Raises:
@@ -60,24 +61,21 @@ class ClassificationSource(abc.ABC):
         message names the config field to change.
     """
 
-  def num_classes(self, data_config: Mapping[str, Any]) -> int:
+  def num_classes(self, data_config: DataConfig) -> int:
     """The number of classes the labels index."""
-    return len(data_config['labels'])
+    return len(data_config.labels)
 
-  def check(self, data_config: Mapping[str, Any], seq_len: int) -> None:
+  def check(self, data_config: DataConfig, seq_len: int) -> None:
     """Refuses bad config.data fields before anything is read (the examples
     will be laid out in rows of `seq_len` tokens)."""
     del seq_len
     check_text_fields(data_config)
 
-  def setting(self, data_config: Mapping[str, Any], name: str) -> Any:
+  def setting(self, data_config: DataConfig, name: str) -> Any:
     """config.data.NAME, a setting this source declares (its default unless
     the config sets it)."""
-    for setting in self.settings:
-      if setting.name == name:
-        # A config made before the file declaring it was imported lacks the field.
-        value = data_config[name] if name in data_config else setting.default
-        return setting.normalised(value)
+    if any(setting.name == name for setting in self.settings):
+      return data_config.setting(name)
     raise ValueError(f'{type(self).__name__} declares no setting {name!r} in `settings`.')
 
   def encode(self, examples: Examples, seq_len: int) -> EncodedSplit:
@@ -86,11 +84,11 @@ class ClassificationSource(abc.ABC):
     raise NotImplementedError(f'{type(self).__name__} has no vocabulary of its own.')
 
 
-def check_text_fields(data_config: Mapping[str, Any]) -> None:
+def check_text_fields(data_config: DataConfig) -> None:
   """Refuses config.data.truncation, labels and text_columns that labelled
   texts cannot have."""
-  truncation, labels = data_config['truncation'], data_config['labels']
-  text_columns = data_config['text_columns']
+  truncation, labels = data_config.truncation, data_config.labels
+  text_columns = data_config.text_columns
   if truncation not in TRUNCATIONS:
     raise ConfigError(
         f'config.data.truncation={truncation!r} is not allowed; use one of {TRUNCATIONS}.'
@@ -111,9 +109,9 @@ REGISTRY: Registry[Type[ClassificationSource]] = Registry(
 )
 
 
-def source_of(data_config: Mapping[str, Any]) -> ClassificationSource:
+def source_of(data_config: DataConfig) -> ClassificationSource:
   """The source config.data.source names; ConfigError listing the names otherwise."""
-  name = data_config['source']
+  name = data_config.source
   if name not in REGISTRY:
     raise ConfigError(
         f'config.data.source={name!r} is not allowed for task=classification; use one of '
@@ -123,7 +121,7 @@ def source_of(data_config: Mapping[str, Any]) -> ClassificationSource:
   return REGISTRY.get(name)()
 
 
-def checked_source(data_config: Mapping[str, Any], seq_len: int) -> ClassificationSource:
+def checked_source(data_config: DataConfig, seq_len: int) -> ClassificationSource:
   """`source_of`, once its declared settings and `check` accept config.data."""
   source = source_of(data_config)
   for setting in source.settings:

@@ -10,21 +10,20 @@ up to max_length tokens must fit a row of seq_len. It trains on all of its
 training examples (num_train sets their number).
 """
 
-from typing import Any, Mapping
-
 import numpy as np
 
 from linformer_jax.data import cache
 from linformer_jax.data import labelled_examples
 from linformer_jax.data import listops
 from linformer_jax.data.classification_sources import base
+from linformer_jax.data.data_config import DataConfig
 from linformer_jax.data.encoding import EncodedSplit
 from linformer_jax.errors import ConfigError
 
 
-def generator_settings(data_config: Mapping[str, Any]) -> listops.ListOpsSettings:
+def generator_settings(data_config: DataConfig) -> listops.ListOpsSettings:
   """The generator's settings of config.data.listops."""
-  return listops.ListOpsSettings(**dict(data_config['listops']))
+  return listops.ListOpsSettings(**dict(data_config.listops))
 
 
 def _check_split(settings: listops.ListOpsSettings, split: str) -> None:
@@ -48,7 +47,7 @@ class ListOps(base.ClassificationSource):
           f'config.data.listops.max_length={settings.max_length} is '
           f'longer than config.model.max_len={seq_len}; raise max_len.'
       )
-    for split in (data_config['train_split'], data_config['eval_split']):
+    for split in (data_config.train_split, data_config.eval_split):
       _check_split(settings, split)
 
   def num_classes(self, data_config) -> int:
@@ -58,7 +57,7 @@ class ListOps(base.ClassificationSource):
   def examples(self, data_config, split) -> labelled_examples.Examples:
     settings = generator_settings(data_config)
     _check_split(settings, split)
-    examples = listops.load_split(settings, cache.cache_root(data_config['cache_dir']), split)
+    examples = listops.load_split(settings, cache.cache_root(data_config.cache_dir), split)
     return labelled_examples.Examples(
         [(source,) for source, _ in examples],
         np.asarray([label for _, label in examples], np.int32),

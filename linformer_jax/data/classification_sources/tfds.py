@@ -19,8 +19,8 @@ class Tfds(base.ClassificationSource):
   """config.data.tfds_name's examples: their text and label features."""
 
   def examples(self, data_config, split) -> labelled_examples.Examples:
-    name, labels = data_config['tfds_name'], data_config['labels']
-    text_columns, label_column = data_config['text_columns'], data_config['label_column']
+    name, labels = data_config.tfds_name, data_config.labels
+    text_columns, label_column = data_config.text_columns, data_config.label_column
     if not name:
       raise ConfigError(
           "config.data.tfds_name is empty; set it to a TFDS dataset, e.g. 'glue/sst2'."
@@ -30,8 +30,8 @@ class Tfds(base.ClassificationSource):
         name,
         split,
         [*text_columns, label_column],
-        data_config['tfds_data_dir'] or None,
-        bool(data_config['tfds_download']),
+        data_config.tfds_data_dir or None,
+        bool(data_config.tfds_download),
         field='config.data.text_columns/label_column',
     ):
       label = int(example[label_column])

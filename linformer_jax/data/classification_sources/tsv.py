@@ -10,18 +10,19 @@ each file.
 
 import os
 import pathlib
-from typing import Any, List, Mapping
+from typing import List
 
 import numpy as np
 
 from linformer_jax.data import labelled_examples
 from linformer_jax.data.classification_sources import base
+from linformer_jax.data.data_config import DataConfig
 from linformer_jax.errors import ConfigError
 
 
-def split_files(data_config: Mapping[str, Any], split: str) -> List[pathlib.Path]:
+def split_files(data_config: DataConfig, split: str) -> List[pathlib.Path]:
   """The files config.data.split_files lists for `split`, each checked to exist."""
-  files = dict(data_config['split_files'] or {}).get(split)
+  files = dict(data_config.split_files or {}).get(split)
   if not files:
     raise ConfigError(
         f'config.data.split_files has no files for split {split!r}; '
@@ -29,7 +30,7 @@ def split_files(data_config: Mapping[str, Any], split: str) -> List[pathlib.Path
     )
   if isinstance(files, str):
     files = [files]
-  folder = data_config['path']
+  folder = data_config.path
   if '://' in folder:
     raise ConfigError(
         f'config.data.path={folder!r} is a URL; TSV files are read from a local folder: '
@@ -52,7 +53,7 @@ class TsvFiles(base.ClassificationSource):
   def examples(self, data_config, split) -> labelled_examples.Examples:
     parts = [
         labelled_examples.read_tsv(
-            path, data_config['text_columns'], data_config['label_column'], data_config['labels']
+            path, data_config.text_columns, data_config.label_column, data_config.labels
         )
         for path in split_files(data_config, split)
     ]

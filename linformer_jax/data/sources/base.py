@@ -32,8 +32,9 @@ one's own keeps the default units (chunks of documents, read here).
 
 import abc
 import dataclasses
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Tuple, Type
+from typing import Any, Dict, Iterable, Iterator, List, Tuple, Type
 
+from linformer_jax.data.data_config import DataConfig
 from linformer_jax.registry import Registry
 
 # Documents of a streamed source go to the workers in chunks of this many.
@@ -90,7 +91,7 @@ class PretrainingSource(abc.ABC):
   samples_whole_units = False
 
   @abc.abstractmethod
-  def documents(self, data_config: Mapping[str, Any], split: str) -> Iterator[str]:
+  def documents(self, data_config: DataConfig, split: str) -> Iterator[str]:
     """The documents of `split`, streamed in a fixed order.
 
     Raises:
@@ -98,12 +99,12 @@ class PretrainingSource(abc.ABC):
         message names the config field to change.
     """
 
-  def units(self, data_config: Mapping[str, Any], split: str) -> Iterator[Unit]:
+  def units(self, data_config: DataConfig, split: str) -> Iterator[Unit]:
     """The split as units holding its documents in the same order."""
     return document_chunks(self.documents(data_config, split))
 
   @abc.abstractmethod
-  def signature(self, data_config: Mapping[str, Any], split: str) -> Dict[str, Any]:
+  def signature(self, data_config: DataConfig, split: str) -> Dict[str, Any]:
     """JSON values that change whenever the documents of `split` may change
     (the source's name and the split are added by the caller)."""
 
@@ -111,6 +112,6 @@ class PretrainingSource(abc.ABC):
 REGISTRY: Registry[Type[PretrainingSource]] = Registry('config.data.source')
 
 
-def source_of(data_config: Mapping[str, Any]) -> PretrainingSource:
+def source_of(data_config: DataConfig) -> PretrainingSource:
   """The source config.data.source names; ConfigError listing the names otherwise."""
-  return REGISTRY.get(data_config['source'])()
+  return REGISTRY.get(data_config.source)()

@@ -15,9 +15,10 @@ import os
 import pathlib
 import subprocess
 import sys
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from linformer_jax.data import cache
+from linformer_jax.data.data_config import DataConfig
 from linformer_jax.data.sources import base
 from linformer_jax.errors import ConfigError
 
@@ -89,10 +90,10 @@ def embedded_documents(split: str, cache_dir: Optional[str] = None) -> List[str]
 class Embedded(base.PretrainingSource):
   """Python's own documentation (`embedded_documents`), cached in config.data.cache_dir."""
 
-  def documents(self, data_config: Mapping[str, Any], split: str) -> Iterator[str]:
-    return iter(embedded_documents(split, data_config['cache_dir'] or None))
+  def documents(self, data_config: DataConfig, split: str) -> Iterator[str]:
+    return iter(embedded_documents(split, data_config.cache_dir or None))
 
-  def signature(self, data_config: Mapping[str, Any], split: str) -> Dict[str, Any]:
+  def signature(self, data_config: DataConfig, split: str) -> Dict[str, Any]:
     """The Python version, whose documentation the corpus is."""
     del data_config, split
     return {'python': list(sys.version_info[:3])}

@@ -14,6 +14,7 @@ import pathlib
 import re
 from typing import Dict, Iterator, List, Mapping, Sequence
 
+from linformer_jax.data.data_config import DataConfig
 from linformer_jax.data.sources import base
 from linformer_jax.errors import ConfigError
 from linformer_jax.units import MIB
@@ -277,12 +278,12 @@ class TextFiles(base.PretrainingSource):
     """Each file's path, size and modification time (never its contents), and
     the split assignment."""
     del split  # every split depends on all files: train is "all the others"
-    files = list_text_files(data_config['path'])
+    files = list_text_files(data_config.path)
     return {
         'files': [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files],
-        'split_files': {k: sorted(v) for k, v in dict(data_config['split_files']).items()},
+        'split_files': {k: sorted(v) for k, v in dict(data_config.split_files).items()},
     }
 
 
-def _files_of(data_config: Mapping[str, object], split: str) -> List[pathlib.Path]:
-  return split_text_files(data_config['path'], split, data_config['split_files'])
+def _files_of(data_config: DataConfig, split: str) -> List[pathlib.Path]:
+  return split_text_files(data_config.path, split, data_config.split_files)

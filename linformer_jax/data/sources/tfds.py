@@ -12,6 +12,7 @@ import dataclasses
 import re
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
+from linformer_jax.data.data_config import DataConfig
 from linformer_jax.data.sources import base
 from linformer_jax.errors import ConfigError
 
@@ -129,12 +130,12 @@ class ExampleRange(base.Unit):
     return [text for text in texts if text]
 
 
-def _array_record_units(data_config: Mapping[str, Any], split: str) -> Optional[List[base.Unit]]:
+def _array_record_units(data_config: DataConfig, split: str) -> Optional[List[base.Unit]]:
   """Index ranges of a TFDS split stored as ArrayRecord (no pass over it), or
   None when the dataset is in another format (then it streams once)."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
-  name, data_dir = data_config['tfds_name'], data_config['tfds_data_dir']
+  name, data_dir = data_config.tfds_name, data_config.tfds_data_dir
   try:
     builder = tfds.builder(name, data_dir=data_dir or None)
   except Exception:  # pylint: disable=broad-except
@@ -142,7 +143,7 @@ def _array_record_units(data_config: Mapping[str, Any], split: str) -> Optional[
   if not builder.is_prepared() or builder.info.file_format != tfds.core.FileFormat.ARRAY_RECORD:
     return None
   count = len(_tfds_source(name, split, data_dir))
-  key = data_config['tfds_text_key']
+  key = data_config.tfds_text_key
   return [
       ExampleRange(name, split, data_dir, key, start, min(start + base.DOCUMENTS_PER_UNIT, count))
       for start in range(0, count, base.DOCUMENTS_PER_UNIT)
@@ -154,20 +155,20 @@ class Tfds(base.PretrainingSource):
   """config.data.tfds_name's examples, their config.data.tfds_text_key feature."""
 
   def documents(self, data_config, split) -> Iterator[str]:
-    if not data_config['tfds_name']:
+    if not data_config.tfds_name:
       raise ConfigError(
           "config.data.tfds_name is empty; set it to a TFDS dataset, e.g. 'wiki40b/en'."
       )
     return iter_tfds_documents(
-        data_config['tfds_name'],
+        data_config.tfds_name,
         split,
-        data_config['tfds_text_key'],
-        data_config['tfds_data_dir'] or None,
-        bool(data_config['tfds_download']),
+        data_config.tfds_text_key,
+        data_config.tfds_data_dir or None,
+        bool(data_config.tfds_download),
     )
 
   def units(self, data_config, split) -> Iterator[base.Unit]:
-    if data_config['tfds_name']:
+    if data_config.tfds_name:
       units = _array_record_units(data_config, split)
       if units is not None:
         yield from units
@@ -178,7 +179,7 @@ class Tfds(base.PretrainingSource):
     """The dataset's name, text feature and data_dir."""
     del split
     return {
-        'name': data_config['tfds_name'],
-        'key': data_config['tfds_text_key'],
-        'data_dir': data_config['tfds_data_dir'],
+        'name': data_config.tfds_name,
+        'key': data_config.tfds_text_key,
+        'data_dir': data_config.tfds_data_dir,
     }

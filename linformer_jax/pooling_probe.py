@@ -217,7 +217,7 @@ def probe(
   parts = run_builder.build_parts(config)
   parts.model_config.require_unscanned('pooling_probe')
   attention_capture.require_plain_softmax(parts.model_config, 'pooling_probe')
-  parts.task.check_init_from(config)
+  parts.task.check_init_from(parts.settings)
   data = parts.build_data(workdir)
   abstract = dict(parts.abstract_variables())
   encoder_params = abstract.pop('params')['encoder']

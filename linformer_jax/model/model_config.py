@@ -15,7 +15,7 @@ that differ from their defaults, and a kind reads one with `setting(name)`.
 
 import dataclasses
 import math
-from typing import Any, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import jax.numpy as jnp
 
@@ -120,6 +120,15 @@ class ModelConfig:
           "kind of your own is known once config.extensions imports the kind's file)."
       )
     return cls(**values, extension_settings=settings)
+
+  def to_dict(self) -> Dict[str, Any]:
+    """The fields as config.model holds them, the kinds' settings included."""
+    fields = {
+        field.name: getattr(self, field.name)
+        for field in dataclasses.fields(self)
+        if field.name not in NOT_CONFIG_FIELDS
+    }
+    return {**fields, **dict(self.extension_settings)}
 
   def setting(self, name: str) -> Any:
     """The value of config.model.NAME, a setting a registered kind declares

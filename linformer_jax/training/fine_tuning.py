@@ -8,8 +8,6 @@ into a freshly initialised train state, leaving the classification head new.
 
 from typing import Any, Dict, List, Tuple
 
-import ml_collections
-
 from linformer_jax import run_folder
 from linformer_jax.checkpoints import partial_restore
 from linformer_jax.checkpoints.store import CheckpointStore
@@ -37,7 +35,7 @@ ENCODER_FIELDS = (
 )
 
 
-def check_pretrained_encoder(config: ml_collections.ConfigDict) -> Dict[str, Any]:
+def check_pretrained_encoder(config: run_config.RunConfig) -> Dict[str, Any]:
   """Refuses an init_from run whose encoder differs from config.model's.
 
   Returns the pretraining run's saved model config.

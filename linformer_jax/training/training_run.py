@@ -96,7 +96,8 @@ class TrainingRun:
     elif config.restore_step:
       divergence.go_back(self.store, config, workdir, self.ledger)  # refuses it: nothing is kept
     # Checked before the data is built, so a bad init_from fails fast.
-    init_from = self.task.check_init_from(config) if config.init_from and not resuming else None
+    settings = self.parts.settings
+    init_from = self.task.check_init_from(settings) if settings.init_from and not resuming else None
     self.optimizer = optimization.create_optimizer(self.parts.settings.optimizer)
     self.schedule = optimization.learning_rate_schedule(self.parts.settings.optimizer)
     self.abstract_state = self.parts.abstract_train_state(self.optimizer)
@@ -121,8 +122,9 @@ class TrainingRun:
     state = self.parts.initial_train_state(
         self.optimizer, self.abstract_state, self.parts.settings.loop.seed
     )
-    if self.config.init_from:
-      state, message = self.task.initialize_from(state, self.abstract_state, self.config, init_from)
+    settings = self.parts.settings
+    if settings.init_from:
+      state, message = self.task.initialize_from(state, self.abstract_state, settings, init_from)
       report(message)
     return state
 

@@ -223,6 +223,24 @@ def declared_settings(section: str) -> Dict[str, DeclaredSetting]:
   return found
 
 
+def declared_value(section: str, name: str, values: Any, part: str) -> Any:
+  """SECTION.NAME, a setting a registered `part` ('kind', 'source') declares:
+  its value in `values` (name -> value pairs, or a mapping), else its default,
+  in its declared type.
+
+  Raises:
+    ConfigError: no registered part declares `name`.
+  """
+  declared = declared_settings(section)
+  if name not in declared:
+    raise ConfigError(
+        f'{section}.{name} is a setting no registered {part} declares; add '
+        f"registry.Setting({name!r}, ...) to the {part}'s `settings`."
+    )
+  declaration = declared[name].setting
+  return declaration.normalised(dict(values).get(name, declaration.default))
+
+
 def add_declared_settings(config: Any) -> None:
   """Adds each declared setting that `config` (the whole run config, an
   ml_collections.ConfigDict, locked or not) lacks, with its default.

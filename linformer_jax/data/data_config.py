@@ -17,7 +17,6 @@ from typing import Any, Dict, Mapping, Tuple, Type
 
 from linformer_jax import registry
 from linformer_jax import settings_flags
-from linformer_jax.errors import ConfigError
 from linformer_jax.settings_flags import setting
 
 # The config section the data sources' declared settings are fields of.
@@ -105,14 +104,7 @@ class DataConfig:
     Raises:
       ConfigError: no registered source declares `name`.
     """
-    declared = registry.declared_settings(SECTION)
-    if name not in declared:
-      raise ConfigError(
-          f'config.data.{name} is a setting no registered source declares; add '
-          f"registry.Setting({name!r}, ...) to the source's `settings`."
-      )
-    declaration = declared[name].setting
-    return declaration.normalised(dict(self.extension_settings).get(name, declaration.default))
+    return registry.declared_value(SECTION, name, self.extension_settings, 'source')
 
   def to_dict(self) -> Dict[str, Any]:
     """The fields as config.data holds them, the declared settings included."""

@@ -137,13 +137,7 @@ class ModelConfig:
     Raises:
       ConfigError: no registered kind declares `name`.
     """
-    declared = registry.declared_settings(SETTINGS_SECTION)
-    if name not in declared:
-      raise ConfigError(
-          f'config.model.{name} is a setting no registered kind declares; add '
-          f"registry.Setting({name!r}, ...) to the kind's `settings`."
-      )
-    return dict(self.extension_settings).get(name, declared[name].setting.default)
+    return registry.declared_value(SETTINGS_SECTION, name, self.extension_settings, 'kind')
 
   def require_unscanned(self, reader: str) -> None:
     """A ConfigError if the layers are scanned: `reader` finds layers by name."""

@@ -284,10 +284,17 @@ SLICE_MESHES = (
     ('h100x8', '4,2'),
     (MULTI_SLICE, '-1,2'),
 )
-# `make test` compiles one cell, at one layer and n = 256 (the same kernel in the same
-# shard_map, in half the compile time); `make test-all` every kind on every slice.
+# `make test` compiles one cell, at one layer of 2 heads of 64 and n = 256: the same
+# kernel in the same shard_map, one head per device, in a quarter of RoBERTa's compile
+# time (12 s against 48 s for its 12 heads); `make test-all` every kind on every slice.
 REPRESENTATIVE_CELL = ('linformer', 'v5e-4', '-1,2')
-REPRESENTATIVE_SIZE = {'--config.model.num_layers': '1', '--config.model.max_len': '256'}
+REPRESENTATIVE_SIZE = {
+    '--config.model.num_layers': '1',
+    '--config.model.max_len': '256',
+    '--config.model.hidden_dim': '128',
+    '--config.model.num_heads': '2',
+    '--config.model.mlp_dim': '256',
+}
 
 
 def _roberta_flags(cell):
@@ -295,8 +302,11 @@ def _roberta_flags(cell):
   if cell != REPRESENTATIVE_CELL:
     return ROBERTA_TWO_LAYERS
   return tuple(
-      f'{name}={REPRESENTATIVE_SIZE.get(name, value)}'
-      for name, value in (flag.split('=', 1) for flag in ROBERTA_TWO_LAYERS)
+      f'{name}={value}'
+      for name, value in {
+          **dict(flag.split('=', 1) for flag in ROBERTA_TWO_LAYERS),
+          **REPRESENTATIVE_SIZE,
+      }.items()
   )
 
 

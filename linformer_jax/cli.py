@@ -13,6 +13,7 @@ in one line that says the printed results were not saved.
 """
 
 import contextlib
+import copy
 import errno
 import importlib.machinery
 import importlib.util
@@ -47,6 +48,8 @@ from linformer_jax.training import run_builder
 from linformer_jax.training import run_config
 
 USAGE_ERROR_EXIT_CODE = 2
+# The flag that lists the config's fields from their declarations.
+HELP_CONFIG = 'helpconfig'
 # How long a command that failed may take to shut down before it is ended.
 EXIT_DEADLINE_SECONDS = 5.0
 # An OSError the user fixes by changing a path or its permissions: a read-only
@@ -249,6 +252,12 @@ def define_config_flags(reads_run: bool = False, writes: bool = True) -> None:
   )
   required = ([] if reads_run else ['config']) + (['workdir'] if writes else [])
   flags.mark_flags_as_required(required)
+  flags.DEFINE_boolean(
+      HELP_CONFIG,
+      False,
+      'Print every field of the config (file and --config.X overrides applied) with its '
+      'value, help and bounds, and exit; --workdir may be left out.',
+  )
   flags.DEFINE_string(
       'coordinator_address',
       '',
@@ -293,6 +302,19 @@ def start_processes() -> None:
   multihost.check_platform(flags.FLAGS.config.platform)
   if jax.process_index() == 0:
     print(multihost.device_summary(), flush=True)
+
+
+def run_settings(
+    config: Optional[ml_collections.ConfigDict],
+) -> Optional[run_config.RunConfig]:
+  """A command's --config typed (on a copy), for advice that names the run's
+  fields; None without one, or for one that is no whole run config."""
+  if config is None:
+    return None
+  try:
+    return run_config.RunConfig.from_config(copy.deepcopy(config))
+  except (ValueError, TypeError, AttributeError):  # a field of the wrong kind; one missing
+    return None
 
 
 def fail(message: str) -> None:
@@ -378,9 +400,15 @@ def _parse_flags(argv: List[str]) -> List[str]:
   workdir = parser.config_from_workdir(argv) if parser else ''
   if workdir:
     argv = [argv[0], f'--config={workdir}', *argv[1:]]
+  describing = f'--{HELP_CONFIG}' in argv and HELP_CONFIG in flags.FLAGS
+  if describing and 'workdir' in flags.FLAGS and not flag_arguments(argv, 'workdir'):
+    argv = [*argv, '--workdir=']  # listing the config writes nothing
   try:
     remaining = flags.FLAGS(argv)
     _check_paths()
+    if describing:
+      print('\n'.join(run_config.described(flags.FLAGS.config)))
+      sys.exit(0)
     return remaining
   except (ConfigFileError, ConfigError) as error:
     fail(error)
@@ -423,7 +451,7 @@ def run(main: Callable[[List[str]], None]) -> None:
       # XLA's (or numpy's) out-of-memory wherever it comes: restoring a
       # checkpoint, evaluating, generating, a step running out mid-run.
       config = flags.FLAGS.config if 'config' in flags.FLAGS else None
-      message = memory_budget.out_of_memory_message(error, config)
+      message = memory_budget.out_of_memory_message(error, run_settings(config))
       if message is None:
         raise
       fail(message)

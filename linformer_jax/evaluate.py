@@ -50,7 +50,7 @@ def main(_):
   run = api.load(FLAGS.workdir, with_data=True, split=settings.split, config=FLAGS.config)
   results = run.evaluate()
   print(json_text(results, indent=2, sort_keys=True), flush=True)
-  path = evaluation.results_path(FLAGS.config, FLAGS.workdir, settings.split)
+  path = evaluation.results_path(run.parts.settings.loop, FLAGS.workdir, settings.split)
   with cli.saving_printed_results(path):
     evaluation.write_results(path, results)
 

@@ -54,5 +54,5 @@ def flag_error_words(error: Exception, argv: Sequence[str]) -> str:
     hint = f'; did you mean {" or ".join(f"--{name}" for name in names)}?' if names else ''
     return f'--{error.flagname} is not a flag of this command{hint} (see --helpfull)'
   if isinstance(error, (KeyError, AttributeError)):
-    return f'{_unknown_field_words(error, argv)} (see --helpfull)'
+    return f'{_unknown_field_words(error, argv)} (--helpconfig lists every field)'
   return f'{error} (see --helpfull)'

@@ -25,6 +25,7 @@ import ml_collections
 from linformer_jax import cli
 from linformer_jax.analysis.tables import markdown_table
 from linformer_jax.training import compiled_step
+from linformer_jax.training import run_config
 
 # (lhs element type, rhs element type, result element type), as StableHLO
 # spells them: 'bf16', 'f32', ...
@@ -100,8 +101,8 @@ class MatmulDtypes:
 
 def train_step_matmul_dtypes(config: ml_collections.ConfigDict) -> MatmulDtypes:
   """The matrix FLOPs of the config's train step by operand and result dtype."""
-  config = config.copy_and_resolve_references()
-  return MatmulDtypes(dot_flops(compiled_step.lowered_train_step(config).as_text()))
+  settings = run_config.RunConfig.from_config(config.copy_and_resolve_references())
+  return MatmulDtypes(dot_flops(compiled_step.lowered_train_step(settings).as_text()))
 
 
 def define_flags() -> None:

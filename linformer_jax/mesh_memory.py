@@ -96,10 +96,11 @@ def compile_step(
     config.batch_size = per_device_batch * data
     config.grad_accum_steps = 1
   batch = config.batch_size // data
-  flops = compiled_step.host_step_flops(config, len(devices))
+  settings = run_config.RunConfig.from_config(config)
+  flops = compiled_step.host_step_flops(settings, len(devices))
   start = time.monotonic()
   try:
-    compiled = compiled_step.lowered_train_step(config, devices).compile()
+    compiled = compiled_step.lowered_train_step(settings, devices).compile()
   except jax.errors.JaxRuntimeError as error:
     need = compiled_step.out_of_memory_need(error)
     if need is None:

@@ -30,6 +30,7 @@ import os
 import sys
 from typing import Any, Callable, Dict, Generic, List, NamedTuple, Optional, Tuple, TypeVar
 
+from linformer_jax import settings_flags
 from linformer_jax.errors import ConfigError
 
 T = TypeVar('T')
@@ -42,6 +43,10 @@ SETTING_TYPES = (bool, int, float, str, tuple)
 class Setting:
   """A config field a registered part declares for itself.
 
+  Its bounds and help are a `settings_flags.Declaration`, as a built-in
+  field's are (`settings_flags.setting`): the same words (`check`, `allowed`,
+  `choices`, `minimum`, `help_text`), checked and worded by the same rules.
+
   Attributes:
     name: the field's name in its registry's config section, e.g.
       'temperature_init' for config.model.temperature_init.
@@ -49,7 +54,11 @@ class Setting:
     default: the value a config that does not set the field has.
     check: value -> whether it is allowed (its type is checked first); None
       allows every value of the type.
-    allowed: what the one-line error says to use, e.g. 'use a number > 0'.
+    allowed: what the one-line error says to use, e.g. 'use a number > 0';
+      left out, it follows from the bounds (`Declaration.advice`).
+    help_text: what the setting does.
+    choices: the values allowed, if they can be listed.
+    minimum: the smallest value of an int setting.
   """
 
   name: str
@@ -57,6 +66,9 @@ class Setting:
   default: Any
   check: Optional[Callable[[Any], bool]] = None
   allowed: str = ''
+  help_text: str = ''
+  choices: Optional[Tuple[Any, ...]] = None
+  minimum: Optional[int] = None
 
   def __post_init__(self):
     if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -67,9 +79,20 @@ class Setting:
           'line cannot set it.'
       )
     if not self.allowed:
-      object.__setattr__(self, 'allowed', f'use a {self.type.__name__}')
+      object.__setattr__(self, 'allowed', self.declaration.advice(self.type))
     if not self.allows(self.default):
       raise ValueError(f'Setting {self.name!r}: the default {self.default!r} fails its own check.')
+
+  @property
+  def declaration(self) -> settings_flags.Declaration:
+    """Its help and bounds, as a built-in field declares them."""
+    return settings_flags.Declaration(
+        help_text=self.help_text,
+        choices=self.choices,
+        minimum=self.minimum,
+        check=self.check,
+        allowed=self.allowed,
+    )
 
   def normalised(self, value: Any) -> Any:
     """The value in the declared type: a float for an int, a tuple for a list."""
@@ -80,20 +103,19 @@ class Setting:
     return value
 
   def allows(self, value: Any) -> bool:
-    """Whether `value` (normalised) has the declared type and passes `check`."""
-    value = self.normalised(value)
-    if not isinstance(value, self.type) or (isinstance(value, bool) and self.type is not bool):
-      return False
-    return self.check is None or bool(self.check(value))
+    """Whether `value` (normalised) has the declared type and bounds."""
+    return self.declaration.allows(self.normalised(value), self.type)
 
   def same_declaration(self, other: 'Setting') -> bool:
     """Whether two declarations agree (a subclass inherits its parent's `settings`;
     a file imported twice declares equal settings with new check functions)."""
-    return (self.name, self.type, self.default, self.allowed) == (
+    return (self.name, self.type, self.default, self.allowed, self.choices, self.minimum) == (
         other.name,
         other.type,
         other.default,
         other.allowed,
+        other.choices,
+        other.minimum,
     )
 
 

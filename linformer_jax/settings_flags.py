@@ -37,9 +37,10 @@ minimum cannot say (`allowed` is what the one-line error tells to use), and
 
 import collections.abc
 import dataclasses
+import functools
 import math
 import typing
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from absl import flags
 
@@ -58,18 +59,52 @@ ALWAYS = object()
 
 
 @dataclasses.dataclass(frozen=True)
-class _FlagSpec:
-  help_text: str
-  name: Optional[str]
-  default: Any
-  from_flag: Optional[Callable[[Any], Any]]
-  choices: Optional[Sequence[str]]
-  required: bool
+class Declaration:
+  """What a setting declares beside its name, type and default: its help, its
+  bounds and how its flag reads it (the arguments of `setting`, which
+  documents each). A `registry.Setting` of a model kind or a data source holds
+  one too, so every setting is checked and worded by the same rules."""
+
+  help_text: str = ''
+  name: Optional[str] = None
+  default: Any = _FIELD_DEFAULT
+  from_flag: Optional[Callable[[Any], Any]] = None
+  choices: Optional[Sequence[Any]] = None
+  required: bool = False
   repeated: bool = False
   minimum: Optional[int] = None
   check: Optional[Callable[[Any], bool]] = None
   allowed: str = ''
   before: Any = ALWAYS
+
+  def advice(self, value_type: Any) -> str:
+    """What the one-line error about a refused value tells to use."""
+    if self.allowed:
+      return self.allowed
+    if self.choices is not None:
+      return f'use one of {", ".join(map(repr, self.choices))}'
+    if self.minimum == 1:
+      return 'use a positive integer'
+    if self.minimum is not None:
+      return f'use an integer >= {self.minimum}'
+    if value_type is bool:
+      return 'use True or False'
+    if value_type is float:
+      return 'use a finite number'
+    return f'use a value of type {getattr(value_type, "__name__", value_type)}'
+
+  def allows(self, value: Any, value_type: Any) -> bool:
+    """Whether a config value (a list as a tuple) has `value_type`, is finite
+    where a float has no `check` of its own, and is within the bounds."""
+    if not _has_type(value, value_type):
+      return False
+    if isinstance(value, float) and not math.isfinite(value) and self.check is None:
+      return False
+    return value is None or not (
+        (self.choices is not None and value not in self.choices)
+        or (self.minimum is not None and value < self.minimum)
+        or (self.check is not None and not self.check(value))
+    )
 
 
 def setting(
@@ -113,7 +148,7 @@ def setting(
     before: the value of a run saved before the field existed (a config
       field added since the first runs); left out, every run has it.
   """
-  spec = _FlagSpec(
+  spec = Declaration(
       help_text,
       flag,
       flag_default,
@@ -129,17 +164,23 @@ def setting(
   return dataclasses.field(default=default, default_factory=default_factory, metadata={_FLAG: spec})
 
 
-def _flag_fields(settings_type: type):
-  """(field, its flag spec, its type with Optional removed) of every flag field."""
+@functools.cache
+def _flag_fields(settings_type: type) -> Tuple[Tuple[dataclasses.Field, Declaration, Any], ...]:
+  """(field, its declaration, its type with Optional removed) of every
+  `setting` field of a settings dataclass."""
   hints = typing.get_type_hints(settings_type)
+  found = []
   for field in dataclasses.fields(settings_type):
     spec = field.metadata.get(_FLAG)
     if spec is None:
       continue
     field_type = hints[field.name]
     if typing.get_origin(field_type) is typing.Union:
-      field_type = next(arg for arg in typing.get_args(field_type) if arg is not type(None))
-    yield field, spec, field_type
+      arguments = [arg for arg in typing.get_args(field_type) if arg is not type(None)]
+      if len(arguments) == 1:  # Optional[X]; a union of several types stays one
+        field_type = arguments[0]
+    found.append((field, spec, field_type))
+  return tuple(found)
 
 
 def _item_type(field_type: Any) -> Optional[type]:
@@ -281,23 +322,6 @@ def _has_type(value: Any, field_type: Any) -> bool:
   return isinstance(value, origin)
 
 
-def _advice(spec: _FlagSpec, field_type: Any) -> str:
-  """What the one-line error about a config field tells to use."""
-  if spec.allowed:
-    return spec.allowed
-  if spec.choices is not None:
-    return f'use one of {", ".join(map(repr, spec.choices))}'
-  if spec.minimum == 1:
-    return 'use a positive integer'
-  if spec.minimum is not None:
-    return f'use an integer >= {spec.minimum}'
-  if field_type is bool:
-    return 'use True or False'
-  if field_type is float:
-    return 'use a finite number'
-  return f'use a value of type {getattr(field_type, "__name__", field_type)}'
-
-
 def config_fields(settings_type: type) -> Dict[str, dataclasses.Field]:
   """name -> field of each `setting` field of a run config section."""
   return {field.name: field for field, _, _ in _flag_fields(settings_type)}
@@ -349,15 +373,51 @@ def from_config(
       value = value.to_dict()
     if isinstance(value, list):
       value = tuple(value)
-    if not _has_type(value, field_type):
-      raise config_value_error(section, field.name, value, _advice(spec, field_type))
-    if isinstance(value, float) and not math.isfinite(value) and spec.check is None:
-      raise config_value_error(section, field.name, value, _advice(spec, field_type))
-    if value is not None and (
-        (spec.choices is not None and value not in spec.choices)
-        or (spec.minimum is not None and value < spec.minimum)
-        or (spec.check is not None and not spec.check(value))
-    ):
-      raise config_value_error(section, field.name, value, _advice(spec, field_type))
+    if not spec.allows(value, field_type):
+      raise config_value_error(section, field.name, value, spec.advice(field_type))
     found[field.name] = value
   return settings_type(**found, **given)
+
+
+def check_fields(settings: Any, section: str) -> None:
+  """Checks each `setting` field of a built settings dataclass against its
+  declaration, as `from_config` checks a section, making a list a tuple: for a
+  dataclass built directly as well as from a config (`ModelConfig`).
+
+  Raises:
+    ConfigError: `SECTION.NAME=VALUE is not allowed: ...`, the first field refused.
+  """
+  for field, spec, field_type in _flag_fields(type(settings)):
+    value = getattr(settings, field.name)
+    if isinstance(value, list):
+      value = tuple(value)
+      object.__setattr__(settings, field.name, value)
+    if not spec.allows(value, field_type):
+      raise config_value_error(section, field.name, value, spec.advice(field_type))
+
+
+def described(section: str, name: str, value: Any, spec: Declaration, value_type: Any) -> str:
+  """One field as `--helpconfig` lists it: `SECTION.NAME = VALUE  # HELP (BOUNDS)`,
+  the bounds in the words of its one-line error, where it declares any."""
+  bounded = spec.allowed or spec.check or spec.choices is not None or spec.minimum is not None
+  words = [spec.help_text] if spec.help_text else []
+  if bounded or not words:
+    words.append(f'({spec.advice(value_type)})')
+  return f'{section}.{name} = {value!r}  # {" ".join(words)}'
+
+
+def described_section(settings_type: type, values: Mapping[str, Any], section: str) -> List[str]:
+  """Every `setting` field of a settings dataclass, with its value in `values`
+  (a config section; a field it lacks shows its `before`), as `described`."""
+  lines = []
+  for field, spec, field_type in _flag_fields(settings_type):
+    if field.name in values:
+      value = values[field.name]
+    elif spec.before is not ALWAYS:
+      value = spec.before
+    else:
+      continue
+    if hasattr(value, 'to_dict'):
+      value = value.to_dict()
+    lines.append(described(section, field.name, value, spec, field_type))
+  return lines

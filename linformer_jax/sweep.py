@@ -324,7 +324,8 @@ def run_sweep(
     saved = run_folder.RunFolder(os.path.join(workdir, variant.name)).config
     if os.path.exists(saved):  # refused if it is a run of another model
       with open(saved) as f:
-        run_config.check_same_model(json.load(f), configs[variant.name], os.path.dirname(saved))
+        settings = run_config.RunConfig.from_config(configs[variant.name])
+        run_config.check_same_model(json.load(f), settings, os.path.dirname(saved))
   os.makedirs(workdir, exist_ok=True)
   finished = {}
   try:

@@ -20,6 +20,7 @@ from linformer_jax import run_folder
 from linformer_jax import testing
 from linformer_jax.checkpoints.store import CheckpointStore
 from linformer_jax.data.data_config import DataConfig
+from linformer_jax.training import run_builder
 from linformer_jax.training import run_config
 from linformer_jax.training import training_run
 from linformer_jax.training.metric_writers import read_metrics
@@ -69,7 +70,7 @@ def file_hashes(folder):
 
 
 def final_params(workdir, config):
-  run = training_run.TrainingRun(config, workdir)
+  run = training_run.TrainingRun(run_builder.build_parts(config), workdir)
   params = jax.tree_util.tree_map(np.asarray, run.state.params)
   run.store.close()
   return int(run.state.step), params

@@ -34,6 +34,7 @@ from configs import tiny
 from linformer_jax import mesh_memory
 from linformer_jax.data import masked_lm
 from linformer_jax.training import multihost
+from linformer_jax.training import run_builder
 from linformer_jax.training import trainer
 from linformer_jax.training import training_run
 from linformer_jax.training.metric_writers import read_metrics
@@ -101,7 +102,7 @@ def train(root, mesh_shape, workdir_name, name, fsdp=False):
       if jax.process_index() == 0
       else {}
   )
-  run = training_run.TrainingRun(config, workdir)
+  run = training_run.TrainingRun(run_builder.build_parts(config), workdir)
   if jax.process_index() == 0:
     write(root, name, flat_params(run.state), losses, shard_counts(run.state))
   run.store.close()
@@ -119,7 +120,7 @@ def memory(root, mesh_shape, name):
 
 def restore(root, source, mesh_shape, name):
   config = sharded_config(mesh_shape)
-  run = training_run.TrainingRun(config, os.path.join(root, source))
+  run = training_run.TrainingRun(run_builder.build_parts(config), os.path.join(root, source))
   assert int(run.state.step) == 3
   write(root, name, flat_params(run.state), shardings=shard_counts(run.state))
   run.store.close()

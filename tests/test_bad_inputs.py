@@ -32,7 +32,9 @@ from linformer_jax import settings_flags
 from linformer_jax import storage
 from linformer_jax import sweep as sweep_lib
 from linformer_jax.data import cache as cache_lib
+from linformer_jax.data import data_config
 from linformer_jax.errors import ConfigError
+from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.training import run_config
 
 
@@ -379,6 +381,16 @@ def command_modules():
   return modules
 
 
+# The run config's sections: their fields are --config.X fields, which
+# ml_collections defines from the config file.
+CONFIG_SECTIONS = (
+    *run_config.TOP_LEVEL_SECTIONS,
+    ModelConfig,
+    data_config.DataConfig,
+    data_config.ClassificationDataConfig,
+)
+
+
 def test_every_path_flag_of_every_command_is_checked():
   """A flag whose help names a file, folder or directory (or a Python to run)
   is in cli.PATH_FLAGS, so that `~`, UTF-8 and gs:// are checked for it."""
@@ -388,7 +400,8 @@ def test_every_path_flag_of_every_command_is_checked():
     values = flags.FlagValues()
     for settings_type in vars(module).values():
       if dataclasses.is_dataclass(settings_type) and isinstance(settings_type, type):
-        settings_flags.define_flags(settings_type, values)
+        if settings_type not in CONFIG_SECTIONS:  # --config.X fields, not the command's flags
+          settings_flags.define_flags(settings_type, values)
     for name, flag in values._flags().items():  # pylint: disable=protected-access
       if isinstance(flag.default, (str, list, type(None))) and words.search(flag.help or ''):
         found.setdefault(name, module.__name__)

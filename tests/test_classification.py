@@ -24,6 +24,7 @@ from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
+from linformer_jax.training import run_builder
 from linformer_jax.training import run_config
 from linformer_jax.training import run_loading
 from linformer_jax.training import trainer
@@ -95,7 +96,7 @@ def reference_evaluation(config, workdir):
   """Loss and accuracy of a run's newest classifier on its evaluation split,
   from its logits in float64, with the number of near-ties (whose argmax
   float32 rounding may flip)."""
-  run = training_run.TrainingRun(config, workdir)
+  run = training_run.TrainingRun(run_builder.build_parts(config), workdir)
   variables = run.state.variables()
   run.store.close()
   model = models.SequenceClassifier(
@@ -169,10 +170,10 @@ def test_bad_tsv_files_name_the_file_and_what_to_change(tmp_path):
 def test_fine_tuning_loads_the_pretrained_encoder_and_trains(pretrained, tmp_path):
   write_sentiment_tsv(tmp_path / 'data')
   config = tiny_classifier_config(tmp_path / 'data', init_from=pretrained)
-  pretrained_run = training_run.TrainingRun(tiny.get_config(), pretrained)
+  pretrained_run = training_run.TrainingRun(run_builder.build_parts(tiny.get_config()), pretrained)
   pretrained_encoder = jax.device_get(pretrained_run.state.params['encoder'])
   pretrained_run.store.close()
-  run = training_run.TrainingRun(config, str(tmp_path / 'start'))
+  run = training_run.TrainingRun(run_builder.build_parts(config), str(tmp_path / 'start'))
   # Every encoder array equals the pretrained one; the head is new.
   jax.tree_util.tree_map(
       np.testing.assert_array_equal, jax.device_get(run.state.params['encoder']), pretrained_encoder
@@ -204,12 +205,12 @@ def test_attention_pooling_starts_fresh_on_a_pretrained_encoder_and_is_saved(pre
   config = tiny_classifier_config(
       tmp_path / 'data', init_from=pretrained, **{'model.pooling': 'attention', 'total_steps': 10}
   )
-  run = training_run.TrainingRun(config, str(tmp_path / 'start'))
+  run = training_run.TrainingRun(run_builder.build_parts(config), str(tmp_path / 'start'))
   assert not np.any(jax.device_get(run.state.params['pool_query']))
   run.store.close()
   workdir = str(tmp_path / 'finetuned')
   trainer.train_and_evaluate(config, workdir)
-  trained = training_run.TrainingRun(config, workdir)
+  trained = training_run.TrainingRun(run_builder.build_parts(config), workdir)
   query = jax.device_get(trained.state.params['pool_query'])
   trained.store.close()
   assert np.any(query)
@@ -226,7 +227,7 @@ def test_a_shorter_seq_len_gives_the_same_logits_for_texts_that_fit(pretrained, 
   short = tiny_classifier_config(
       tmp_path / 'data', init_from=pretrained, **{'data.seq_len': 28, 'total_steps': 4}
   )
-  run = training_run.TrainingRun(full, str(tmp_path / 'start'))
+  run = training_run.TrainingRun(run_builder.build_parts(full), str(tmp_path / 'start'))
   variables = run.state.variables()
   run.store.close()
   model = models.SequenceClassifier(ModelConfig.from_config(full.model), 2)
@@ -268,7 +269,7 @@ def test_runs_fine_tuned_before_mean_pooling_became_the_default_load_unchanged(
   )
   workdir = str(tmp_path / 'old')
   trainer.train_and_evaluate(old, workdir)
-  run = training_run.TrainingRun(old, workdir)
+  run = training_run.TrainingRun(run_builder.build_parts(old), workdir)
   variables = run.state.variables()
   run.store.close()
   batch = classification_data.build_datasets(typed(old), workdir, train=False).eval_batches[0]
@@ -291,10 +292,10 @@ def test_runs_fine_tuned_before_mean_pooling_became_the_default_load_unchanged(
 
   saved_before_the_field = old.to_dict()
   del saved_before_the_field['model']['pooling']
-  run_config.check_same_model(saved_before_the_field, today, workdir)  # 'first': accepted
+  run_config.check_same_model(saved_before_the_field, typed(today), workdir)  # 'first': accepted
   today.model.pooling = 'mean'
   with pytest.raises(ConfigError, match="model.pooling='first', not 'mean'"):
-    run_config.check_same_model(saved_before_the_field, today, workdir)
+    run_config.check_same_model(saved_before_the_field, typed(today), workdir)
 
 
 @pytest.mark.slow
@@ -324,7 +325,7 @@ def test_pairs_add_a_zero_segment_embedding_to_the_pretrained_encoder(pretrained
       eval_batch_size=4,
       **{'model.num_segments': 2, 'data.text_columns': ('question', 'sentence')},
   )
-  run = training_run.TrainingRun(config, str(tmp_path / 'run'))
+  run = training_run.TrainingRun(run_builder.build_parts(config), str(tmp_path / 'run'))
   batch = run.data.eval_batches[0]
   first = batch['inputs'][0]
   eos = np.flatnonzero(first == BYTES.eos_id)

@@ -49,6 +49,7 @@ from run_helpers import free_port
 from run_helpers import one_error_line
 from run_helpers import run_forked_commands
 from run_helpers import tiny_config
+from run_helpers import typed
 
 from linformer_jax import flag_errors
 from linformer_jax import storage
@@ -207,7 +208,7 @@ def test_evaluate_scores_the_restore_step_and_moves_nothing(runs, tmp_path):
   config = tiny_config(restore_step=10)
   results = evaluation.evaluate_run(config, workdir, 'validation')
   assert results['step'] == 10
-  path = evaluation.results_path(config, workdir, 'validation')
+  path = evaluation.results_path(typed(config).loop, workdir, 'validation')
   assert path == os.path.join(workdir, 'eval_validation_10.json')
   evaluation.write_results(path, results)
   after = folder_contents(workdir)
@@ -263,24 +264,24 @@ INSIDE_A_NUMBER = KeyError(
             AttributeError(TYPO),
             '--config.restor_step=3',
             "--config.restor_step=3: config has no field 'restor_step'; did you mean "
-            'config.restore_step? (see --helpfull)',
+            'config.restore_step? (--helpconfig lists every field)',
         ),
         (
             AttributeError(NESTED_TYPO),
             '--config.model.projected_lenn=3',
             "--config.model.projected_lenn=3: config.model has no field 'projected_lenn'; did you "
-            'mean config.model.projected_len? (see --helpfull)',
+            'mean config.model.projected_len? (--helpconfig lists every field)',
         ),
         (
             KeyError("'nope'"),
             '--config.nope.x=1',
-            "--config.nope.x=1: config has no field 'nope' (see --helpfull)",
+            "--config.nope.x=1: config has no field 'nope' (--helpconfig lists every field)",
         ),
         (
             INSIDE_A_NUMBER,
             '--config.model.projected_len.x=3',
             "--config.model.projected_len.x=3: config.model.projected_len has no field 'x' "
-            '(see --helpfull)',
+            '(--helpconfig lists every field)',
         ),
     ],
 )

@@ -6,10 +6,12 @@ import os
 import jax
 import pytest
 from run_helpers import tiny_config
+from run_helpers import typed
 
 from linformer_jax import run_folder
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import compiled_step
+from linformer_jax.training import run_builder
 from linformer_jax.training import trainer
 from linformer_jax.training import training_run
 
@@ -44,7 +46,7 @@ def test_a_step_that_does_not_fit_stops_before_the_workdir_is_written(tmp_path, 
 
 
 def test_the_step_cost_comes_from_xla(tmp_path):
-  run = training_run.TrainingRun(tiny_config(), str(tmp_path))
+  run = training_run.TrainingRun(run_builder.build_parts(tiny_config()), str(tmp_path))
   try:
     key = jax.random.PRNGKey(0)
     _, cost = compiled_step.compile_train_step(run, key)
@@ -59,13 +61,13 @@ def test_the_step_cost_comes_from_xla(tmp_path):
 
 
 def test_an_out_of_memory_error_becomes_one_line_naming_what_to_change():
-  config = tiny_config()
+  settings = typed(tiny_config())
   error = jax.errors.JaxRuntimeError(
       'RESOURCE_EXHAUSTED: Out of memory while trying to allocate 289.00GiB.\nmore lines'
   )
   assert compiled_step.is_out_of_memory(error)
   assert not compiled_step.is_out_of_memory(jax.errors.JaxRuntimeError('INTERNAL: other'))
-  message = str(compiled_step.out_of_memory_error(error, config))
+  message = str(compiled_step.out_of_memory_error(error, settings))
   assert '\n' not in message and 'allocate 289.00GiB' in message
   assert '--config.batch_size=4' in message
 
@@ -112,7 +114,8 @@ def test_scanned_layers_count_every_layers_flops(tmp_path):
   costs = {}
   for scan in (False, True):
     run = training_run.TrainingRun(
-        tiny_config(**{'model.scan_layers': scan}), str(tmp_path / str(scan))
+        run_builder.build_parts(tiny_config(**{'model.scan_layers': scan})),
+        str(tmp_path / str(scan)),
     )
     try:
       _, costs[scan] = compiled_step.compile_train_step(run, jax.random.PRNGKey(0))
@@ -125,25 +128,23 @@ def test_an_opaque_kernel_step_is_counted_on_the_host_as_the_einsum_step():
   """cuDNN's and the Pallas kernels are one call to XLA's cost analysis (and
   XLA:GPU counts nothing for a lowered step): such a step's FLOPs are the same
   step's with the einsum attention, counted on this host's CPU."""
-  config = tiny_config()
-  config.model.attention_kernel = 'einsum'
-  lowered = compiled_step.lowered_train_step(config)
-  einsum = compiled_step.step_flops(config, lowered)
+  settings = typed(tiny_config(**{'model.attention_kernel': 'einsum'}))
+  lowered = compiled_step.lowered_train_step(settings)
+  einsum = compiled_step.step_flops(settings, lowered)
   assert einsum > 0
   for kernel in compiled_step.OPAQUE_KERNELS:
-    assert compiled_step.step_flops(config, lowered, attention_kernel=kernel) == einsum
-  config.model.attention_kernel = 'auto'
-  assert compiled_step.host_step_flops(config, 2) == einsum / 2
+    assert compiled_step.step_flops(settings, lowered, attention_kernel=kernel) == einsum
+  assert compiled_step.host_step_flops(typed(tiny_config()), 2) == einsum / 2
 
 
 def test_the_host_count_takes_the_key_of_any_prng_implementation():
   """Under JAX_DEFAULT_PRNG_IMPL=rbg the trainer's key is (4,) words, not 2:
   the analyses lower the step for the key the trainer passes. (XLA counts the
   two generators' random bits differently: 7% of this tiny step.)"""
-  config = tiny_config()
-  threefry = compiled_step.host_step_flops(config, 1)
+  settings = typed(tiny_config())
+  threefry = compiled_step.host_step_flops(settings, 1)
   with jax.default_prng_impl('rbg'):
-    assert compiled_step.host_step_flops(config, 1) == pytest.approx(threefry, rel=0.1)
+    assert compiled_step.host_step_flops(settings, 1) == pytest.approx(threefry, rel=0.1)
 
 
 def test_peak_device_memory_is_none_on_a_cpu():

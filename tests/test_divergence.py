@@ -15,6 +15,7 @@ from run_helpers import file_hashes
 from run_helpers import losses_by_step
 from run_helpers import tiny_config
 from run_helpers import tiny_flags
+from run_helpers import typed
 
 from linformer_jax.errors import ConfigError
 from linformer_jax.extensions import import_extensions
@@ -65,7 +66,7 @@ class MemoryLedger(SoundStepLedger):
 
 
 def _guard(store, **overrides):
-  return divergence.DivergenceGuard(tiny_config(**overrides), '/run', store, MemoryLedger())
+  return divergence.DivergenceGuard(typed(tiny_config(**overrides)), '/run', store, MemoryLedger())
 
 
 def _feed(guard, losses, first_step=1, finite=None):
@@ -198,7 +199,7 @@ def test_a_finished_run_run_again_on_a_diverged_step_records_the_step_s_own_conf
   assert error.learning_rate == 100.0 and guard.ledger.diverged['config']['learning_rate'] == 100
   assert guard.ledger.diverged['step'] is None
   with pytest.raises(ConfigError, match="/run's run diverged, ending at step 5 and none of"):
-    divergence.go_back(FakeStore([5]), tiny_config(), '/run', guard.ledger)
+    divergence.go_back(FakeStore([5]), typed(tiny_config()), '/run', guard.ledger)
 
 
 @pytest.mark.parametrize(
@@ -258,7 +259,7 @@ def test_a_resumed_guard_takes_up_the_losses_and_suspicion_of_its_step():
   ledger = MemoryLedger()
   ledger.record(4, finite=True, param_norm=1.0, recent_losses=[5.0, 5.0], suspect='spiking')
   guard = divergence.DivergenceGuard(
-      tiny_config(spike_factor=2.0), '/run', FakeStore([2, 4]), ledger, resumed_step=4
+      typed(tiny_config(spike_factor=2.0)), '/run', FakeStore([2, 4]), ledger, resumed_step=4
   )
   assert guard.recent_losses() == [5.0, 5.0] and guard.suspicion(5)
   _feed(guard, [5.0] * divergence.SPIKE_WINDOW, first_step=5)
@@ -361,9 +362,9 @@ def test_a_changed_learning_rate_alone_goes_back_to_the_sound_step(
 def test_a_restore_step_that_is_not_sound_is_refused_naming_the_sound_ones(diverged_run):
   source, _, _ = diverged_run
   store = FakeStore([1, 4, 5])
-  config = tiny_config(restore_step=4, learning_rate=1e12)
+  settings = typed(tiny_config(restore_step=4, learning_rate=1e12))
   with pytest.raises(ConfigError, match=r'step 4 of .* is not sound \(saved while the loss'):
-    divergence.go_back(store, config, str(source), SoundStepLedger(str(source)))
+    divergence.go_back(store, settings, str(source), SoundStepLedger(str(source)))
 
 
 def test_a_non_finite_step_leaves_the_parameters_and_optimizer_state_as_they_were():

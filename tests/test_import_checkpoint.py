@@ -28,6 +28,7 @@ from linformer_jax.data import encoding
 from linformer_jax.data import tokenizer as tokenizer_lib
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import hf_import
+from linformer_jax.training import run_builder
 from linformer_jax.training import run_loading
 from linformer_jax.training import training_run
 
@@ -210,7 +211,7 @@ def test_the_imported_run_evaluates_and_starts_other_runs(imports, tmp_path):
 
   continued = ml_collections.ConfigDict(saved.to_dict())
   continued.init_from = str(workdir)
-  run = training_run.TrainingRun(continued, str(tmp_path / 'continued'))
+  run = training_run.TrainingRun(run_builder.build_parts(continued), str(tmp_path / 'continued'))
   run.store.close()
   jax.tree_util.tree_map(np.testing.assert_array_equal, run.state.params, state.params)
   assert (tmp_path / 'continued' / 'tokenizer.json').read_bytes() == (
@@ -227,7 +228,7 @@ def test_the_imported_run_evaluates_and_starts_other_runs(imports, tmp_path):
   finetune.data.update(path=str(tmp_path / 'tsv'), max_eval_batches=1)
   finetune.data.split_files = {'train': ('train.tsv',), 'validation': ('dev.tsv',)}
   finetune.update(init_from=str(workdir), batch_size=4, eval_batch_size=4)
-  run = training_run.TrainingRun(finetune, str(tmp_path / 'finetuned'))
+  run = training_run.TrainingRun(run_builder.build_parts(finetune), str(tmp_path / 'finetuned'))
   run.store.close()
   jax.tree_util.tree_map(
       np.testing.assert_array_equal, run.state.params['encoder'], state.params['encoder']

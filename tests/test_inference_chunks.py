@@ -3,9 +3,10 @@
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
+from run_helpers import tiny_config
+from run_helpers import typed
 from test_models import SMALL  # the tiny model of the model-family tests
 
 from linformer_jax.errors import ConfigError
@@ -90,14 +91,12 @@ def test_a_negative_chunk_is_a_clear_error():
 
 
 def test_a_run_may_be_evaluated_with_another_chunk():
-  saved = {'model': {**SMALL, 'inference_chunk': 0}, 'data': {'tokenizer': 'x', 'vocab_size': 40}}
-  config = ml_collections.ConfigDict(
-      {'model': {**SMALL, 'inference_chunk': 256}, 'data': {'tokenizer': 'x', 'vocab_size': 40}}
-  )
-  run_config.check_same_model(saved, config, 'runs/x')  # no error
-  config.model.hidden_dim = 32
-  with pytest.raises(ConfigError, match='hidden_dim=16'):
-    run_config.check_same_model(saved, config, 'runs/x')
+  saved = typed(tiny_config(**{'model.inference_chunk': 0})).to_dict()
+  config = tiny_config(**{'model.inference_chunk': 256})
+  run_config.check_same_model(saved, typed(config), 'runs/x')  # no error
+  config.model.hidden_dim = 64
+  with pytest.raises(ConfigError, match='hidden_dim=32'):
+    run_config.check_same_model(saved, typed(config), 'runs/x')
 
 
 @pytest.mark.parametrize('attention', ['full', 'linformer'])

@@ -15,7 +15,9 @@ import pytest
 from run_helpers import one_error_line
 from run_helpers import tiny_config
 from run_helpers import tiny_flags
+from run_helpers import typed
 
+from linformer_jax import cli
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import compiled_step
 from linformer_jax.training import memory_budget
@@ -117,11 +119,10 @@ def test_a_state_that_cannot_fit_is_refused_before_anything_is_created(monkeypat
 
 
 def test_a_state_within_its_share_of_the_memory_passes(monkeypatch):
-  config = tiny_config()
-  _, _, abstract = _parts_and_state(config)
+  parts, _, abstract = _parts_and_state(tiny_config())
   need = memory_budget.state_bytes(abstract).with_gradients
   _device_memory(monkeypatch, memory_budget, int(need / memory_budget.STATE_SHARE) + 1)
-  assert memory_budget.check_state_fits(abstract, config).with_gradients == need
+  assert memory_budget.check_state_fits(abstract, parts.settings).with_gradients == need
 
 
 def test_the_command_refuses_a_model_too_large_in_one_line_before_compiling(tmp_path, run_command):
@@ -159,7 +160,7 @@ def test_a_real_out_of_memory_error_of_creating_arrays_is_one_line():
   # once, whatever the host. Reading the small output alone would wait forever.
   make = jax.jit(lambda key: (jnp.zeros((), jnp.int32), jax.random.normal(key, (2**18, 2**30))))
   with pytest.raises(ConfigError) as error:
-    memory_budget.created(make(jax.random.PRNGKey(0)), tiny_config())
+    memory_budget.created(make(jax.random.PRNGKey(0)), typed(tiny_config()))
   assert str(error.value) == (
       'The host ran out of memory allocating 1048576.00 GiB (RESOURCE_EXHAUSTED: Out of '
       'memory allocating 1125899906842624 bytes.): lower --config.batch_size=4 (or raise '
@@ -230,12 +231,14 @@ _TPU_TEMPORARIES = (
 )
 def test_out_of_memory_on_each_backend_is_one_line(backend, error, start, monkeypatch):
   monkeypatch.setattr(jax, 'default_backend', lambda: backend)
-  message = memory_budget.out_of_memory_message(error, tiny_config())
+  message = memory_budget.out_of_memory_message(error, typed(tiny_config()))
   assert '\n' not in message
   assert message.startswith(start + ' (' + str(error).splitlines()[0][:200] + '): lower ')
   assert '--config.batch_size=4' in message and '--config.model.mlp_dim=64' in message
   general = memory_budget.out_of_memory_message(error)
-  assert memory_budget.out_of_memory_message(error, ml_collections.ConfigDict({'n': 1})) == general
+  # A command whose --config is no run's gives the general advice.
+  not_a_run = cli.run_settings(ml_collections.ConfigDict({'n': 1}))
+  assert memory_budget.out_of_memory_message(error, not_a_run) == general
   assert general.endswith(
       ': use a smaller batch, shorter sequences or a smaller model, or spread it over more devices.'
   )
@@ -252,7 +255,7 @@ def test_other_errors_are_not_out_of_memory():
 def test_the_step_check_counts_the_state_the_host_already_holds(monkeypatch):
   _device_memory(monkeypatch, compiled_step, GIB)
   held = compiled_step.StepCost(2 * GIB, GIB // 2, 0.0, held_bytes=2 * GIB)
-  compiled_step.check_fits(held, tiny_config())
+  compiled_step.check_fits(held, typed(tiny_config()))
 
 
 @pytest.mark.parametrize(
@@ -273,7 +276,7 @@ def test_the_step_check_counts_the_state_the_host_already_holds(monkeypatch):
 def test_a_step_that_does_not_fit_beside_the_held_state_is_refused(monkeypatch, cost, refusal):
   _device_memory(monkeypatch, compiled_step, GIB)
   with pytest.raises(ConfigError) as error:
-    compiled_step.check_fits(cost, tiny_config())
+    compiled_step.check_fits(cost, typed(tiny_config()))
   assert refusal in str(error.value)
 
 
@@ -285,9 +288,8 @@ def test_a_step_that_xla_cannot_fit_when_compiling_is_one_line(monkeypatch):
       raise jax.errors.JaxRuntimeError(_TPU_COMPILE)
 
   run = types.SimpleNamespace(
-      config=tiny_config(),
       abstract_state=None,
-      parts=types.SimpleNamespace(abstract_batch=dict),
+      parts=types.SimpleNamespace(abstract_batch=dict, settings=typed(tiny_config())),
       train_step=types.SimpleNamespace(lower=lambda *inputs: Lowered()),
   )
   monkeypatch.setattr(jax, 'default_backend', lambda: 'tpu')

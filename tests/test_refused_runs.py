@@ -19,6 +19,7 @@ from run_helpers import tiny_flags
 
 from linformer_jax import run_folder
 from linformer_jax.errors import ConfigError
+from linformer_jax.training import run_builder
 from linformer_jax.training import run_loading
 from linformer_jax.training import trainer
 from linformer_jax.training import training_run
@@ -81,7 +82,9 @@ def lost_tokenizer(tmp_path_factory):
   root = tmp_path_factory.mktemp('lost_tokenizer')
   corpus, other = _pseudo_words(root / 'corpus', 0), _pseudo_words(root / 'other', 1)
   workdir = root / 'run'
-  run = training_run.TrainingRun(_sentencepiece_config(corpus), str(workdir))
+  run = training_run.TrainingRun(
+      run_builder.build_parts(_sentencepiece_config(corpus)), str(workdir)
+  )
   run.save(force=True)
   run.store.close()
   os.remove(run_folder.RunFolder(str(workdir)).tokenizer())
@@ -103,7 +106,7 @@ def test_a_run_refused_for_another_text_keeps_no_tokenizer(run_without_tokenizer
     trainer.train_and_evaluate(_sentencepiece_config(other), workdir)
   assert folder_contents(workdir) == before
   # The original command is not blocked: its text makes its tokenizer again.
-  run = training_run.TrainingRun(_sentencepiece_config(corpus), workdir)
+  run = training_run.TrainingRun(run_builder.build_parts(_sentencepiece_config(corpus)), workdir)
   run.store.close()
   assert int(run.state.step) == 0
   assert os.path.isfile(run_folder.RunFolder(workdir).tokenizer())

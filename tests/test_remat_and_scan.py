@@ -112,6 +112,6 @@ def test_what_cannot_be_scanned_or_read_scanned_says_what_to_set(tmp_path):
     ModelConfig.from_config(per_layer_k)
   with pytest.raises(ConfigError, match=r'scan_layers=False, not True.*scan_layers=False'):
     saved = {'model': {**config.model.to_dict(), 'scan_layers': False}}
-    run_config.check_same_model(saved, config, str(tmp_path))
+    run_config.check_same_model(saved, run_config.RunConfig.from_config(config), str(tmp_path))
   with pytest.raises(ConfigError, match='spectrum reads layers by name'):
     spectrum.compute_spectrum(config, str(tmp_path))

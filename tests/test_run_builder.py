@@ -12,9 +12,11 @@ import numpy as np
 import optax
 import pytest
 
+from configs import causal_lm
 from configs import classification
 from configs import default
 from configs import tiny
+from linformer_jax import registry
 from linformer_jax import run_folder
 from linformer_jax import settings_flags
 from linformer_jax.errors import ConfigError
@@ -168,13 +170,14 @@ def test_a_saved_setting_of_a_kind_not_imported_now_does_not_block_the_run():
       'model': {**config.model.to_dict(), 'a_setting_of_an_unimported_kind': 1.0},
       'data': config.data.to_dict(),
   }
-  run_config.check_same_model(saved, config, 'runs/x')  # no error
+  typed = run_config.RunConfig.from_config
+  run_config.check_same_model(saved, typed(config), 'runs/x')  # no error
   del saved['model']['hidden_dim']  # saved before the field existed: read at its default
   config.model.hidden_dim = run_config.MODEL_DEFAULTS['hidden_dim']
-  run_config.check_same_model(saved, config, 'runs/x')  # no error
+  run_config.check_same_model(saved, typed(config), 'runs/x')  # no error
   config.model.hidden_dim += 8
   with pytest.raises(ConfigError, match='hidden_dim='):
-    run_config.check_same_model(saved, config, 'runs/x')
+    run_config.check_same_model(saved, typed(config), 'runs/x')
 
 
 def test_the_loop_settings_are_the_configs_fields_typed_and_checked():
@@ -211,3 +214,29 @@ def test_every_field_of_a_config_is_declared_once(config_file):
       name: tuple(value) if isinstance(value, list) else value
       for name, value in config.data.to_dict().items()
   }
+
+
+@pytest.mark.parametrize('config_file', [default, classification, causal_lm, tiny])
+@pytest.mark.parametrize('declared', [False, True], ids=['as in the file', 'settings declared'])
+def test_the_typed_tree_gives_back_the_config_it_was_typed_from(config_file, declared):
+  """`RunConfig.to_dict()`, what a run saves and compares with a saved run's,
+  is the completed config through JSON: the fields `ModelConfig` resolves
+  (projection_init='') and, once a command has added them
+  (`registry.add_declared_settings`), the registered parts' settings at their
+  defaults, which it leaves out, as the config set them. Typed again, it
+  gives the same settings."""
+  config = config_file.get_config()
+  if declared:
+    registry.add_declared_settings(config)
+  settings = run_config.RunConfig.from_config(config)
+  as_json = lambda tree: json.loads(json.dumps(tree, sort_keys=True))
+  assert as_json(settings.to_dict()) == as_json(run_config.complete(config).to_dict())
+  again = ml_collections.ConfigDict(settings.to_dict())
+  assert run_config.RunConfig.from_config(again) == settings
+
+
+def test_built_parts_attend_with_a_kernel_and_save_the_one_configured():
+  config = tiny_config()
+  parts = run_builder.build_parts(config)
+  assert (config.model.attention_kernel, parts.model_config.attention_kernel) == ('auto', 'einsum')
+  assert parts.settings.to_dict() == run_config.RunConfig.from_config(config).to_dict()

@@ -11,9 +11,15 @@ from linformer_jax import benchmark
 from linformer_jax import causal_benchmark
 from linformer_jax import data_benchmark
 from linformer_jax import pytorch_comparison
+from linformer_jax import registry
 from linformer_jax import settings_flags
+from linformer_jax.data.data_config import ClassificationDataConfig
+from linformer_jax.data.data_config import DataConfig
 from linformer_jax.errors import ConfigError
+from linformer_jax.model import attention_kinds
+from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.settings_flags import setting
+from linformer_jax.training import run_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,3 +218,70 @@ def test_a_config_value_out_of_its_declaration_is_one_line_naming_it(change, mes
 def test_a_config_lacking_a_field_every_run_has_is_refused_naming_it():
   with pytest.raises(ConfigError, match="config.data has no field 'steps'; add it"):
     settings_flags.from_config(Section, {'rate': 0.5, 'mode': 'a', 'shape': ()}, 'config.data')
+
+
+def test_a_model_field_out_of_its_declaration_is_refused_however_the_config_is_built():
+  """ModelConfig's fields are declared as every section's: built directly or
+  from config.model, a value out of bounds is one line naming the field."""
+  for fields, message in (
+      (dict(num_heads=0), 'config.model.num_heads=0 is not allowed: use a positive integer.'),
+      (dict(scan_layers=1), 'config.model.scan_layers=1 is not allowed: use True or False.'),
+      (dict(pooling='max'), "config.model.pooling='max' is not allowed: use one of "),
+      (
+          dict(dropout_rate=1.0),
+          'config.model.dropout_rate=1.0 is not allowed: use a value in [0, 1).',
+      ),
+  ):
+    for build in (
+        lambda f: ModelConfig(vocab_size=8, max_len=16, **f),
+        lambda f: ModelConfig.from_config(dict(vocab_size=8, max_len=16, **f)),
+    ):
+      with pytest.raises(ConfigError) as refused:
+        build(fields)
+      assert str(refused.value).startswith(message), str(refused.value)
+  assert ModelConfig(
+      vocab_size=8, max_len=16, projected_len=[4, 4], num_layers=2
+  ).projected_len == (
+      4,
+      4,
+  )
+
+
+def test_a_kinds_setting_is_declared_and_worded_as_a_built_in_field():
+  """registry.Setting holds a settings_flags.Declaration: the same bounds give
+  the same words."""
+  declared = registry.Setting('window', int, 8, minimum=1, help_text='w')
+  assert declared.allowed == 'use a positive integer'
+  assert declared.declaration.help_text == 'w'
+  assert not declared.allows(0) and not declared.allows(True) and declared.allows(3)
+  choice = registry.Setting('pattern', str, 'a', choices=('a', 'b'))
+  assert choice.allowed == "use one of 'a', 'b'" and not choice.allows('c')
+  assert not registry.Setting('scale', float, 1.0).allows(float('inf'))
+
+
+def test_every_declared_field_of_the_tree_has_its_help():
+  """The declaration alone gives a field's help: every section's fields and
+  every built-in kind's and source's settings carry it."""
+  sections = (*run_config.TOP_LEVEL_SECTIONS, ModelConfig, DataConfig, ClassificationDataConfig)
+  for section in sections:
+    for name, field in settings_flags.config_fields(section).items():
+      assert field.metadata['flag'].help_text, f'{section.__name__}.{name}'
+  for kind in attention_kinds.BUILT_IN:
+    for declared in attention_kinds.REGISTRY.settings_of(kind):
+      assert declared.help_text, f'config.model.{declared.name} of {kind!r}'
+
+
+def test_helpconfig_lists_the_config_with_each_fields_help_and_bounds(run_command):
+  result = run_command(
+      'train', '--config=configs/tiny.py', '--config.model.max_len=64', '--helpconfig'
+  )
+  assert result.returncode == 0, result.stderr
+  lines = result.stdout.splitlines()
+  assert (
+      'config.model.max_len = 64  # n, the sequence length the model is built for '
+      '(use a positive integer)'
+  ) in lines
+  assert 'config.batch_size = 4  # global batch, in sequences (use a positive integer)' in lines
+  assert any(line.startswith('config.model.performer_features = 256  # m,') for line in lines)
+  assert any(line.startswith('config.data.') for line in lines)
+  assert not any(line.startswith('step ') for line in lines)  # it trains nothing

@@ -21,6 +21,7 @@ from linformer_jax.model import attention_capture
 from linformer_jax.model import models
 from linformer_jax.model.model_config import ModelConfig
 from linformer_jax.registry import add_declared_settings
+from linformer_jax.training import run_builder
 from linformer_jax.training import training_run
 
 
@@ -203,7 +204,7 @@ def checkpointed(workdir, config):
   The spectrum reads any checkpoint the same way; skipping the training steps
   (whose compilation takes half a minute on 2 cores) keeps the test short.
   """
-  run = training_run.TrainingRun(config, str(workdir))
+  run = training_run.TrainingRun(run_builder.build_parts(config), str(workdir))
   run.save()
   run.store.close()
   return config

@@ -217,12 +217,12 @@ def test_a_checkpoint_refuses_another_tokenizer_until_its_own_is_back(stopped_ru
       match=f'{workdir}/tokenizer.model is not the tokenizer the checkpoint in {workdir} was '
       'trained with .*put the original file back, or use another --workdir',
   ):
-    training_run.TrainingRun(masked_lm_config(corpus), str(workdir))
+    training_run.TrainingRun(run_builder.build_parts(masked_lm_config(corpus)), str(workdir))
   shutil.copyfile(
       run_folder.RunFolder(str(original)).tokenizer(),
       run_folder.RunFolder(str(workdir)).tokenizer(),
   )
-  run = training_run.TrainingRun(masked_lm_config(corpus), str(workdir))
+  run = training_run.TrainingRun(run_builder.build_parts(masked_lm_config(corpus)), str(workdir))
   run.store.close()
   assert int(run.state.step) == 2
 

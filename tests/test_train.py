@@ -26,6 +26,7 @@ from run_helpers import wait_for_step
 from linformer_jax import run_folder
 from linformer_jax.checkpoints.store import CheckpointStore
 from linformer_jax.errors import ConfigError
+from linformer_jax.training import run_builder
 from linformer_jax.training import run_config
 from linformer_jax.training import trainer
 from linformer_jax.training import training_run
@@ -196,8 +197,8 @@ def test_a_non_finite_step_is_never_saved_and_the_kept_checkpoint_resumes(tmp_pa
   )
   # The same settings again are refused (docs/reliability.md); changed ones go on from step 1.
   with pytest.raises(trainer.NonFiniteLossError, match='step 1 is the newest sound one'):
-    training_run.TrainingRun(config, workdir)
-  run = training_run.TrainingRun(sane, workdir)
+    training_run.TrainingRun(run_builder.build_parts(config), workdir)
+  run = training_run.TrainingRun(run_builder.build_parts(sane), workdir)
   kept_step = int(run.state.step)
   params = jax.tree_util.tree_leaves(jax.device_get(run.state.params))
   run.store.close()

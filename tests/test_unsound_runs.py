@@ -116,10 +116,10 @@ def test_a_re_run_of_its_workdir_says_why_it_cannot_go_on(finite_divergence, tmp
   lower = ml_collections.ConfigDict(same.to_dict())
   lower.learning_rate = 1e-3
   with pytest.raises(divergence.NonFiniteLossError, match='Refused.*none is sound') as error:
-    training_run.TrainingRun(same, str(workdir))
+    training_run.TrainingRun(run_builder.build_parts(same), str(workdir))
   assert error.value.restart_workdir == f'{workdir}-restart'
   with pytest.raises(ConfigError, match=r'diverged at step 3 and none of its kept steps \(5, 10\)'):
-    training_run.TrainingRun(lower, str(workdir))
+    training_run.TrainingRun(run_builder.build_parts(lower), str(workdir))
   assert file_hashes(workdir) == before
   ledger = SoundStepLedger(str(workdir))
   ledger.diverged = None
@@ -129,7 +129,7 @@ def test_a_re_run_of_its_workdir_says_why_it_cannot_go_on(finite_divergence, tmp
   assert not os.path.exists(run_folder.RunFolder(str(workdir)).results)
   assert SoundStepLedger(str(workdir)).diverged['config']['learning_rate'] == 100
   with pytest.raises(ConfigError, match='diverged, ending at step 10 and none of its kept steps'):
-    training_run.TrainingRun(lower, str(workdir))
+    training_run.TrainingRun(run_builder.build_parts(lower), str(workdir))
 
 
 def test_a_perplexity_too_large_to_mean_anything_reads_inf_with_a_note():

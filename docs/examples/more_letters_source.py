@@ -27,7 +27,14 @@ class MoreLetters(base.ClassificationSource):
   """Which of two letters a string holds more of."""
 
   settings = (
-      registry.Setting('letters_per_example', int, 7, lambda n: n % 2 == 1, 'use an odd number'),
+      registry.Setting(
+          'letters_per_example',
+          int,
+          7,
+          check=lambda n: n % 2 == 1,
+          allowed='use an odd number',
+          help_text='letters in each example string',
+      ),
   )
 
   def examples(self, data_config, split):

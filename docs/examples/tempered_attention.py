@@ -48,6 +48,7 @@ class TemperedLinformer(Linformer):
           1.0,
           check=lambda value: 0 < value < math.inf,
           allowed='use a finite number > 0',
+          help_text='the softmax temperature each head starts at',
       ),
   )
 

@@ -20,6 +20,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 import jax.numpy as jnp
 
 from linformer_jax import registry
+from linformer_jax import settings_flags
 from linformer_jax.errors import ConfigError
 from linformer_jax.model import attention_kinds
 from linformer_jax.model import projections
@@ -29,6 +30,7 @@ from linformer_jax.model.attention import KERNEL_CHOICES
 from linformer_jax.model.attention import MeshPartition
 from linformer_jax.model.attention import PartitionedKernel
 from linformer_jax.model.attention import kernel_for_platform
+from linformer_jax.settings_flags import setting
 
 SHARING_MODES = ('none', 'headwise', 'kv', 'layerwise')
 # How a classifier summarises the sequence: the first token's vector, or the
@@ -43,6 +45,9 @@ REMAT_POLICIES = ('none', 'full', 'dots', 'dots_no_batch')
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 # The config section whose fields the model kinds' declared settings are.
 SETTINGS_SECTION = 'config.model'
+# Bounds shared by several fields.
+_RATE = dict(check=lambda rate: 0.0 <= rate < 1.0, allowed='use a value in [0, 1)')
+_COUNT = dict(minimum=0, allowed='use a non-negative integer')
 # ModelConfig's fields that are not fields of config.model: the kinds' own
 # settings (each its own config.model field) and what a run derives.
 NOT_CONFIG_FIELDS = ('extension_settings', 'kernel_partition')
@@ -61,33 +66,81 @@ def _owners_in_words(owners: Tuple[Tuple[str, str], ...]) -> str:
 class ModelConfig:
   """Hyper-parameters of the encoder; see configs/ for a comment per field."""
 
-  vocab_size: int
-  max_len: int
-  num_layers: int = 12
-  num_heads: int = 12
-  hidden_dim: int = 768
-  mlp_dim: int = 3072
-  attention: str = 'linformer'
-  projected_len: Union[int, Tuple[int, ...]] = 128
-  sharing: str = 'layerwise'
-  projection: str = 'linear'
-  projection_init: str = 'jl'
-  projection_init_noise: float = 0.0
-  dropout_rate: float = 0.1
-  attention_dropout_rate: float = 0.1
-  activation_dropout_rate: float = 0.0
-  pre_layer_norm: bool = False
-  dtype: str = 'float32'
-  num_segments: int = 0
-  layer_norm_epsilon: float = 1e-5
-  pooling: str = 'first'
-  causal: bool = False
-  block_len: int = 64
-  query_blocks_per_step: int = 0
-  inference_chunk: int = 0
-  attention_kernel: str = 'auto'
-  remat: str = 'none'
-  scan_layers: bool = False
+  vocab_size: int = setting(help_text="token ids; equals the tokenizer's", minimum=1)
+  max_len: int = setting(help_text='n, the sequence length the model is built for', minimum=1)
+  num_layers: int = setting(12, 'encoder layers', minimum=1)
+  num_heads: int = setting(12, 'attention heads per layer', minimum=1)
+  hidden_dim: int = setting(768, 'model width', minimum=1)
+  mlp_dim: int = setting(3072, 'MLP hidden units', minimum=1)
+  attention: str = setting('linformer', 'the registered attention kind')
+  projected_len: Union[int, Tuple[int, ...]] = setting(
+      128, 'k, the projected length: one int, or one per layer'
+  )
+  sharing: str = setting(
+      'layerwise',
+      "E/F sharing: 'none', 'headwise', 'kv' or 'layerwise'",
+      choices=SHARING_MODES,
+      allowed=f'use one of {SHARING_MODES}',
+  )
+  projection: str = setting('linear', 'the registered sequence projection of keys and values')
+  projection_init: str = setting(
+      'jl', "how a learned E/F starts ('' = the projection's own default)"
+  )
+  projection_init_noise: float = setting(
+      0.0,
+      "stddev of Gaussian noise on projection_init='local' (0 = none)",
+      check=lambda noise: 0 <= noise < math.inf,
+      allowed='use a finite stddev >= 0',
+  )
+  dropout_rate: float = setting(0.1, 'dropout on embeddings and each residual branch', **_RATE)
+  attention_dropout_rate: float = setting(0.1, 'dropout on the attention weights', **_RATE)
+  activation_dropout_rate: float = setting(0.0, "dropout on the MLP's GELU output", **_RATE)
+  pre_layer_norm: bool = setting(False, "pre-LN instead of RoBERTa's post-LN")
+  dtype: str = setting(
+      'float32', 'compute dtype', choices=tuple(DTYPES), allowed=f'use one of {tuple(DTYPES)}'
+  )
+  num_segments: int = setting(
+      0,
+      'segment embeddings (0 = none)',
+      minimum=0,
+      allowed='use 0 (no segment embedding, as RoBERTa) or the number of segments, e.g. 2 '
+      'for sentence pairs',
+  )
+  layer_norm_epsilon: float = setting(
+      1e-5,
+      'added to the variance in layer norms',
+      check=lambda epsilon: 0 < epsilon < 1,
+      allowed='use a value in (0, 1): 1e-5 (RoBERTa), 1e-12 (BERT)',
+  )
+  pooling: str = setting(
+      'first',
+      "classifier input: the 'first' token, the 'mean' or a learned 'attention'",
+      choices=POOLING_TYPES,
+      allowed=f'use one of {POOLING_TYPES}',
+  )
+  causal: bool = setting(
+      False, 'left-to-right attention', allowed='use True (left to right) or False'
+  )
+  block_len: int = setting(64, 'causal Linformer: b, tokens per block', **_COUNT)
+  query_blocks_per_step: int = setting(
+      0, 'causal Linformer: query blocks at once (0 = all)', **_COUNT
+  )
+  inference_chunk: int = setting(
+      0, 'inference: queries and MLP in chunks of this size (0 = all)', **_COUNT
+  )
+  attention_kernel: str = setting(
+      'auto',
+      "what computes softmax attention ('auto' = the platform's fastest)",
+      choices=KERNEL_CHOICES,
+      allowed=f'use one of {KERNEL_CHOICES}',
+  )
+  remat: str = setting(
+      'none',
+      'what each layer keeps for the backward pass',
+      choices=REMAT_POLICIES,
+      allowed=f'use one of {REMAT_POLICIES}',
+  )
+  scan_layers: bool = setting(False, 'the layers as one scanned layer')
   # The registered kinds' own settings that differ from their defaults, as
   # sorted (name, value) pairs (a mapping is taken too); see `setting`.
   extension_settings: Tuple[Tuple[str, Any], ...] = ()
@@ -96,8 +149,7 @@ class ModelConfig:
   kernel_partition: Optional[MeshPartition] = None
 
   def __post_init__(self):
-    if isinstance(self.projected_len, list):
-      object.__setattr__(self, 'projected_len', tuple(self.projected_len))
+    settings_flags.check_fields(self, SETTINGS_SECTION)  # each field against its declaration
     self._validate()
 
   @classmethod
@@ -235,42 +287,16 @@ class ModelConfig:
     return self.compressed_span // self.projected_len_for_layer(layer)
 
   def _validate(self) -> None:
-    for field in ('vocab_size', 'max_len', 'num_layers', 'num_heads', 'hidden_dim', 'mlp_dim'):
-      value = getattr(self, field)
-      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise _field_error(field, value, 'use a positive integer')
+    """What no single field's declaration can say: how the fields fit together
+    and with the registered kinds."""
     if self.hidden_dim % self.num_heads:
       raise _field_error(
           'hidden_dim', self.hidden_dim, f'it must be divisible by num_heads={self.num_heads}'
       )
     attention_kind = self.attention_kind  # a ConfigError listing the names when unknown
-    if self.sharing not in SHARING_MODES:
-      raise _field_error('sharing', self.sharing, f'use one of {SHARING_MODES}')
     projection_kind = self.projection_kind
     self._validate_projection_init(projection_kind)
     self._validate_extension_settings()
-    if (
-        not isinstance(self.num_segments, int)
-        or isinstance(self.num_segments, bool)
-        or self.num_segments < 0
-    ):
-      raise _field_error(
-          'num_segments',
-          self.num_segments,
-          'use 0 (no segment embedding, as RoBERTa) or the number '
-          'of segments, e.g. 2 for sentence pairs',
-      )
-    epsilon = self.layer_norm_epsilon
-    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0 < epsilon < 1:
-      raise _field_error(
-          'layer_norm_epsilon', epsilon, 'use a value in (0, 1): 1e-5 (RoBERTa), 1e-12 (BERT)'
-      )
-    if self.attention_kernel not in KERNEL_CHOICES:
-      raise _field_error('attention_kernel', self.attention_kernel, f'use one of {KERNEL_CHOICES}')
-    if self.pooling not in POOLING_TYPES:
-      raise _field_error('pooling', self.pooling, f'use one of {POOLING_TYPES}')
-    if not isinstance(self.causal, bool):
-      raise _field_error('causal', self.causal, 'use True (left to right) or False')
     if self.causal and not attention_kind.supports_causal:
       raise _field_error(
           'causal', self.causal, f'attention={self.attention!r} has no left-to-right form'
@@ -282,10 +308,6 @@ class ModelConfig:
           f'projection={self.projection!r} has no causal (block by block) form; it needs '
           'windowed=True or a block_summaries method',
       )
-    for field in ('block_len', 'query_blocks_per_step', 'inference_chunk'):
-      value = getattr(self, field)
-      if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise _field_error(field, value, 'use a non-negative integer')
     if self.compressed_span != self.max_len and (
         self.block_len < 1 or self.max_len % self.block_len
     ):
@@ -302,14 +324,6 @@ class ModelConfig:
           f'scanned layers share one shape, so projected_len={self.projected_len} must be '
           'one k for every layer (or set --config.model.scan_layers=False)',
       )
-    if self.remat not in REMAT_POLICIES:
-      raise _field_error('remat', self.remat, f'use one of {REMAT_POLICIES}')
-    if self.dtype not in DTYPES:
-      raise _field_error('dtype', self.dtype, f'use one of {tuple(DTYPES)}')
-    for field in ('dropout_rate', 'attention_dropout_rate', 'activation_dropout_rate'):
-      rate = getattr(self, field)
-      if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate < 1.0:
-        raise _field_error(field, rate, 'use a value in [0, 1)')
     if self.attention_dropout_rate > 0 and not attention_kind.drops_attention_weights:
       raise _field_error(
           'attention_dropout_rate',
@@ -331,8 +345,6 @@ class ModelConfig:
           f'use one of {allowed} for projection={self.projection!r}',
       )
     noise = self.projection_init_noise
-    if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not 0 <= noise < math.inf:
-      raise _field_error('projection_init_noise', noise, 'use a finite stddev >= 0')
     if noise and self.projection_init != 'local':
       raise _field_error(
           'projection_init_noise', noise, "it is noise on projection_init='local'; use 0.0 here"

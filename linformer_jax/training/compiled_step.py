@@ -27,7 +27,6 @@ import re
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import jax
-import ml_collections
 
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import memory_budget
@@ -36,6 +35,7 @@ from linformer_jax.training import run_builder
 from linformer_jax.training import sharding as sharding_lib
 from linformer_jax.training.memory_budget import device_memory_bytes
 from linformer_jax.training.memory_budget import is_out_of_memory
+from linformer_jax.training.run_config import RunConfig
 from linformer_jax.units import GIB
 from linformer_jax.units import KIB
 from linformer_jax.units import MIB
@@ -110,14 +110,15 @@ class StepCost:
 
 
 def lowered_train_step(
-    config: ml_collections.ConfigDict, devices: Optional[Sequence[jax.Device]] = None
+    settings: RunConfig, devices: Optional[Sequence[jax.Device]] = None
 ) -> jax.stages.Lowered:
-  """The config's train step, lowered for its mesh from abstract inputs
-  (nothing is compiled or run: for analyses of any config on any host).
+  """The train step of a run of `settings`, lowered for its mesh from
+  abstract inputs (nothing is compiled or run: for analyses of any config on
+  any host).
 
   The mesh spans `devices`, by default JAX's; the devices of an accelerator
   topology (`analysis.xla_targets`) give a program that compiles for it."""
-  parts = run_builder.build_parts(config, devices)
+  parts = run_builder.parts_of(settings, devices)
   optimizer = optimization.create_optimizer(parts.settings.optimizer)
   abstract_state = parts.abstract_train_state(optimizer)
   train_step = parts.jit_train_step(optimizer, abstract_state)
@@ -143,7 +144,7 @@ def compile_train_step(run: Any, dropout_key: jax.Array) -> Tuple[Any, StepCost]
   try:
     compiled = lowered.compile()
   except jax.errors.JaxRuntimeError as error:
-    message = memory_budget.out_of_memory_message(error, run.config)
+    message = memory_budget.out_of_memory_message(error, run.parts.settings)
     if message is None:
       raise
     raise ConfigError(message) from None
@@ -153,7 +154,7 @@ def compile_train_step(run: Any, dropout_key: jax.Array) -> Tuple[Any, StepCost]
       argument_bytes=memory['argument_bytes'],
       temporary_bytes=memory['temp_bytes'],
       flops=step_flops(
-          run.config, lowered, attention_kernel=run.parts.model_config.attention_kernel
+          run.parts.settings, lowered, attention_kernel=run.parts.model_config.attention_kernel
       ),
       held_bytes=memory_budget.state_bytes(run.abstract_state).state if on_host else 0,
   )
@@ -193,13 +194,14 @@ OPAQUE_KERNELS = ('cudnn', 'pallas')
 
 
 def step_flops(
-    config: ml_collections.ConfigDict,
+    settings: RunConfig,
     lowered: Any,
     devices: Optional[Sequence[jax.Device]] = None,
     *,
     attention_kernel: str = 'einsum',
 ) -> float:
-  """FLOPs one device runs per step of the config's lowered train step.
+  """FLOPs one device runs per step of the lowered train step of a run of
+  `settings`.
 
   XLA's cost analysis of the lowered program (before XLA's own rewrites;
   recomputation by `model.remat` included), over the devices. It counts a
@@ -214,32 +216,33 @@ def step_flops(
   """
   device_count = len(devices) if devices is not None else jax.device_count()
   if attention_kernel in OPAQUE_KERNELS:
-    return host_step_flops(config, device_count)
-  if config.model.scan_layers:
-    unscanned = config.copy_and_resolve_references()
-    unscanned.model.scan_layers = False
-    lowered = lowered_train_step(unscanned, devices)
+    return host_step_flops(settings, device_count)
+  if settings.model.scan_layers:
+    unscanned = dataclasses.replace(settings.model, scan_layers=False)
+    lowered = lowered_train_step(dataclasses.replace(settings, model=unscanned), devices)
   flops = cost_analysis(lowered)['flops']
   if not flops:
-    return host_step_flops(config, device_count)
-  return flops * config.grad_accum_steps / device_count
+    return host_step_flops(settings, device_count)
+  return flops * settings.loop.grad_accum_steps / device_count
 
 
-def host_step_flops(config: ml_collections.ConfigDict, device_count: int) -> float:
-  """FLOPs per device of the config's step as the model defines it, counted on
-  this host's CPU: the same global batch on one CPU device, with the einsum
-  attention (the same products as a fused kernel), over `device_count`."""
-  host = config.copy_and_resolve_references()
-  host.mesh_shape = (1, 1)
-  host.model.scan_layers = False
-  if host.model.attention_kernel in OPAQUE_KERNELS + ('auto',):
-    host.model.attention_kernel = 'einsum'
+def host_step_flops(settings: RunConfig, device_count: int) -> float:
+  """FLOPs per device of the step of a run of `settings` as the model defines
+  it, counted on this host's CPU: the same global batch on one CPU device,
+  with the einsum attention (the same products as a fused kernel), over
+  `device_count`."""
+  model = dataclasses.replace(settings.model, scan_layers=False, kernel_partition=None)
+  if model.attention_kernel in OPAQUE_KERNELS + ('auto',):
+    model = dataclasses.replace(model, attention_kernel='einsum')
+  host = dataclasses.replace(
+      settings, model=model, mesh=dataclasses.replace(settings.mesh, mesh_shape=(1, 1))
+  )
   cpu = jax.devices('cpu')[:1]
   lowered = lowered_train_step(host, cpu)
-  return (cost_analysis(lowered)['flops'] or 0.0) * host.grad_accum_steps / device_count
+  return (cost_analysis(lowered)['flops'] or 0.0) * settings.loop.grad_accum_steps / device_count
 
 
-def check_fits(cost: StepCost, config: ml_collections.ConfigDict) -> None:
+def check_fits(cost: StepCost, settings: RunConfig) -> None:
   """A ConfigError if one step needs more memory than a device has (the
   state it already holds on the host counted as there: `StepCost.held_bytes`)."""
   available, source = device_memory_bytes(jax.local_devices()[0])
@@ -250,7 +253,7 @@ def check_fits(cost: StepCost, config: ml_collections.ConfigDict) -> None:
         f'The train step needs {cost.total_bytes / GIB:.2f} GiB per device (arguments '
         f'{cost.argument_bytes / GIB:.2f}, temporaries {cost.temporary_bytes / GIB:.2f}) '
         f'but {available / GIB:.2f} GiB is there ({source}){held}: '
-        f'{memory_budget.what_to_change(config, step=True, model=False)}.'
+        f'{memory_budget.what_to_change(settings, step=True, model=False)}.'
     )
 
 
@@ -273,7 +276,7 @@ def out_of_memory_need(error: BaseException) -> Optional[Tuple[int, int]]:
   return None
 
 
-def out_of_memory_error(error: BaseException, config: ml_collections.ConfigDict) -> ConfigError:
-  """The one-line error for an out-of-memory error raised while running
-  (`memory_budget.out_of_memory_message`)."""
-  return ConfigError(memory_budget.out_of_memory_message(error, config))
+def out_of_memory_error(error: BaseException, settings: RunConfig) -> ConfigError:
+  """The one-line error for an out-of-memory error raised while running a run
+  of `settings` (`memory_budget.out_of_memory_message`)."""
+  return ConfigError(memory_budget.out_of_memory_message(error, settings))

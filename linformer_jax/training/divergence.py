@@ -45,11 +45,11 @@ from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 from absl import logging
 import jax
-import ml_collections
 
 from linformer_jax.checkpoints.store import CheckpointStore
 from linformer_jax.errors import ConfigError
 from linformer_jax.training import evaluation
+from linformer_jax.training.run_config import RunConfig
 from linformer_jax.training.sound_steps import SoundStepLedger
 from linformer_jax.training.sound_steps import same_training_settings
 
@@ -158,15 +158,15 @@ class DivergenceGuard:
 
   def __init__(
       self,
-      config: ml_collections.ConfigDict,
+      settings: RunConfig,
       workdir: str,
       store: CheckpointStore,
       ledger: Optional[SoundStepLedger] = None,
       resumed_step: Optional[int] = None,
   ):
-    self._max_skipped = config.max_skipped_steps
-    self._factor = config.spike_factor
-    self._config = config
+    self._max_skipped = settings.loop.max_skipped_steps
+    self._factor = settings.loop.spike_factor
+    self._settings = settings
     self._workdir = workdir
     self._store = store
     self.ledger = ledger if ledger is not None else SoundStepLedger(workdir)
@@ -293,7 +293,7 @@ class DivergenceGuard:
           f' The newest sound step is {sound}.' if sound is not None else '',
       )
       return None
-    named = [(self._config.data.eval_split, eval_loss), ('training', last)]
+    named = [(self._settings.data.eval_split, eval_loss), ('training', last)]
     losses = [f'its {name} loss {value:,.6g}' for name, value in named if value is not None]
     summary = (
         f'Training diverged: step {step}, the last, is not sound ({why}); '
@@ -316,11 +316,12 @@ class DivergenceGuard:
   ) -> DivergenceError:
     """`error` (a DivergenceError class) with `summary`, the kept steps and
     how to go on; records in the ledger that the run diverged at step `began`
-    (None: not known) with `saved_config` (default: the guard's config)."""
+    (None: not known) with `saved_config` (default: the config of the
+    guard's settings)."""
     self._store.wait()
     kept = self._store.all_steps()
     sound = self.ledger.newest_sound(kept)
-    config = _as_json(saved_config if saved_config is not None else self._config.to_dict())
+    config = _as_json(saved_config if saved_config is not None else self._settings.to_dict())
     self.ledger.diverged = {'step': began, 'sound_step': sound, 'config': config}
     rate = config['learning_rate']
     if not kept:
@@ -381,13 +382,13 @@ def _as_json(value: Any) -> Any:
 
 def go_back(
     store: CheckpointStore,
-    config: ml_collections.ConfigDict,
+    settings: RunConfig,
     workdir: str,
     ledger: Optional[SoundStepLedger] = None,
 ) -> None:
-  """Honours config.restore_step (0 = the newest) and the ledger's divergence:
-  makes the chosen kept step the newest, moving newer ones to
-  WORKDIR/diverged_checkpoints/from_STEP.
+  """Honours config.restore_step (0 = the newest) of the run's `settings` and
+  the ledger's divergence: makes the chosen kept step the newest, moving
+  newer ones to WORKDIR/diverged_checkpoints/from_STEP.
 
   After a divergence (the ledger's `diverged`), with no restore_step: the same
   training settings are refused (they would go on from where the run
@@ -395,8 +396,8 @@ def go_back(
   must name a sound step.
 
   A run that went back and saved since holds a newest checkpoint saved with
-  this very config; the same command then resumes from it (after a
-  preemption, say) instead of going back again.
+  this very config (`settings.to_dict()`); the same command then resumes
+  from it (after a preemption, say) instead of going back again.
 
   Raises:
     NonFiniteLossError: the diverged run's own settings again; it says how
@@ -405,7 +406,7 @@ def go_back(
       sound kept steps), or no sound step is left.
   """
   ledger = ledger if ledger is not None else SoundStepLedger(workdir)
-  step = config.restore_step
+  step = settings.loop.restore_step
   kept = store.all_steps()
   diverged = ledger.diverged
   if not step and diverged:
@@ -414,7 +415,7 @@ def go_back(
       what = f"diverged at step {diverged['step']}"
     else:  # it ended on a diverged step (`DivergenceGuard.unsound_end`)
       what = 'diverged' + (f', ending at step {kept[-1]}' if kept else '')
-    if same_training_settings(config.to_dict(), diverged['config']):
+    if same_training_settings(settings.to_dict(), diverged['config']):
       summary = (
           f"Refused: {workdir}'s run {what} with these same settings, and its newest "
           'checkpoints are not sound;'
@@ -422,12 +423,12 @@ def go_back(
       if sound is None:
         raise NonFiniteLossError(
             f'{summary} none is sound: start again in a new workdir.',
-            learning_rate=config.learning_rate,
+            learning_rate=settings.optimizer.learning_rate,
             restart_workdir=f'{workdir.rstrip("/")}-restart',
         )
       raise NonFiniteLossError(
           f'{summary} step {sound} is the newest sound one.',
-          learning_rate=config.learning_rate,
+          learning_rate=settings.optimizer.learning_rate,
           restore_step=sound,
       )
     if sound is None:
@@ -448,7 +449,7 @@ def go_back(
   if kept and step == kept[-1] and ledger.is_sound(step):
     _clear_divergence(ledger, kept)
     return
-  if kept and store.restore_config(kept[-1]) == _as_json(config.to_dict()):
+  if kept and store.restore_config(kept[-1]) == _as_json(settings.to_dict()):
     logging.info('Resuming step %d, saved since going back to step %d.', kept[-1], step)
     return
   sound_steps = [s for s in kept if ledger.is_sound(s)]

@@ -22,6 +22,7 @@ from linformer_jax import storage
 from linformer_jax.training import run_loading
 from linformer_jax.training import tasks
 from linformer_jax.training.metric_writers import json_text
+from linformer_jax.training.run_config import LoopSettings
 
 # A perplexity above this is reported as inf (`tasks.PERPLEXITY_LIMIT`): a loss
 # above ln(1e30) = 69 nats a token, where a uniform guess over a million tokens
@@ -66,9 +67,10 @@ def evaluate_run(config: ml_collections.ConfigDict, workdir: str, split: str) ->
   }
 
 
-def results_path(config: ml_collections.ConfigDict, workdir: str, split: str) -> str:
-  """WORKDIR/eval_SPLIT.json, or eval_SPLIT_STEP.json for config.restore_step=STEP."""
-  step = config.restore_step
+def results_path(loop: LoopSettings, workdir: str, split: str) -> str:
+  """WORKDIR/eval_SPLIT.json, or eval_SPLIT_STEP.json for config.restore_step=STEP
+  (`loop.restore_step`)."""
+  step = loop.restore_step
   name = f'eval_{split}_{step}.json' if step else f'eval_{split}.json'
   return storage.join(storage.location(workdir), name)
 

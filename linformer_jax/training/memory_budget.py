@@ -11,11 +11,12 @@ accelerator's own limit, or the host's available memory shared by its CPU
 devices), in one line naming the fields to change. The compiled step's exact
 figure is checked later (`compiled_step.check_fits`).
 
-`out_of_memory_message(error, config)` is the one line for an out-of-memory
+`out_of_memory_message(error, settings)` is the one line for an out-of-memory
 error that XLA (or numpy) raises on any backend: what ran out, the size it
 could not allocate where the error says it, and what to change; None for any
-other error. `created(tree, config)` waits for a tree of new arrays, turning
-such an error into a ConfigError.
+other error. `created(tree, settings)` waits for a tree of new arrays, turning
+such an error into a ConfigError. `settings` is the run's
+(`run_config.RunConfig`), whose fields the advice names.
 """
 
 import dataclasses
@@ -24,11 +25,11 @@ import re
 from typing import Any, Optional, Tuple
 
 import jax
-import ml_collections
 import numpy as np
 import psutil
 
 from linformer_jax.errors import ConfigError
+from linformer_jax.training.run_config import RunConfig
 from linformer_jax.units import GIB
 from linformer_jax.units import KIB
 from linformer_jax.units import MIB
@@ -139,39 +140,40 @@ def state_bytes(abstract_state: Any) -> StateBytes:
   )
 
 
-def what_to_change(config: ml_collections.ConfigDict, *, step: bool, model: bool) -> str:
-  """The settings that lower what a device holds, for error messages: those
-  of a step's activations (`step`), of the model's size (`model`), and the
-  mesh."""
+def what_to_change(settings: RunConfig, *, step: bool, model: bool) -> str:
+  """The settings of a run that lower what a device holds, for error
+  messages: those of a step's activations (`step`), of the model's size
+  (`model`), and the mesh."""
+  loop, mesh = settings.loop, settings.mesh
   advice = []
   if step:
     advice.append(
-        f'lower --config.batch_size={config.batch_size} (or raise '
-        f'--config.grad_accum_steps={config.grad_accum_steps}) or '
-        f'--config.model.max_len={config.model.max_len}'
+        f'lower --config.batch_size={loop.batch_size} (or raise '
+        f'--config.grad_accum_steps={loop.grad_accum_steps}) or '
+        f'--config.model.max_len={settings.model.max_len}'
     )
   if model:
     fields = ', '.join(
-        f'--config.model.{name}={config.model[name]}'
+        f'--config.model.{name}={getattr(settings.model, name)}'
         for name in ('num_layers', 'hidden_dim', 'mlp_dim')
     )
     advice.append(f'use a smaller model ({fields})')
   devices = jax.device_count()
-  fsdp = '' if config.fsdp else ' and --config.fsdp=True'
+  fsdp = '' if mesh.fsdp else ' and --config.fsdp=True'
   advice.append(
       f'split the model over more devices with --config.mesh_shape (now '
-      f'{tuple(config.mesh_shape)} on {devices} device{"s" if devices != 1 else ""}){fsdp}'
+      f'{tuple(mesh.mesh_shape)} on {devices} device{"s" if devices != 1 else ""}){fsdp}'
   )
   return ', '.join(advice[:-1]) + ', or ' + advice[-1]
 
 
-def check_state_fits(abstract_state: Any, config: ml_collections.ConfigDict) -> StateBytes:
+def check_state_fits(abstract_state: Any, settings: RunConfig) -> StateBytes:
   """Refuses a run whose train state and gradients take more than
   `STATE_SHARE` of a device's memory; returns the state's bytes otherwise.
 
   Args:
     abstract_state: the run's `RunParts.abstract_train_state`.
-    config: the run's config, for the message.
+    settings: the run's settings, for the message.
 
   Raises:
     ConfigError: the state does not fit; the line says the estimate, the
@@ -188,7 +190,7 @@ def check_state_fits(abstract_state: Any, config: ml_collections.ConfigDict) -> 
       f'({size_text(need.params)}) need {size_text(need.with_gradients)} per device, but '
       f'{size_text(available)} is there ({source}), of which at most {STATE_SHARE:.0%} can '
       f'hold them; the largest parameter is {need.largest}: '
-      f'{what_to_change(config, step=False, model=True)}.'
+      f'{what_to_change(settings, step=False, model=True)}.'
   )
 
 
@@ -234,27 +236,22 @@ def _figure(text: str) -> str:
   return ''
 
 
-# The fields of a run's config that `what_to_change` names (a command's own
-# config may have none of them).
-_RUN_FIELDS = ('batch_size', 'grad_accum_steps', 'mesh_shape', 'fsdp', 'model')
-
-
 def out_of_memory_message(
-    error: BaseException, config: Optional[ml_collections.ConfigDict] = None
+    error: BaseException, settings: Optional[RunConfig] = None
 ) -> Optional[str]:
   """The one line for an out-of-memory error (`is_out_of_memory`), or None
   for any other error.
 
   It says what ran out (the host's memory on a CPU, the GPU's, the TPU's HBM),
   the size XLA could not allocate where its message gives one, XLA's own
-  first line, and the settings of `config` that lower the memory (general
-  advice without a run's config)."""
+  first line, and the run's settings that lower the memory (general advice
+  without them)."""
   if not is_out_of_memory(error):
     return None
   text = str(error).strip()
   first_line = text.splitlines()[0][:200] if text else type(error).__name__
-  if config is not None and all(field in config for field in _RUN_FIELDS):
-    advice = what_to_change(config, step=True, model=True)
+  if settings is not None:
+    advice = what_to_change(settings, step=True, model=True)
   else:
     advice = (
         'use a smaller batch, shorter sequences or a smaller model, or spread it over more '
@@ -263,7 +260,7 @@ def out_of_memory_message(
   return f'{_what_ran_out(error, text)} ran out of memory{_figure(text)} ({first_line}): {advice}.'
 
 
-def created(tree: Any, config: ml_collections.ConfigDict) -> Any:
+def created(tree: Any, settings: RunConfig) -> Any:
   """`tree` (new arrays) once computed; an out-of-memory error of creating
   them as a ConfigError.
 
@@ -273,7 +270,7 @@ def created(tree: Any, config: ml_collections.ConfigDict) -> Any:
   try:
     return jax.block_until_ready(tree)
   except jax.errors.JaxRuntimeError as error:
-    message = out_of_memory_message(error, config)
+    message = out_of_memory_message(error, settings)
     if message is None:
       raise
     raise ConfigError(message) from None

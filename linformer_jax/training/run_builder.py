@@ -1,14 +1,16 @@
 """Builds a run's parts in one place, for training, evaluation, spectrum and
 mesh memory.
 
-`build_parts(config)` checks the config and returns `RunParts`: the task, the
-model, the device mesh and its axis rules. From them come the abstract train
-state (shapes and shardings, nothing computed), the jitted step functions and
-this process's data; `run_loading` restores a run's checkpoint onto them for
-evaluation or inference. `check_same_tokenizer` refuses a checkpoint trained
-with another tokenizer. `save_config(config, workdir)` writes a run's config
-and a copy of each extension file into its folder; `saved_config(workdir)` is
-the config a run saved, ready to build with its own extensions.
+`build_parts(config)` checks the config and returns `RunParts`: the typed
+settings, the task, the model, the device mesh and its axis rules
+(`parts_of(settings)` builds them from settings already typed). From them
+come the abstract train state (shapes and shardings, nothing computed), the
+jitted step functions and this process's data; `run_loading` restores a
+run's checkpoint onto them for evaluation or inference.
+`check_same_tokenizer` refuses a checkpoint trained with another tokenizer.
+`save_config(settings, workdir)` writes a run's config and a copy of each
+extension file into its folder; `saved_config(workdir)` is the config a run
+saved, ready to build with its own extensions.
 """
 
 import dataclasses
@@ -54,8 +56,9 @@ class RunParts:
   """What every use of a run's config shares: task, model and mesh.
 
   Attributes:
-    config: the run's config.
-    settings: its checked settings (`run_config.RunConfig.from_config`).
+    settings: the run's checked settings (`run_config.RunConfig`), the
+      model's attention kernel resolved for the mesh (`to_dict` gives the
+      config's own value back).
     task: the task object of config.task.
     model: the task's Flax model.
     mesh: the ('data', 'model') device mesh of config.mesh_shape.
@@ -66,7 +69,6 @@ class RunParts:
       ('auto: cuDNN fused attention on gpu', 'as configured').
   """
 
-  config: ml_collections.ConfigDict
   settings: run_config.RunConfig
   task: tasks.Task
   model: nn.Module
@@ -107,7 +109,7 @@ class RunParts:
         lambda rng: nn.meta.unbox(self.model.init(rng, tokens)),
         out_shardings=shardings_of(self.abstract_variables()),
     )
-    return memory_budget.created(init(jax.random.PRNGKey(seed)), self.config)
+    return memory_budget.created(init(jax.random.PRNGKey(seed)), self.settings)
 
   def initial_train_state(
       self,
@@ -123,14 +125,14 @@ class RunParts:
         (`memory_budget.check_state_fits`), said before anything is allocated;
         or XLA ran out of memory creating the state anyway.
     """
-    memory_budget.check_state_fits(abstract_state, self.config)
+    memory_budget.check_state_fits(abstract_state, self.settings)
     init = jax.jit(
         lambda rng: train_steps.init_train_state(
             rng, model=self.model, optimizer=optimizer, seq_len=self.model_config.max_len
         ),
         out_shardings=shardings_of(abstract_state),
     )
-    return memory_budget.created(init(jax.random.PRNGKey(seed)), self.config)
+    return memory_budget.created(init(jax.random.PRNGKey(seed)), self.settings)
 
   def abstract_train_state(self, optimizer: optax.GradientTransformation) -> train_steps.TrainState:
     """The train state as `jax.ShapeDtypeStruct`s carrying their shardings.
@@ -278,15 +280,27 @@ def build_parts(
   """Checks the config and builds the task, model and mesh of a run.
 
   The config is typed and checked here, once (`run_config.RunConfig`); what
-  is built below reads the typed tree. The mesh spans `devices` (by default
-  all of JAX's devices): compile-only analyses pass the devices of an
-  accelerator this host does not have.
+  is built below reads the typed tree (`parts_of`). The mesh spans `devices`
+  (by default all of JAX's devices): compile-only analyses pass the devices
+  of an accelerator this host does not have.
 
   Raises:
     ConfigError: a bad config field, or a mesh that cannot split the model or
       the batches; nothing is compiled or written.
   """
-  settings = run_config.RunConfig.from_config(config)
+  return parts_of(run_config.RunConfig.from_config(config), devices)
+
+
+def parts_of(
+    settings: run_config.RunConfig, devices: Optional[Sequence[jax.Device]] = None
+) -> RunParts:
+  """The task, model and mesh of a run of `settings` (`build_parts`), e.g. of
+  a run's settings changed to analyse a variant of its step.
+
+  Raises:
+    ConfigError: a mesh that cannot split the model or the batches, or an
+      attention kernel that cannot run on the devices.
+  """
   mesh = sharding_lib.create_mesh(settings.mesh.mesh_shape, devices)
   rules = sharding_lib.axis_rules(settings.mesh)
   # 'auto' takes its kernel from the devices the step is compiled for, not the host;
@@ -295,7 +309,7 @@ def build_parts(
       mesh.devices.flat[0].platform, sharding_lib.kernel_partition(mesh, rules)
   )
   kernel_reason += train_step_kernel_note(model_config, settings.loop)
-  settings = dataclasses.replace(settings, model=model_config)
+  settings = settings.with_model(model_config)
   task = tasks.task_of(settings)
   sharding_lib.check_divisibility(
       model_config,
@@ -306,7 +320,6 @@ def build_parts(
   )
   # The data builders check model.vocab_size against the tokenizer.
   return RunParts(
-      config=config,
       settings=settings,
       task=task,
       model=task.create_model(settings),
@@ -327,11 +340,11 @@ def _tuples(value: Any) -> Any:
   return value
 
 
-def save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Writes WORKDIR/config.json (on process 0), whole or not at all, naming each
-  extension file by its absolute path, and keeps a copy of each file in
-  WORKDIR/extensions/: the run then loads from any directory, and after its
-  files move or change (`saved_config`).
+def save_config(settings: run_config.RunConfig, workdir: str) -> None:
+  """Writes WORKDIR/config.json (on process 0), whole or not at all: the run's
+  config (`settings.to_dict()`), naming each extension file by its absolute
+  path; and keeps a copy of each file in WORKDIR/extensions/: the run then
+  loads from any directory, and after its files move or change (`saved_config`).
 
   Training calls it once every check that can refuse the run has passed: the
   run keeps from then on what it made before (its folder, its tokenizer;
@@ -340,9 +353,9 @@ def save_config(config: ml_collections.ConfigDict, workdir: str) -> None:
   storage.keep_created()
   if jax.process_index() != 0:
     return
-  saved = config.to_dict()
-  saved['extensions'] = extensions.saved_entries(config.extensions)
-  extensions.keep_copies(config.extensions, workdir)
+  saved = settings.to_dict()
+  saved['extensions'] = extensions.saved_entries(settings.extensions)
+  extensions.keep_copies(settings.extensions, workdir)
   storage.write_text(
       run_folder.RunFolder(workdir).config, json.dumps(saved, indent=2, sort_keys=True)
   )

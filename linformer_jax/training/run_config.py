@@ -3,15 +3,18 @@ saved run's.
 
 `RunConfig.from_config(config)` checks the config and returns it typed, one
 tree: `RunConfig{model, data, optimizer, loop, mesh}` and the run's own
-fields. Each field is declared once, in its section's dataclass, with
-`settings_flags.setting`: its type, help, bounds and, for a field added since
-the first runs, `before`, the value a run saved earlier had
-(`ModelConfig`'s fields: their defaults). `complete(config)` gives an old
-config.json those values, so no code reads a field with a default of its own.
+fields; `RunConfig.to_dict()` gives it back as the config held it, for
+config.json, checkpoints and comparisons with a saved run's. Each field is
+declared once, in its section's dataclass, with `settings_flags.setting`: its
+type, help, bounds and, for a field added since the first runs, `before`, the
+value a run saved earlier had (`ModelConfig`'s fields: their defaults).
+`complete(config)` gives an old config.json those values, so no code reads a
+field with a default of its own.
 `expand_paths(config)` makes `~` the home folder in every field that names a
 file or folder, and lists them for `storage.check_paths`.
 """
 
+import copy
 import dataclasses
 import math
 import os
@@ -200,6 +203,12 @@ class RunConfig:
     optimizer: the optimizer's top-level fields.
     loop: the loop's top-level fields.
     mesh: the mesh's top-level fields.
+    model_as_configured: (field, value) of each config.model field whose
+      value `model` holds otherwise, sorted: one it resolved (projection_init
+      '' as the projection's own; attention_kernel 'auto' as a kernel,
+      `with_model`) or leaves out (a kind's setting at its default, which
+      commands list, `registry.add_declared_settings`). `to_dict` gives
+      these values back.
   """
 
   task: str = setting(help_text='the task', before='masked_lm')
@@ -212,6 +221,7 @@ class RunConfig:
   optimizer: Optional[OptimizerSettings] = None
   loop: Optional[LoopSettings] = None
   mesh: Optional[MeshSettings] = None
+  model_as_configured: Tuple[Tuple[str, Any], ...] = ()
 
   @classmethod
   def from_config(cls, config: ml_collections.ConfigDict) -> 'RunConfig':
@@ -252,7 +262,50 @@ class RunConfig:
         optimizer=optimizer,
         loop=loop,
         mesh=settings_flags.from_config(MeshSettings, config),
+        model_as_configured=_held_otherwise(
+            {name: config.model[name] for name in config.model}, model, ()
+        ),
     )
+
+  def with_model(self, model: ModelConfig) -> 'RunConfig':
+    """These settings with `model` in their model's place, e.g. its attention
+    kernel resolved for a mesh (`ModelConfig.with_kernel_for`); `to_dict`
+    still gives each field's value as the config set it."""
+    held = _held_otherwise(self.model.to_dict(), model, self.model_as_configured)
+    return dataclasses.replace(self, model=model, model_as_configured=held)
+
+  def to_dict(self) -> Dict[str, Any]:
+    """The settings as the config they were typed from held them, after
+    `complete`: every declared field of each section, the settings of
+    registered parts that config.model and config.data list, and each
+    model field as the config set it (`model_as_configured`). Through JSON
+    it equals that config's `to_dict()` (a sequence is a tuple here, as in
+    a config file); a field no section declares, which `from_config` passes
+    over, is not in it. What a run saves (config.json, its checkpoints) and
+    compares with the config a run saved.
+    """
+    top_level = {
+        name: getattr(section, name)
+        for section in (self, self.loop, self.optimizer, self.mesh)
+        for name in settings_flags.config_fields(type(section))
+    }
+    model = {**self.model.to_dict(), **dict(self.model_as_configured)}
+    # A copy: what the caller changes (config.json's extensions) leaves the settings as they are.
+    return copy.deepcopy({**top_level, 'model': model, 'data': self.data.to_dict()})
+
+
+def _held_otherwise(
+    configured: Mapping[str, Any], model: ModelConfig, known: Tuple[Tuple[str, Any], ...]
+) -> Tuple[Tuple[str, Any], ...]:
+  """`known`, sorted, with (field, value) added for each field of `configured`
+  (config.model's fields and values) that `model` holds otherwise or leaves
+  out, unless `known` names it already."""
+  held = dict(known)
+  typed = model.to_dict()
+  for name, value in configured.items():
+    if name not in held and (name not in typed or _comparable(typed[name]) != _comparable(value)):
+      held[name] = value
+  return tuple(sorted(held.items()))
 
 
 # The dataclasses declaring the top level's fields.
@@ -300,6 +353,34 @@ def complete(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         if field not in config.model and value is not dataclasses.MISSING:
           config.model[field] = value
   return config
+
+
+def described(config: ml_collections.ConfigDict) -> List[str]:
+  """Every field of a run's config, with its value, help and bounds, one line
+  each (`--helpconfig`): the top level's, config.model's and config.data's
+  declared fields, then the settings the registered parts declare.
+
+  Args:
+    config: the command's config, its extensions imported.
+  """
+  complete(config)
+  lines = []
+  for section in TOP_LEVEL_SECTIONS:
+    lines += settings_flags.described_section(section, config, 'config')
+  lines += settings_flags.described_section(ModelConfig, config.model, 'config.model')
+  data_type = data_config.SECTION_OF_TASK.get(config.task, DataConfig)
+  lines += settings_flags.described_section(data_type, config.data, 'config.data')
+  for section, values in (('config.model', config.model), ('config.data', config.data)):
+    for name, declared in sorted(registry.declared_settings(section).items()):
+      value = values.get(name, declared.setting.default)
+      owners = ', '.join(f'{field.rsplit(".", 1)[1]}={owner!r}' for field, owner in declared.owners)
+      lines.append(
+          settings_flags.described(
+              section, name, value, declared.setting.declaration, declared.setting.type
+          )
+          + f'; a setting of {owners}'
+      )
+  return lines
 
 
 def expand_paths(config: ml_collections.ConfigDict) -> List[Tuple[str, str]]:
@@ -354,12 +435,12 @@ def first_difference(
   return None
 
 
-def check_same_model(
-    saved: Mapping[str, Any], config: ml_collections.ConfigDict, workdir: str
-) -> None:
-  """Refuses to resume a workdir whose run used another model or tokenizer."""
+def check_same_model(saved: Mapping[str, Any], settings: RunConfig, workdir: str) -> None:
+  """Refuses to resume a workdir whose run used another model or tokenizer:
+  the config it saved against the settings asked for now."""
+  requested = settings.to_dict()
   saved_model = dict(saved.get('model', {}))
-  requested_model = config.model.to_dict()
+  requested_model = requested['model']
   # A run saved before a kind declaring a setting was imported used its default.
   declared = registry.declared_settings(model_config.SETTINGS_SECTION)
   model_defaults = {**MODEL_DEFAULTS, **{n: d.setting.default for n, d in declared.items()}}
@@ -380,7 +461,7 @@ def check_same_model(
       (
           'data',
           dict(saved.get('data', {})),
-          config.data.to_dict(),
+          requested['data'],
           DATA_FIELDS_FIXED_BY_A_RUN,
           None,
       ),

@@ -96,14 +96,14 @@ def load_run(
   """
   parts = run_builder.build_parts(config)
   named = ''
-  if step is None and config.restore_step:
-    step = config.restore_step
+  if step is None and parts.settings.loop.restore_step:
+    step = parts.settings.loop.restore_step
     named = f'config.restore_step={step}: '
   abstract = parts.abstract_variables()
   wanted = step
   try:
     step, data_state, variables = pruned_steps.retried_while_pruned(
-        lambda: _read_step(config, workdir, wanted, named, abstract), retry=wanted is None
+        lambda: _read_step(parts.settings, workdir, wanted, named, abstract), retry=wanted is None
     )
   except pruned_steps.StepPruned as pruned:
     what = f'{named}{pruned.what}' if named else step_files.capitalized(pruned.what)
@@ -133,7 +133,7 @@ def load_run(
 
 
 def _read_step(
-    config: ml_collections.ConfigDict,
+    settings: run_config.RunConfig,
     workdir: str,
     wanted: Optional[int],
     named: str,
@@ -145,7 +145,7 @@ def _read_step(
   Raises:
     StepPruned: the step was removed while it was read.
   """
-  step, data_state = _newest_step(config, workdir, wanted, named)
+  step, data_state = _newest_step(settings, workdir, wanted, named)
   # Its own listing, made after the run training there pruned `step`, no
   # longer holds it: the step was pruned, not asked for in vain.
   with pruned_steps.pruned_if_gone(run_folder.RunFolder(workdir).checkpoints, step):
@@ -153,13 +153,13 @@ def _read_step(
 
 
 def _newest_step(
-    config: ml_collections.ConfigDict, workdir: str, wanted: Optional[int], named: str
+    settings: run_config.RunConfig, workdir: str, wanted: Optional[int], named: str
 ) -> Tuple[int, Any]:
   """The newest intact step of workdir (warning about each newer damaged step
   it skips), or its kept step `wanted` (asked for as `named`, e.g.
-  'config.restore_step=3: ', or ''), checked against config, and its data
-  state. A damaged `wanted` is refused in a message that names what is wrong
-  and the step to use instead."""
+  'config.restore_step=3: ', or ''), checked against the run's `settings`,
+  and its data state. A damaged `wanted` is refused in a message that names
+  what is wrong and the step to use instead."""
   with CheckpointStore(run_folder.RunFolder(workdir).checkpoints) as store:
     if not store.step_folders():
       raise ConfigError(f'{workdir} holds no checkpoint; train first or fix --workdir.')
@@ -172,7 +172,7 @@ def _newest_step(
       )
     # The newest intact step, with a warning for each newer damaged one skipped.
     step = store.step_to_read(wanted)
-    run_config.check_same_model(store.restore_config(step), config, workdir)
+    run_config.check_same_model(store.restore_config(step), settings, workdir)
     return step, store.restore_data_state(step)
 
 

@@ -130,7 +130,6 @@ def _run_loop(
     first_step: int,
     last: int,
     dropout_key: jax.Array,
-    config: ml_collections.ConfigDict,
 ) -> bool:
   """Takes steps first_step + 1..last, each followed by the periodic actions
   (`loop_actions`); True when one of them ended the loop early.
@@ -145,7 +144,7 @@ def _run_loop(
   next_batch = run.device_batch(next(iterator)) if first_step < last else None
   try:
     for step in range(first_step + 1, last + 1):
-      run.state, metrics = _step(run, next_batch, dropout_key, config)
+      run.state, metrics = _step(run, next_batch, dropout_key)
       for action in actions:
         action.each_step(step, metrics)
       due = [action for action in actions if action.due(step)]
@@ -179,17 +178,14 @@ def _run_loop(
 
 
 def _step(
-    run: training_run.TrainingRun,
-    batch: Any,
-    dropout_key: jax.Array,
-    config: ml_collections.ConfigDict,
+    run: training_run.TrainingRun, batch: Any, dropout_key: jax.Array
 ) -> Tuple[Any, Dict[str, jax.Array]]:
   """One train step; XLA's out-of-memory as one line."""
   try:
     return run.train_step(run.state, batch, dropout_key)
   except jax.errors.JaxRuntimeError as error:
     if compiled_step.is_out_of_memory(error):
-      raise compiled_step.out_of_memory_error(error, config) from None
+      raise compiled_step.out_of_memory_error(error, run.parts.settings) from None
     raise
 
 
@@ -240,7 +236,8 @@ def _train_and_evaluate(
     own_actions: Sequence[loop_actions.PeriodicAction],
 ) -> Optional[Dict[str, Any]]:
   start_time = time.time()
-  run = training_run.TrainingRun(config, workdir)
+  # The config is checked and typed here, once; below, the run reads its settings.
+  run = training_run.TrainingRun(run_builder.build_parts(config), workdir)
   task = run.task
   settings = run.parts.settings
   loop = settings.loop
@@ -268,7 +265,7 @@ def _train_and_evaluate(
     compile_start = time.monotonic()
     try:
       run.train_step, cost = compiled_step.compile_train_step(run, dropout_key)
-      compiled_step.check_fits(cost, config)
+      compiled_step.check_fits(cost, settings)
     except BaseException:
       run.store.close()
       raise
@@ -276,14 +273,14 @@ def _train_and_evaluate(
         f'train step compiled in {time.monotonic() - compile_start:.1f} s: {cost.describe()}.'
     )
   storage.makedirs(workdir)
-  run_builder.save_config(config, workdir)  # with a copy of each extension file
+  run_builder.save_config(settings, workdir)  # with a copy of each extension file
   parameter_overview.log_parameter_overview(
       run.state.params, include_stats=False, msg='The parameters:', jax_logging_process=0
   )
   logger = MetricLogger(workdir, total_steps=loop.total_steps, is_primary=jax.process_index() == 0)
   logger.discard_after(first_step)
   guard = divergence.DivergenceGuard(
-      config, workdir, run.store, run.ledger, resumed_step=first_step if first_step else None
+      settings, workdir, run.store, run.ledger, resumed_step=first_step if first_step else None
   )
   last = loop.total_steps
   evaluate = loop_actions.Evaluate(loop.eval_every, last, settings.data.eval_split)
@@ -299,7 +296,7 @@ def _train_and_evaluate(
       loop_actions.StopAfter(stop_after, last, guard),
       loop_actions.Terminate(_TerminationRequest(), guard),
   ]
-  if _run_loop(run, actions, guard, logger, first_step, last, dropout_key, config):
+  if _run_loop(run, actions, guard, logger, first_step, last, dropout_key):
     return None  # stopped by stop_after, its step saved
   eval_metrics = evaluate.latest
   if eval_metrics is None:

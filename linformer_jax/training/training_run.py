@@ -1,10 +1,11 @@
 """One training run as the loop (`trainer`) steps it: its parts, data, step
 functions, state and checkpoints.
 
-`TrainingRun(config, workdir)` opens the workdir's checkpoints as their owner and
+`TrainingRun(parts, workdir)` opens the workdir's checkpoints as their owner and
 resumes from the newest intact one (the model and tokenizer checked to be the
 run's own, after going back to `config.restore_step` if it is set), or starts
-from the seed's draw, or from `config.init_from`. `TrainingRun.save` writes a
+from the seed's draw, or from `config.init_from`; `parts` are the run's
+(`run_builder.build_parts`). `TrainingRun.save` writes a
 checkpoint holding every process's data-iterator position and the tokenizer's
 fingerprint, and records in WORKDIR/sound_steps.json whether the step is sound
 (`sound_steps`). `report` is the loop's progress line: logged, and printed on
@@ -16,7 +17,6 @@ from typing import Any, Dict, List, Optional, Tuple
 from absl import logging
 import jax
 from jax.experimental import multihost_utils
-import ml_collections
 import numpy as np
 import optax
 
@@ -67,42 +67,41 @@ def _this_process_state(data_state: Dict[str, Any]) -> bytes:
 class TrainingRun:
   """One training run: its parts, data, step functions, state and checkpoints."""
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
-    self.config = config
+  def __init__(self, parts: run_builder.RunParts, workdir: str):
     self.workdir = workdir
-    self.parts = run_builder.build_parts(config)
-    self.task = self.parts.task
+    self.parts = parts
+    self.task = parts.task
     # The ledger first: one that cannot be read refuses the run before the
     # store (its owner) moves a damaged step aside or removes an unfinished save.
     self.ledger = sound_steps.SoundStepLedger(workdir)
     self.store = CheckpointStore(
         run_folder.RunFolder(workdir).checkpoints,
-        keep=self.parts.settings.loop.keep_checkpoints,
+        keep=parts.settings.loop.keep_checkpoints,
         owner=True,
     )
     try:
-      self._build(config, workdir)
+      self._build(workdir)
     except BaseException:
       # Stops the store's background threads before the error ends the
       # program: one still running at exit prints a traceback of its own.
       self.store.close()
       raise
 
-  def _build(self, config: ml_collections.ConfigDict, workdir: str) -> None:
+  def _build(self, workdir: str) -> None:
+    settings = self.parts.settings
     resuming = self.store.latest_step() is not None
     if resuming:
-      run_config.check_same_model(self.store.restore_config(), config, workdir)
-      divergence.go_back(self.store, config, workdir, self.ledger)
-    elif config.restore_step:
-      divergence.go_back(self.store, config, workdir, self.ledger)  # refuses it: nothing is kept
+      run_config.check_same_model(self.store.restore_config(), settings, workdir)
+      divergence.go_back(self.store, settings, workdir, self.ledger)
+    elif settings.loop.restore_step:
+      divergence.go_back(self.store, settings, workdir, self.ledger)  # refuses it: nothing is kept
     # Checked before the data is built, so a bad init_from fails fast.
-    settings = self.parts.settings
     init_from = self.task.check_init_from(settings) if settings.init_from and not resuming else None
-    self.optimizer = optimization.create_optimizer(self.parts.settings.optimizer)
-    self.schedule = optimization.learning_rate_schedule(self.parts.settings.optimizer)
+    self.optimizer = optimization.create_optimizer(settings.optimizer)
+    self.schedule = optimization.learning_rate_schedule(settings.optimizer)
     self.abstract_state = self.parts.abstract_train_state(self.optimizer)
     # Before the data is read or a checkpoint restored: a state that cannot fit stops here.
-    memory_budget.check_state_fits(self.abstract_state, config)
+    memory_budget.check_state_fits(self.abstract_state, settings)
     self.data = self.parts.build_data(workdir)
     self.train_step = self.parts.jit_train_step(self.optimizer, self.abstract_state)
     self.eval_step = self.parts.jit_eval_step(self.abstract_state.variables())
@@ -155,7 +154,11 @@ class TrainingRun:
     step = int(self.state.step)
     kept_before = self.store.all_steps()  # read before the save: never a folder being written
     saved = self.store.save(
-        step, state=self.state, data_state=data_state, config=self.config.to_dict(), force=force
+        step,
+        state=self.state,
+        data_state=data_state,
+        config=self.parts.settings.to_dict(),
+        force=force,
     )
     if not saved:
       return

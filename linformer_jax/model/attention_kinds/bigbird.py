@@ -145,22 +145,25 @@ class BigBird(blocked.PatternKind):
           'bigbird_block_size',
           int,
           64,
-          check=lambda value: value >= 1,
+          minimum=1,
           allowed='use a positive integer (b, the positions per block)',
+          help_text='b, the positions per block',
       ),
       Setting(
           'bigbird_global_blocks',
           int,
           1,
-          check=lambda value: value >= 0,
+          minimum=0,
           allowed='use an integer >= 0 (the first blocks, which see and are seen by all)',
+          help_text='the first blocks, which see and are seen by all',
       ),
       Setting(
           'bigbird_random_blocks',
           int,
           3,
-          check=lambda value: value >= 0,
+          minimum=0,
           allowed='use an integer >= 0 (random key blocks per query block)',
+          help_text='random key blocks per query block',
       ),
   )
 

@@ -103,13 +103,15 @@ class Longformer(blocked.PatternKind):
           256,
           check=lambda value: value >= 2 and value % 2 == 0,
           allowed='use an even positive integer (w, the window: w / 2 positions each side)',
+          help_text='w, the sliding window: w / 2 positions each side',
       ),
       Setting(
           'longformer_global_tokens',
           int,
           1,
-          check=lambda value: value >= 0,
+          minimum=0,
           allowed='use an integer >= 0 (the first positions, which see and are seen by all)',
+          help_text='the first positions, which see and are seen by all',
       ),
   )
 

@@ -333,15 +333,17 @@ class Nystromformer(AttentionKind):
           'nystrom_landmarks',
           int,
           64,
-          check=lambda value: value >= 1,
+          minimum=1,
           allowed='use a positive integer (the number m of landmarks)',
+          help_text='m, the segment-mean landmarks',
       ),
       Setting(
           'nystrom_conv_kernel',
           int,
           0,
-          check=lambda value: value >= 0,
+          minimum=0,
           allowed='use 0 (no convolution of V) or a positive width, e.g. 33 as the paper',
+          help_text='width of the depthwise convolution of V added to the output (0 = none)',
       ),
   )
 

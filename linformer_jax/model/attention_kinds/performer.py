@@ -180,8 +180,9 @@ class Performer(AttentionKind):
           'performer_features',
           int,
           256,
-          check=lambda value: value >= 1,
+          minimum=1,
           allowed='use a positive integer (the number m of random features)',
+          help_text='m, the random features per head',
       ),
   )
 

@@ -308,15 +308,17 @@ class Reformer(AttentionKind):
           'reformer_n_hashes',
           int,
           2,
-          check=lambda value: value >= 1,
+          minimum=1,
           allowed='use a positive integer (the number of hash rounds)',
+          help_text='hash rounds, combined by log-sum-exp',
       ),
       Setting(
           'reformer_bucket_size',
           int,
           64,
-          check=lambda value: value >= 1,
+          minimum=1,
           allowed='use a positive integer (the mean bucket size; buckets = max_len / it)',
+          help_text='mean bucket size; buckets = max_len / it',
       ),
   )
 

@@ -142,22 +142,25 @@ class SparseTransformer(blocked.PatternKind):
           'sparse_pattern',
           str,
           'fixed',
-          check=lambda value: value in PATTERNS,
+          choices=PATTERNS,
           allowed=f'use one of {PATTERNS}',
+          help_text="Child et al.'s 'fixed' or 'strided' pattern",
       ),
       Setting(
           'sparse_block_size',
           int,
           128,
-          check=lambda value: value >= 1,
+          minimum=1,
           allowed='use a positive integer (l, the block length and stride)',
+          help_text='l, the block length and stride',
       ),
       Setting(
           'sparse_summary_size',
           int,
           8,
-          check=lambda value: value >= 1,
+          minimum=1,
           allowed='use a positive integer (c, the summary positions ending each block)',
+          help_text='c, the summary positions ending each block',
       ),
   )
 

@@ -6,6 +6,7 @@ A run keeps everything in its folder, local or gs://BUCKET/PATH:
   extensions/            a copy of each file config.extensions names
   tokenizer.model        a SentencePiece tokenizer trained for the run
   tokenizer.json         or a Hugging Face one (an imported checkpoint's)
+  import.json            what an imported checkpoint gave the run (`hf_import`)
   checkpoints/STEP/      orbax checkpoints, each with its integrity manifest
   damaged_checkpoints/   steps found damaged, moved aside
   diverged_checkpoints/  steps set aside after a divergence (from_STEP/)
@@ -26,6 +27,7 @@ import os
 CONFIG = 'config.json'
 EXTENSIONS = 'extensions'
 TOKENIZER_FILES = {'sentencepiece': 'tokenizer.model', 'huggingface': 'tokenizer.json'}
+IMPORT_SUMMARY = 'import.json'
 CHECKPOINTS = 'checkpoints'
 DAMAGED_CHECKPOINTS = 'damaged_checkpoints'
 DIVERGED_CHECKPOINTS = 'diverged_checkpoints'
@@ -57,6 +59,10 @@ class RunFolder:
   def tokenizer(self, kind: str = 'sentencepiece') -> str:
     """The tokenizer file of `kind` ('sentencepiece' or 'huggingface')."""
     return self._file(TOKENIZER_FILES[kind])
+
+  @property
+  def import_summary(self) -> str:
+    return self._file(IMPORT_SUMMARY)
 
   @property
   def checkpoints(self) -> str:

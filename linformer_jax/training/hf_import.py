@@ -45,8 +45,6 @@ from linformer_jax.training import optimization
 from linformer_jax.training import run_builder
 from linformer_jax.training import train_steps
 
-IMPORT_FILE = 'import.json'
-
 
 def imported_variables(
     parts: run_builder.RunParts, checkpoint: hf_checkpoint.Checkpoint, seed: int
@@ -151,9 +149,9 @@ def import_checkpoint(
         checkpoint.folder / hf_checkpoint.TOKENIZER_FILE, staged_run.tokenizer('huggingface')
     )
     pathlib.Path(staged_run.config).write_text(
-        json.dumps(config.to_dict(), indent=2, sort_keys=True)
+        json.dumps(parts.settings.to_dict(), indent=2, sort_keys=True)
     )
-    (staging / IMPORT_FILE).write_text(json.dumps(summary, indent=2))
+    pathlib.Path(staged_run.import_summary).write_text(json.dumps(summary, indent=2))
     with CheckpointStore(staged_run.checkpoints, async_save=False) as store:
       store.save(
           0,
@@ -163,7 +161,7 @@ def import_checkpoint(
               'process_states': None,
               'tokenizer_sha256': checkpoint.tokenizer.sha256,
           },
-          config=config.to_dict(),
+          config=parts.settings.to_dict(),
           force=True,
       )
   return config, summary

@@ -341,6 +341,24 @@ def config_value_error(section: str, name: str, value: Any, advice: str) -> Conf
   return ConfigError(f'{section}.{name}={value!r} is not allowed: {advice}.')
 
 
+# A field a section lacks that every run has had.
+_MISSING = object()
+
+
+def _section_value(values: Mapping[str, Any], name: str, spec: Declaration) -> Any:
+  """A field's value in a config section, plain (a dict for a ConfigDict, a
+  tuple for a list); its `before` where the section lacks it; else _MISSING."""
+  if name in values:
+    value = values[name]
+  elif spec.before is not ALWAYS:
+    value = spec.before
+  else:
+    return _MISSING
+  if hasattr(value, 'to_dict'):  # a section of an ml_collections.ConfigDict
+    value = value.to_dict()
+  return tuple(value) if isinstance(value, list) else value
+
+
 def from_config(
     settings_type: type, values: Mapping[str, Any], section: str = 'config', **given: Any
 ) -> Any:
@@ -360,19 +378,12 @@ def from_config(
   """
   found: Dict[str, Any] = {}
   for field, spec, field_type in _flag_fields(settings_type):
-    if field.name in values:
-      value = values[field.name]
-    elif spec.before is not ALWAYS:
-      value = spec.before
-    else:
+    value = _section_value(values, field.name, spec)
+    if value is _MISSING:
       raise ConfigError(
           f'{section} has no field {field.name!r}; add it (configs/default.py has every field '
           'a run needs, with its comment).'
       )
-    if hasattr(value, 'to_dict'):  # a section of an ml_collections.ConfigDict
-      value = value.to_dict()
-    if isinstance(value, list):
-      value = tuple(value)
     if not spec.allows(value, field_type):
       raise config_value_error(section, field.name, value, spec.advice(field_type))
     found[field.name] = value
@@ -411,13 +422,8 @@ def described_section(settings_type: type, values: Mapping[str, Any], section: s
   (a config section; a field it lacks shows its `before`), as `described`."""
   lines = []
   for field, spec, field_type in _flag_fields(settings_type):
-    if field.name in values:
-      value = values[field.name]
-    elif spec.before is not ALWAYS:
-      value = spec.before
-    else:
+    value = _section_value(values, field.name, spec)
+    if value is _MISSING:
       continue
-    if hasattr(value, 'to_dict'):
-      value = value.to_dict()
     lines.append(described(section, field.name, value, spec, field_type))
   return lines

@@ -45,6 +45,13 @@ REMAT_POLICIES = ('none', 'full', 'dots', 'dots_no_batch')
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 # The config section whose fields the model kinds' declared settings are.
 SETTINGS_SECTION = 'config.model'
+
+
+def _one_of(choices: Tuple[str, ...]) -> Dict[str, Any]:
+  """The bounds of a field that takes one of `choices`, as its error words them."""
+  return dict(choices=choices, allowed=f'use one of {choices}')
+
+
 # Bounds shared by several fields.
 _RATE = dict(check=lambda rate: 0.0 <= rate < 1.0, allowed='use a value in [0, 1)')
 _COUNT = dict(minimum=0, allowed='use a non-negative integer')
@@ -79,8 +86,7 @@ class ModelConfig:
   sharing: str = setting(
       'layerwise',
       "E/F sharing: 'none', 'headwise', 'kv' or 'layerwise'",
-      choices=SHARING_MODES,
-      allowed=f'use one of {SHARING_MODES}',
+      **_one_of(SHARING_MODES),
   )
   projection: str = setting('linear', 'the registered sequence projection of keys and values')
   projection_init: str = setting(
@@ -96,9 +102,7 @@ class ModelConfig:
   attention_dropout_rate: float = setting(0.1, 'dropout on the attention weights', **_RATE)
   activation_dropout_rate: float = setting(0.0, "dropout on the MLP's GELU output", **_RATE)
   pre_layer_norm: bool = setting(False, "pre-LN instead of RoBERTa's post-LN")
-  dtype: str = setting(
-      'float32', 'compute dtype', choices=tuple(DTYPES), allowed=f'use one of {tuple(DTYPES)}'
-  )
+  dtype: str = setting('float32', 'compute dtype', **_one_of(tuple(DTYPES)))
   num_segments: int = setting(
       0,
       'segment embeddings (0 = none)',
@@ -115,8 +119,7 @@ class ModelConfig:
   pooling: str = setting(
       'first',
       "classifier input: the 'first' token, the 'mean' or a learned 'attention'",
-      choices=POOLING_TYPES,
-      allowed=f'use one of {POOLING_TYPES}',
+      **_one_of(POOLING_TYPES),
   )
   causal: bool = setting(
       False, 'left-to-right attention', allowed='use True (left to right) or False'
@@ -131,14 +134,12 @@ class ModelConfig:
   attention_kernel: str = setting(
       'auto',
       "what computes softmax attention ('auto' = the platform's fastest)",
-      choices=KERNEL_CHOICES,
-      allowed=f'use one of {KERNEL_CHOICES}',
+      **_one_of(KERNEL_CHOICES),
   )
   remat: str = setting(
       'none',
       'what each layer keeps for the backward pass',
-      choices=REMAT_POLICIES,
-      allowed=f'use one of {REMAT_POLICIES}',
+      **_one_of(REMAT_POLICIES),
   )
   scan_layers: bool = setting(False, 'the layers as one scanned layer')
   # The registered kinds' own settings that differ from their defaults, as

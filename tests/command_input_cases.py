@@ -316,6 +316,18 @@ CASES: Dict[str, Case] = {
         EVALUATE + ('--config.sed=1',),
         "config has no field 'sed'; did you mean config.seed?",
     ),
+    # listops_shortcuts
+    'listops_shortcuts/a masked-LM run': case(
+        'listops_shortcuts',
+        ('--workdir={run}',),
+        "{run} is a masked_lm run on 'embedded'; listops_shortcuts reads a classifier "
+        "trained on config.data.source='listops'.",
+    ),
+    'listops_shortcuts/split not in ListOps': case(
+        'listops_shortcuts',
+        ('--workdir={run}', '--split=dev'),
+        "--split='dev' is not a ListOps split; use one of validation, test, train.",
+    ),
     'projection_stats/gs without network': case(
         'projection_stats', TINY + (GS_WORKDIR,), 'cannot be reached', NO_NETWORK
     ),

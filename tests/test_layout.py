@@ -48,6 +48,7 @@ COMMANDS = (
     'attention_benchmark',
     'rival_benchmark',
     'pooling_probe',
+    'listops_shortcuts',
     'generate',
     'causal_benchmark',
     'pytorch_comparison',

@@ -249,8 +249,11 @@ def summary_lines(report: Mapping[str, Any]) -> List[str]:
 
 @dataclasses.dataclass(frozen=True)
 class ShortcutSettings:
-  split: str = setting('validation', "Split to score: 'validation', 'test' or 'train'.")
-  step: int = setting(0, 'A kept step to read instead of the newest (0).')
+  split: str = setting('validation', 'The split to score.', choices=SPLITS)
+  step: int = setting(0, 'A kept step to read instead of the newest (0).', minimum=0)
+
+  def __post_init__(self):
+    settings_flags.check(self)
 
 
 def define_flags() -> None:
@@ -260,8 +263,6 @@ def define_flags() -> None:
 
 def main(_):
   parsed, settings = flags.FLAGS, settings_flags.from_flags(ShortcutSettings)
-  if settings.step < 0:
-    cli.fail(f'--step={settings.step} is not allowed: use a kept step, or 0 for the newest.')
   workdir = storage.location(parsed.workdir)
   report = shortcut_report(parsed.config, workdir, settings.split, settings.step or None)
   print(*summary_lines(report), sep='\n', flush=True)

@@ -326,7 +326,10 @@ CASES: Dict[str, Case] = {
     'listops_shortcuts/split not in ListOps': case(
         'listops_shortcuts',
         ('--workdir={run}', '--split=dev'),
-        "--split='dev' is not a ListOps split; use one of validation, test, train.",
+        'flag --split=dev: value should be one of <validation|test|train>',
+    ),
+    'listops_shortcuts/step negative': case(
+        'listops_shortcuts', ('--workdir={run}', '--step=-1'), '--step=-1 is not allowed'
     ),
     'projection_stats/gs without network': case(
         'projection_stats', TINY + (GS_WORKDIR,), 'cannot be reached', NO_NETWORK

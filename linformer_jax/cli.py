@@ -17,11 +17,12 @@ import copy
 import errno
 import importlib.machinery
 import importlib.util
+import json
 import os
 import signal
 import sys
 import traceback
-from typing import Callable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 from absl import app
 from absl import flags
@@ -340,6 +341,14 @@ def saving_printed_results(where: str) -> Iterator[None]:
         f'({error.strerror}); make it writable, or copy the run to a folder you can write to '
         'and run the same command there.'
     )
+
+
+def save_printed_report(path: str, report: Any) -> None:
+  """Writes a report the command has printed to `path` as JSON (under
+  `saving_printed_results`) and says where."""
+  with saving_printed_results(path):
+    storage.write_text(path, json.dumps(report, indent=2, sort_keys=True))
+  print(f'results in {path}', flush=True)
 
 
 def _flag_values(argv: Sequence[str], name: str) -> List[str]:

@@ -31,7 +31,6 @@ reads them.
 
 import collections
 import dataclasses
-import json
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
@@ -269,9 +268,7 @@ def main(_):
   asked = settings.step or parsed.config.restore_step
   suffix = f'_{asked}' if asked else ''
   path = os.path.join(workdir, f'listops_shortcuts_{settings.split}{suffix}.json')
-  with cli.saving_printed_results(path):
-    storage.write_text(path, json.dumps(report, indent=2, sort_keys=True))
-  print(f'results in {path}', flush=True)
+  cli.save_printed_report(path, report)
 
 
 if __name__ == '__main__':

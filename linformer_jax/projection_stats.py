@@ -32,7 +32,6 @@ the kinds it initialises, and 'not used' for others; docs/results_parity.md read
 """
 
 import dataclasses
-import json
 import os
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
@@ -246,9 +245,7 @@ def main(_):
   asked = settings.step or parsed.config.restore_step
   name = f'projection_stats_{asked}.json' if asked else 'projection_stats.json'
   path = os.path.join(workdir, name)
-  with cli.saving_printed_results(path):
-    storage.write_text(path, json.dumps(report, indent=2, sort_keys=True))
-  print(f'results in {path}', flush=True)
+  cli.save_printed_report(path, report)
 
 
 if __name__ == '__main__':

@@ -26,11 +26,23 @@ the signals (`held_by_loop`), the watcher prints the line and exits itself. It
 also ends a process whose clean-up is still running DEADLINE_SECONDS after the
 main thread took the signal.
 
+Python also runs the handler inside code whose exceptions it cannot raise: a
+garbage-collector callback (JAX registers one), a `__del__`, a weakref
+callback. It reports the `Interrupted` raised there as "Exception ignored"
+and goes on, so the signal would be lost: a Ctrl-C during a step's compile
+then let the whole run train to its end. Such an `Interrupted` is delivered
+again instead (`_deliver_unraised`), and the main thread takes it in the
+next ordinary code it runs. A signal lost some other way (a library's
+`except BaseException:`) still ends the process when a training loop is
+about to take the signals over (`held_by_loop`): the run has saved nothing
+yet.
+
 With several processes, `jax.distributed.initialize` installs JAX's own
 SIGTERM handler (its preemption sync manager) after this one: SIGTERM then
 reaches the training loop's sync point, and only Ctrl-C is handled here.
 """
 
+import _thread
 import contextlib
 import os
 import signal
@@ -76,6 +88,10 @@ class _State:
     self.received = 0  # signals the watcher has heard
     self.taken = 0  # signals the main thread has taken
     self.taken_at: Optional[float] = None  # when it took the first one
+    self.taken_signum: Optional[int] = None  # which signal that was
+    # A signal taken where Python could not raise, to be delivered again.
+    self.unraised: Optional[int] = None
+    self.in_unraisable_hook = False
     self.loop_holds = 0  # training loops holding the signals (nested: a count)
     self.raising = 0  # open `raising()` blocks: a runner catches `Interrupted`
     self.exiting = False
@@ -129,13 +145,55 @@ def _raise_in_main_thread(signum, frame) -> None:
   del frame
   with _STATE.lock:
     _STATE.taken += 1
+    if _STATE.in_unraisable_hook:
+      # Python cannot raise here either: the thread the hook started
+      # delivers this signal again once the hook has returned.
+      _STATE.unraised = signum
+      return
     again = _STATE.taken_at is not None
     if not again:
       _STATE.taken_at = time.monotonic()
+      _STATE.taken_signum = signum
     caught = _STATE.raising > 0
   if again or not caught:
     exit_for(signum)
   raise Interrupted(signum)
+
+
+def _deliver_unraised(unraisable, previous) -> None:
+  """sys.unraisablehook: an `Interrupted` that Python could not raise (see the
+  module's docstring) is delivered to the main thread again, as the same
+  signal not yet taken; any other report goes to `previous`."""
+  error = unraisable.exc_value
+  if not isinstance(error, Interrupted):
+    previous(unraisable)
+    return
+  with _STATE.lock:
+    if _STATE.exiting:
+      return
+    _STATE.taken_at = None
+    _STATE.taken_signum = None
+    _STATE.unraised = error.signum
+    _STATE.in_unraisable_hook = True
+  try:
+    threading.Thread(target=_deliver_again, name='signal-again', daemon=True).start()
+  finally:
+    with _STATE.lock:
+      _STATE.in_unraisable_hook = False
+
+
+def _deliver_again() -> None:
+  """Once the unraisable hook has returned, delivers its signal to the main
+  thread as the signal itself would: the handler runs in the next ordinary
+  code, and the watcher hears it (in native code, it ends the process)."""
+  while True:
+    with _STATE.lock:
+      if not _STATE.in_unraisable_hook:
+        signum, _STATE.unraised = _STATE.unraised, None
+        break
+    time.sleep(0.001)
+  if signum is not None:
+    _thread.interrupt_main(signum)
 
 
 def _watch(read_fd: int) -> None:
@@ -189,6 +247,8 @@ def install() -> None:
   signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
   for signum in SIGNALS:
     signal.signal(signum, _raise_in_main_thread)
+  previous_hook = sys.unraisablehook
+  sys.unraisablehook = lambda unraisable: _deliver_unraised(unraisable, previous_hook)
   threading.Thread(target=_watch, args=(read_fd,), name='signal-watcher', daemon=True).start()
   _INSTALLED = True
 
@@ -209,7 +269,15 @@ def raising() -> Iterator[None]:
 @contextlib.contextmanager
 def held_by_loop() -> Iterator[None]:
   """While a training loop handles the signals itself (it saves the step it
-  reached, then exits), the watcher leaves them to it."""
+  reached, then exits), the watcher leaves them to it.
+
+  A signal the main thread took before and that has not ended the process
+  was lost on its way (see the module's docstring): the process ends here,
+  before the loop saves anything."""
+  with _STATE.lock:
+    lost = None if _STATE.exiting else (_STATE.taken_signum or _STATE.unraised)
+  if lost is not None:
+    exit_for(lost)
   with _STATE.lock:
     _STATE.loop_holds += 1
   try:

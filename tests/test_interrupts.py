@@ -113,6 +113,71 @@ def test_a_main_thread_stuck_in_native_code_is_ended_by_the_watcher(signum):
   assert 'woke up' not in stdout
 
 
+# The handler runs inside code whose exceptions Python cannot raise, where it
+# reports "Exception ignored" and goes on: as when JAX's garbage-collector
+# callback runs during a step's compile. argv: the signal, then where.
+TAKEN_WHERE_PYTHON_CANNOT_RAISE = textwrap.dedent("""
+    import gc, signal, sys, time
+    from linformer_jax import interrupts
+    interrupts.install()
+    signum, where = int(sys.argv[1]), sys.argv[2]
+
+    class Dropped:
+      def __del__(self):
+        signal.raise_signal(signum)
+
+    def collecting(phase, info):
+      gc.callbacks.remove(collecting)
+      signal.raise_signal(signum)
+
+    with interrupts.raising():
+      try:
+        if where == 'gc-callback':
+          gc.callbacks.append(collecting)
+          gc.collect()
+        else:
+          Dropped()  # dropped at once: its __del__ runs here
+        time.sleep(60)
+        print('slept through the signal', flush=True)
+      except KeyboardInterrupt as error:
+        interrupts.exit_for(error.signum)
+""")
+
+
+@pytest.mark.parametrize('where', ['gc-callback', '__del__'])
+@SIGNALS
+def test_a_signal_taken_where_python_cannot_raise_still_ends_the_command(signum, where):
+  """Before this, the signal was reported as "Exception ignored" and lost: a
+  Ctrl-C during a step's compile let the run train to its end."""
+  process = start('-c', TAKEN_WHERE_PYTHON_CANNOT_RAISE, str(int(signum)), where)
+  stdout = assert_stopped_in_one_line(process, signum, within=20)
+  assert 'slept through the signal' not in stdout
+
+
+SWALLOWED_BEFORE_A_LOOP = textwrap.dedent("""
+    import signal, sys
+    from linformer_jax import interrupts
+    interrupts.install()
+    with interrupts.raising():
+      try:
+        try:
+          signal.raise_signal(int(sys.argv[1]))
+        except BaseException:
+          pass  # as a library that catches everything
+        with interrupts.held_by_loop():
+          print('the loop ran', flush=True)
+      except KeyboardInterrupt as error:
+        interrupts.exit_for(error.signum)
+""")
+
+
+@SIGNALS
+def test_a_signal_lost_before_a_training_loop_ends_the_command_before_it(signum):
+  process = start('-c', SWALLOWED_BEFORE_A_LOOP, str(int(signum)))
+  stdout = assert_stopped_in_one_line(process, signum, within=20)
+  assert 'the loop ran' not in stdout
+
+
 SECOND_SIGNAL = textwrap.dedent("""
     import time
     from linformer_jax import interrupts

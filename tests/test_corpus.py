@@ -99,6 +99,24 @@ def test_embedded_corpus_is_deterministic_and_splits_are_disjoint(tmp_path):
     embedded.embedded_documents('test', str(tmp_path))
 
 
+def test_a_ctrl_c_while_a_module_is_read_for_the_corpus_stops_the_command(monkeypatch):
+  """A module that fails to import is skipped; Ctrl-C or SIGTERM
+  (interrupts.Interrupted, a KeyboardInterrupt) is not a failed import."""
+
+  def interrupted(name):
+    raise KeyboardInterrupt(name)
+
+  monkeypatch.setattr('importlib.import_module', interrupted)
+  with pytest.raises(KeyboardInterrupt):
+    embedded._import_quietly('json')  # pylint: disable=protected-access
+
+  def refused(name):
+    raise SystemExit(f'{name} does not load here')
+
+  monkeypatch.setattr('importlib.import_module', refused)
+  assert embedded._import_quietly('json') is None  # pylint: disable=protected-access
+
+
 def test_the_cache_folder_is_the_config_value_else_the_variable_else_home(monkeypatch, tmp_path):
   monkeypatch.setenv('LINFORMER_JAX_CACHE_DIR', str(tmp_path / 'variable'))
   assert cache.cache_root(str(tmp_path / 'config')) == tmp_path / 'config'

@@ -187,6 +187,8 @@ def _import_quietly(name: str):
   try:
     with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
       module = importlib.import_module(name)
+  except KeyboardInterrupt:  # Ctrl-C or SIGTERM (interrupts): the command stops
+    raise
   except BaseException:  # pylint: disable=broad-except
     # SystemExit and friends too: some modules refuse to load on this platform.
     return None

@@ -1,6 +1,7 @@
 """Corpora and tokenizers: the embedded corpus, text files and TFDS, the cache
 folder, byte and SentencePiece tokenizers."""
 
+import importlib
 import json
 import os
 import pathlib
@@ -106,14 +107,14 @@ def test_a_ctrl_c_while_a_module_is_read_for_the_corpus_stops_the_command(monkey
   def interrupted(name):
     raise KeyboardInterrupt(name)
 
-  monkeypatch.setattr('importlib.import_module', interrupted)
+  monkeypatch.setattr(importlib, 'import_module', interrupted)
   with pytest.raises(KeyboardInterrupt):
     embedded._import_quietly('json')  # pylint: disable=protected-access
 
   def refused(name):
     raise SystemExit(f'{name} does not load here')
 
-  monkeypatch.setattr('importlib.import_module', refused)
+  monkeypatch.setattr(importlib, 'import_module', refused)
   assert embedded._import_quietly('json') is None  # pylint: disable=protected-access
 
 

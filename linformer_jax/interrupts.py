@@ -87,8 +87,7 @@ class _State:
     self.lock = threading.Lock()
     self.received = 0  # signals the watcher has heard
     self.taken = 0  # signals the main thread has taken
-    self.taken_at: Optional[float] = None  # when it took the first one
-    self.taken_signum: Optional[int] = None  # which signal that was
+    self.taken_signum: Optional[int] = None  # the first signal it took
     # A signal taken where Python could not raise, to be delivered again.
     self.unraised: Optional[int] = None
     self.in_unraisable_hook = False
@@ -150,9 +149,8 @@ def _raise_in_main_thread(signum, frame) -> None:
       # delivers this signal again once the hook has returned.
       _STATE.unraised = signum
       return
-    again = _STATE.taken_at is not None
+    again = _STATE.taken_signum is not None
     if not again:
-      _STATE.taken_at = time.monotonic()
       _STATE.taken_signum = signum
     caught = _STATE.raising > 0
   if again or not caught:
@@ -171,7 +169,6 @@ def _deliver_unraised(unraisable, previous) -> None:
   with _STATE.lock:
     if _STATE.exiting:
       return
-    _STATE.taken_at = None
     _STATE.taken_signum = None
     _STATE.unraised = error.signum
     _STATE.in_unraisable_hook = True
@@ -230,7 +227,7 @@ def _end_slow_clean_up(signum: int) -> None:
   thread took a signal outside a training loop."""
   time.sleep(DEADLINE_SECONDS)
   with _STATE.lock:
-    slow = not _STATE.loop_holds and _STATE.taken_at is not None
+    slow = not _STATE.loop_holds and _STATE.taken_signum is not None
   if slow:
     exit_for(signum)
 

@@ -178,6 +178,62 @@ def test_the_readme_states_no_figure_of_the_suite():
   assert not re.search(r'make test\S*`? [^.\n]*\d+ (?:s|seconds|minutes)\b', readme)
 
 
+def _table_cells(row):
+  """The cells of a Markdown table row: split at each `|` that is neither
+  escaped nor inside backticks, without the outer pipes."""
+  cells, cell, in_code, escaped = [], '', False, False
+  for char in row.strip():
+    if escaped or char == '\\':
+      escaped = not escaped
+    elif char == '`':
+      in_code = not in_code
+    elif char == '|' and not in_code:
+      cells.append(cell)
+      cell = ''
+      continue
+    cell += char
+  cells.append(cell)
+  if row.strip().startswith('|'):
+    cells = cells[1:]
+  if row.strip().endswith('|') and not row.strip().endswith('\\|'):
+    cells = cells[:-1]
+  return cells
+
+
+DELIMITER_ROW = re.compile(r'^\|?(\s*:?-+:?\s*\|)+(\s*:?-+:?\s*)?$')
+
+
+def _tables(text):
+  """((line number, header cells), [(line number, cells) of the delimiter row
+  and of each row below it]) for each table outside fenced code."""
+  lines = re.sub(r'```.*?```', lambda m: '\n' * m.group().count('\n'), text, flags=re.S)
+  lines = lines.splitlines()
+  for at, line in enumerate(lines[:-1]):
+    if '|' in line and DELIMITER_ROW.match(lines[at + 1].strip()):
+      header, rows = (at + 1, _table_cells(line)), []
+      rows.append((at + 2, _table_cells(lines[at + 1])))
+      for below in range(at + 2, len(lines)):
+        if not lines[below].strip().startswith('|'):
+          break
+        rows.append((below + 1, _table_cells(lines[below])))
+      yield header, rows
+
+
+def test_every_table_has_as_many_cells_in_each_row_as_in_its_header():
+  """A delimiter row of another width leaves the table as plain text on
+  GitHub; a longer row loses its last cells."""
+  tables = 0
+  for page in PAGES:
+    for (at, header), rows in _tables(page.read_text()):
+      tables += 1
+      for row_at, cells in rows:
+        assert len(cells) == len(header), (
+            f"{page.relative_to(REPO)}:{row_at} has {len(cells)} cells, its table's header"
+            f' (line {at}) {len(header)}'
+        )
+  assert tables > 50
+
+
 def test_training_docs_allow_registered_kinds_for_projection_and_attention():
   rows = {
       row.split('|')[1].strip(): row

@@ -210,8 +210,7 @@ def _tables(text):
   lines = lines.splitlines()
   for at, line in enumerate(lines[:-1]):
     if '|' in line and DELIMITER_ROW.match(lines[at + 1].strip()):
-      header, rows = (at + 1, _table_cells(line)), []
-      rows.append((at + 2, _table_cells(lines[at + 1])))
+      header, rows = (at + 1, _table_cells(line)), [(at + 2, _table_cells(lines[at + 1]))]
       for below in range(at + 2, len(lines)):
         if not lines[below].strip().startswith('|'):
           break
